@@ -1,0 +1,1 @@
+"""Trace readers and hang / straggler / fail-slow detection (see ARCHITECTURE.md, "Detection")."""

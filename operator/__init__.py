@@ -1,0 +1,1 @@
+"""The TrainingJob operator: kopf handlers, pod construction, job status."""

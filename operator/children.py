@@ -1,0 +1,78 @@
+"""Create a job's Secret, Service and worker Pods idempotently.
+
+Names are deterministic, so a retried handler or a restarted operator finds what an earlier run
+created (HTTP 409) instead of making duplicates; an existing object that some other owner holds
+is refused, never adopted or overwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.operator import api, pod_spec
+from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.spec import TrainingJobSpec
+
+
+def _create(
+    kind: str,
+    create: Callable[[str, dict[str, Any]], Any],
+    read: Callable[[str, str], Any],
+    manifest: dict[str, Any],
+    job_uid: str,
+) -> bool:
+    """Create ``manifest``; True if created, False if ours already exists."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    try:
+        create(namespace, manifest)
+        return True
+    except ApiException as error:
+        if error.status == 409:
+            existing = read(name, namespace)
+            owners = existing.metadata.owner_references or []
+            if any(owner.uid == job_uid for owner in owners):
+                return False
+            raise kopf.PermanentError(
+                f"{kind} {namespace}/{name} already exists and does not belong to this TrainingJob; delete or rename it"
+            ) from error
+        if error.status in (400, 403, 422):
+            raise kopf.PermanentError(f"creating {kind} {namespace}/{name} was refused: {_reason(error)}") from error
+        raise kopf.TemporaryError(f"creating {kind} {namespace}/{name} failed: {_reason(error)}", delay=5) from error
+
+
+def _reason(error: ApiException) -> str:
+    return f"HTTP {error.status} {error.reason}: {(error.body or '')[:500]}"
+
+
+def ensure_children(
+    job: dict[str, Any], spec: TrainingJobSpec, config: OperatorConfig, existing_pods: set[str]
+) -> list[str]:
+    """Make sure the Secret, the Service and every worker Pod exist; return what was created."""
+    core = client.CoreV1Api()
+    uid = job["metadata"]["uid"]
+    # Build every pod first: a template problem fails the whole job before anything is created.
+    pods = [pod_spec.worker_pod(job, spec, index, config) for index in range(spec.replicas)]
+    created: list[str] = []
+    if spec.tracing.enabled and _create(
+        "Secret", core.create_namespaced_secret, core.read_namespaced_secret, pod_spec.token_secret(job), uid
+    ):
+        created.append(f"Secret/{api.token_secret_name(job['metadata']['name'])}")
+    if _create(
+        "Service",
+        core.create_namespaced_service,
+        core.read_namespaced_service,
+        pod_spec.headless_service(job, spec),
+        uid,
+    ):
+        created.append(f"Service/{api.service_name(job['metadata']['name'])}")
+    for pod in pods:
+        if pod["metadata"]["name"] in existing_pods:
+            continue
+        if _create("Pod", core.create_namespaced_pod, core.read_namespaced_pod, pod, uid):
+            created.append(f"Pod/{pod['metadata']['name']}")
+    return created

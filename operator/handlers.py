@@ -1,0 +1,189 @@
+"""kopf handlers: the lifecycle of a TrainingJob, kept thin; the work is in the modules they call.
+
+create/resume  -> create the token Secret, the headless Service and the worker Pods
+pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
+                  post Events on transitions, recreate pods lost before the job started
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+from typing import Any
+
+import kopf
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.operator import api, children, job_status
+from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+
+CONFIG = OperatorConfig.from_env()
+JOBS = (api.GROUP, api.VERSION, api.PLURAL)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    prefix = api.GROUP
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=prefix, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{prefix}/finalizer"
+    # Handler log lines stay in the operator's log; Events are posted explicitly, for people.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        # The library reads $KUBECONFIG at import time; read it now, as kubectl would.
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: its ServiceAccount; elsewhere: $KUBECONFIG as it is now (not at import time)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.index("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
+def worker_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels[api.JOB_NAME_LABEL]): job_status.WorkerPod.from_pod(body)}
+
+
+def _fail_invalid(body: kopf.Body, patch: kopf.Patch, error: InvalidSpec, generation: int) -> None:
+    now = _now()
+    conditions = job_status.set_condition(
+        list(body.get("status", {}).get("conditions") or []),
+        "Failed",
+        "True",
+        "InvalidSpec",
+        str(error),
+        now,
+        generation,
+    )
+    patch.status.update(phase=job_status.FAILED, message=str(error), conditions=conditions, completionTime=now)
+    kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
+
+
+@kopf.on.resume(*JOBS)
+@kopf.on.create(*JOBS)
+def create_workers(
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    name: str,
+    namespace: str,
+    patch: kopf.Patch,
+    worker_pods: kopf.Index,
+    **_: Any,
+) -> None:
+    if status.get("phase") in job_status.TERMINAL:
+        return
+    generation = body["metadata"].get("generation", 1)
+    try:
+        job_spec = TrainingJobSpec.from_manifest(dict(spec))
+        existing = {pod.name for pod in worker_pods.get((namespace, name), [])}
+        created = children.ensure_children(dict(body), job_spec, CONFIG, existing)
+    except InvalidSpec as error:
+        _fail_invalid(body, patch, error, generation)
+        return
+    if created:
+        kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
+    if not status.get("conditions"):
+        patch.status.update(
+            phase=job_status.PENDING,
+            health="Unknown",
+            workers=f"0/{job_spec.replicas}",
+            conditions=job_status.initial_conditions(job_spec, _now(), generation),
+        )
+
+
+# ---- status: derived from the pods, on pod and job events, coalesced per job ----------------
+# Event handlers (unlike kopf timers) need no finalizer, so a job stays deletable without the
+# operator. Bursts of pod events for one job collapse into one sync after a short delay.
+_scheduled: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+
+def _schedule_sync(namespace: str, name: str, index: kopf.Index) -> None:
+    key = (namespace, name)
+    task = _scheduled.get(key)
+    if task is None or task.done():
+        _scheduled[key] = asyncio.create_task(_sync_later(namespace, name, index))
+
+
+async def _sync_later(namespace: str, name: str, index: kopf.Index) -> None:
+    await asyncio.sleep(CONFIG.status_debounce_seconds)
+    _scheduled.pop((namespace, name), None)
+    pods = list(index.get((namespace, name), []))
+    try:
+        await asyncio.to_thread(sync_status, namespace, name, pods)
+    except Exception:  # a failed sync is retried on the next event; never kill the loop
+        logging.getLogger(__name__).exception("status sync of TrainingJob %s/%s failed", namespace, name)
+
+
+@kopf.on.event("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
+async def pod_changed(namespace: str, labels: dict[str, str], worker_pods: kopf.Index, **_: Any) -> None:
+    _schedule_sync(namespace, labels[api.JOB_NAME_LABEL], worker_pods)
+
+
+@kopf.on.event(*JOBS)
+async def job_changed(namespace: str, name: str, type: str | None, worker_pods: kopf.Index, **_: Any) -> None:
+    if type != "DELETED":
+        _schedule_sync(namespace, name, worker_pods)
+
+
+def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod]) -> None:
+    """Recompute one job's status; write it only if it changed and nobody wrote in between."""
+    objects = kubernetes.client.CustomObjectsApi()
+    for _attempt in range(5):
+        try:
+            job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        previous = job.get("status") or {}
+        if previous.get("phase") in job_status.TERMINAL or not previous.get("conditions"):
+            return  # finished, or create_workers has not run yet
+        try:
+            job_spec = TrainingJobSpec.from_manifest(job["spec"])
+        except InvalidSpec:
+            return  # create_workers has reported it
+        if previous.get("phase") == job_status.PENDING and len(pods) < job_spec.replicas:
+            # A pod deleted before the job started is recreated; after the start it is a failure.
+            created = children.ensure_children(job, job_spec, CONFIG, {pod.name for pod in pods})
+            if created:
+                kopf.event(job, type="Normal", reason="Recreated", message=f"recreated {', '.join(created)}")
+                return  # their events bring us back
+        generation = job["metadata"].get("generation", 1)
+        new, events = job_status.derive(job_spec, pods, previous, _now(), generation)
+        changed = {key: value for key, value in new.items() if previous.get(key) != value}
+        if not changed:
+            return
+        try:
+            # resourceVersion makes the patch conditional: a concurrent writer means recompute.
+            objects.patch_namespaced_custom_object_status(
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+                name,
+                {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": changed},
+            )
+        except ApiException as error:
+            if error.status == 409:
+                continue
+            if error.status == 404:
+                return
+            raise
+        for event in events:
+            kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+        return

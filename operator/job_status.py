@@ -1,0 +1,187 @@
+"""A TrainingJob's status, derived from its worker pods: phase, counts, conditions, transitions.
+
+Pure: given the pods and the previous status it returns the next status and the Events the
+transition deserves, so the rules are unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rankwatch.operator import api
+from rankwatch.operator.spec import TrainingJobSpec
+
+PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+TERMINAL = (SUCCEEDED, FAILED)
+CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Hung", "Degraded")
+
+
+@dataclass(frozen=True)
+class WorkerPod:
+    """What the status needs to know of one worker pod."""
+
+    name: str
+    index: int
+    phase: str
+    ready: bool
+    node: str | None
+    deleting: bool
+    problem: str  # why it failed or cannot start; empty when none
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> WorkerPod:
+        metadata, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        ready = conditions.get("Ready", {}).get("status") == "True"
+        problem = ""
+        if status.get("phase") == FAILED:
+            problem = _termination(status) or status.get("reason") or "failed"
+        elif conditions.get("PodScheduled", {}).get("status") == "False":
+            scheduled = conditions["PodScheduled"]
+            problem = f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".strip()
+        try:
+            index = int(metadata.get("labels", {}).get(api.REPLICA_INDEX_LABEL, "-1"))
+        except ValueError:
+            index = -1
+        return cls(
+            name=metadata["name"],
+            index=index,
+            phase=status.get("phase") or PENDING,
+            ready=ready,
+            node=spec.get("nodeName"),
+            deleting=bool(metadata.get("deletionTimestamp")),
+            problem=problem,
+        )
+
+
+def _termination(status: Mapping[str, Any]) -> str:
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            reason = terminated.get("reason") or "Error"
+            return f"container {container.get('name')} exited with code {terminated['exitCode']} ({reason})"
+    return ""
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def set_condition(
+    conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """Return ``conditions`` with ``type_`` set; lastTransitionTime moves only when status changes."""
+    result = [dict(c) for c in conditions if c.get("type") != type_]
+    previous = next((c for c in conditions if c.get("type") == type_), None)
+    changed = previous is None or previous.get("status") != status
+    result.append(
+        {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": now if changed else previous.get("lastTransitionTime", now),
+            "observedGeneration": generation,
+        }
+    )
+    order = {name: position for position, name in enumerate(CONDITION_TYPES)}
+    return sorted(result, key=lambda c: order.get(c["type"], len(order)))
+
+
+def initial_conditions(spec: TrainingJobSpec, now: str, generation: int) -> list[dict[str, Any]]:
+    """Conditions of a job whose children were just created."""
+    conditions: list[dict[str, Any]] = []
+    conditions = set_condition(
+        conditions, "Created", "True", "ChildrenCreated", "worker pods and Service created", now, generation
+    )
+    if spec.tracing.enabled:
+        reason, message = "AwaitingTelemetry", "no trace summaries analysed yet"
+    else:
+        reason, message = (
+            "TracingDisabled",
+            "spec.tracing.enabled is false: rankwatch cannot see this job's collectives",
+        )
+    for type_ in ("Hung", "Degraded"):
+        conditions = set_condition(conditions, type_, "Unknown", reason, message, now, generation)
+    return conditions
+
+
+def _describe(pod: WorkerPod) -> str:
+    where = f" on node {pod.node}" if pod.node else ""
+    return f"worker {pod.index} (pod {pod.name}{where})"
+
+
+def derive(
+    spec: TrainingJobSpec, pods: list[WorkerPod], previous: Mapping[str, Any], now: str, generation: int
+) -> tuple[dict[str, Any], list[Event]]:
+    """The next status of a job and the Events for what changed since ``previous``."""
+    old_phase = previous.get("phase") or PENDING
+    if old_phase in TERMINAL:
+        return dict(previous), []  # a finished job's verdict never changes
+
+    live = [pod for pod in pods if not pod.deleting]
+    counts = {
+        "pending": sum(pod.phase == PENDING for pod in live),
+        "running": sum(pod.phase == RUNNING for pod in live),
+        "succeeded": sum(pod.phase == SUCCEEDED for pod in live),
+        "failed": sum(pod.phase == FAILED for pod in live),
+        "missing": max(0, spec.replicas - len(live)),
+    }
+    failed = sorted((pod for pod in live if pod.phase == FAILED), key=lambda pod: pod.index)
+    if failed:
+        phase, reason = FAILED, "WorkerFailed"
+        message = f"{_describe(failed[0])} failed: {failed[0].problem}"
+        if len(failed) > 1:
+            message += f" (and {len(failed) - 1} more)"
+    elif counts["succeeded"] == spec.replicas:
+        phase, reason, message = SUCCEEDED, "AllWorkersSucceeded", f"all {spec.replicas} workers completed"
+    elif counts["missing"] and old_phase == RUNNING:
+        missing = sorted({*range(spec.replicas)} - {pod.index for pod in live})
+        phase, reason = FAILED, "WorkerLost"
+        message = f"worker(s) {', '.join(map(str, missing))} disappeared while the job was running"
+    elif not counts["missing"] and counts["pending"] == 0 and counts["running"] > 0:
+        phase, reason = RUNNING, "AllWorkersRunning"
+        message = f"{spec.replicas} workers x {spec.nprocPerNode} ranks = world size {spec.world_size}"
+    else:
+        phase, reason = PENDING, "WorkersPending"
+        blocked = sorted((pod for pod in live if pod.phase == PENDING and pod.problem), key=lambda pod: pod.index)
+        waiting = counts["pending"] + counts["missing"]
+        message = f"waiting for {waiting} of {spec.replicas} workers to start"
+        if blocked:
+            reason = "WorkersUnschedulable"
+            message += f"; {_describe(blocked[0])}: {blocked[0].problem}"
+
+    status: dict[str, Any] = dict(previous)
+    status.update(
+        phase=phase,
+        message=message,
+        replicaStatuses=counts,
+        workers=f"{sum(pod.ready and pod.phase == RUNNING for pod in live)}/{spec.replicas}",
+        observedGeneration=generation,
+    )
+    status.setdefault("health", "Unknown")
+    if phase == RUNNING and "startTime" not in status:
+        status["startTime"] = now
+    if phase in TERMINAL:
+        status["completionTime"] = now
+
+    conditions = list(previous.get("conditions") or [])
+    conditions = set_condition(
+        conditions, "Running", "True" if phase == RUNNING else "False", reason, message, now, generation
+    )
+    if phase in TERMINAL:
+        conditions = set_condition(conditions, phase, "True", reason, message, now, generation)
+    status["conditions"] = conditions
+
+    events: list[Event] = []
+    if phase != old_phase:
+        kind = "Warning" if phase == FAILED else "Normal"
+        events.append(Event(kind, reason, message))
+    elif reason == "WorkersUnschedulable" and previous.get("message") != message:
+        events.append(Event("Warning", reason, message))
+    return status, events

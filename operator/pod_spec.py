@@ -1,0 +1,295 @@
+"""Build the objects a TrainingJob owns: worker Pods, the headless Service, the token Secret.
+
+Pure functions of (job, config): no API calls, so every injected field is unit-tested. A worker
+pod is the user's template plus
+- torchrun rendezvous env (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE,
+  WORLD_SIZE, and the PET_* spellings torchrun reads for its own arguments), and, with tracing on,
+- an init container copying the tracing library from the rankwatch image into an emptyDir,
+- LD_PRELOAD and RANKWATCH_* env on every user container (and PyTorch flight-recorder env),
+- the sidecar as a native sidecar (init container with restartPolicy Always, so a finished
+  trainer still completes the pod), sharing the trace volume and holding the job's token.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from typing import Any
+
+from rankwatch.operator import api
+from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+
+LIB_VOLUME = "rankwatch-lib"
+TRACE_VOLUME = "rankwatch-traces"
+TOKEN_VOLUME = "rankwatch-token"
+LIB_DIR = "/rankwatch/lib"
+TRACE_DIR = "/rankwatch/traces"
+TOKEN_DIR = "/var/run/secrets/rankwatch"
+LIBRARY_IN_IMAGE = "/opt/rankwatch/lib/librankwatch-nccl.so"
+LIBRARY = f"{LIB_DIR}/librankwatch-nccl.so"
+INIT_CONTAINER = "rankwatch-init"
+SIDECAR_CONTAINER = "rankwatch-sidecar"
+FLIGHT_RECORDER_ENTRIES = 2000
+
+# Set by rankwatch on user containers; a template that sets one of these is refused rather than
+# silently overridden. LD_PRELOAD is the exception: the user's value is kept after ours.
+RENDEZVOUS_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "NNODES",
+    "NODE_RANK",
+    "NPROC_PER_NODE",
+    "WORLD_SIZE",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_NNODES",
+    "PET_NODE_RANK",
+    "PET_NPROC_PER_NODE",
+)
+
+
+def _env(name: str, value: Any) -> dict[str, str]:
+    return {"name": name, "value": str(value)}
+
+
+def _owner_reference(job: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": job["metadata"]["name"],
+        "uid": job["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def job_labels(job_name: str) -> dict[str, str]:
+    return {api.JOB_NAME_LABEL: job_name, api.MANAGED_BY_LABEL: api.MANAGED_BY}
+
+
+def master_address(job_name: str, namespace: str) -> str:
+    """Worker 0's stable DNS name through the headless Service."""
+    return f"{api.worker_pod_name(job_name, 0)}.{api.service_name(job_name)}.{namespace}.svc"
+
+
+def rendezvous_env(job_name: str, namespace: str, spec: TrainingJobSpec, index: int) -> list[dict[str, str]]:
+    address = master_address(job_name, namespace)
+    values = {
+        "MASTER_ADDR": address,
+        "MASTER_PORT": spec.masterPort,
+        "NNODES": spec.replicas,
+        "NODE_RANK": index,
+        "NPROC_PER_NODE": spec.nprocPerNode,
+        "WORLD_SIZE": spec.world_size,
+    }
+    env = [_env(name, value) for name, value in values.items()]
+    env += [
+        _env(f"PET_{name}", values[name])
+        for name in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE")
+    ]
+    return env
+
+
+def tracing_env(job_name: str, spec: TrainingJobSpec) -> list[dict[str, str]]:
+    env = [
+        _env("RANKWATCH_TRACE_DIR", TRACE_DIR),
+        _env("RANKWATCH_JOB_NAME", job_name),
+        _env("RANKWATCH_GPU_TIMING", int(spec.tracing.gpuTiming)),
+        _env("RANKWATCH_SENSITIVITY_SECONDS", spec.tracing.sensitivitySeconds),
+    ]
+    if spec.tracing.flightRecorder:
+        prefix = f"{TRACE_DIR}/flight_recorder_rank_"
+        # Both spellings: PyTorch renamed TORCH_NCCL_* to TORCH_FR_* and still reads the old ones.
+        env += [
+            _env("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES),
+            _env("TORCH_FR_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES),
+            _env("TORCH_NCCL_DUMP_ON_TIMEOUT", 1),
+            _env("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", prefix),
+            _env("TORCH_FR_DUMP_TEMP_FILE", prefix),
+        ]
+    return env
+
+
+def _inject_user_container(
+    container: dict[str, Any], job_id: str, injected_env: list[dict[str, str]], tracing: bool
+) -> None:
+    env = container.setdefault("env", [])
+    reserved = {item["name"] for item in injected_env} - {"LD_PRELOAD"}
+    for item in env:
+        if item.get("name") in reserved:
+            raise InvalidSpec(
+                f"TrainingJob {job_id}: container {container['name']!r} sets {item['name']}, which rankwatch "
+                "manages; remove it from spec.template"
+            )
+    if tracing:
+        user_preload = next((item for item in env if item.get("name") == "LD_PRELOAD"), None)
+        if user_preload is not None:
+            if "valueFrom" in user_preload:
+                raise InvalidSpec(
+                    f"TrainingJob {job_id}: container {container['name']!r} takes LD_PRELOAD from valueFrom; "
+                    "rankwatch must prepend its tracing library, so give it as a plain value"
+                )
+            env.remove(user_preload)
+            preload = f"{LIBRARY}:{user_preload['value']}" if user_preload.get("value") else LIBRARY
+        else:
+            preload = LIBRARY
+        injected_env = [*injected_env, _env("LD_PRELOAD", preload)]
+        mounts = container.setdefault("volumeMounts", [])
+        mounts.append({"name": LIB_VOLUME, "mountPath": LIB_DIR, "readOnly": True})
+        mounts.append({"name": TRACE_VOLUME, "mountPath": TRACE_DIR})
+    env.extend(injected_env)
+
+
+def _init_container(config: OperatorConfig) -> dict[str, Any]:
+    return {
+        "name": INIT_CONTAINER,
+        "image": config.image,
+        "command": ["cp", LIBRARY_IN_IMAGE, LIBRARY],
+        "volumeMounts": [{"name": LIB_VOLUME, "mountPath": LIB_DIR}],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+        "securityContext": _restricted_security_context(),
+    }
+
+
+def _sidecar_container(
+    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, config: OperatorConfig
+) -> dict[str, Any]:
+    field_env = [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"), ("POD_IP", "status.podIP"))
+    ]
+    return {
+        "name": SIDECAR_CONTAINER,
+        "image": config.image,
+        "restartPolicy": "Always",  # native sidecar: runs beside the trainer, never keeps the pod alive
+        "command": ["rankwatch", "sidecar"],
+        "env": [
+            _env("RANKWATCH_TRACE_DIR", TRACE_DIR),
+            _env("RANKWATCH_COLLECTOR_URL", config.collector_url),
+            _env("RANKWATCH_TOKEN_FILE", f"{TOKEN_DIR}/{api.TOKEN_KEY}"),
+            _env("RANKWATCH_JOB_NAME", job_name),
+            _env("RANKWATCH_JOB_NAMESPACE", namespace),
+            _env("RANKWATCH_REPLICA_INDEX", index),
+            _env("RANKWATCH_NPROC_PER_NODE", spec.nprocPerNode),
+            _env("RANKWATCH_SENSITIVITY_SECONDS", spec.tracing.sensitivitySeconds),
+            _env("RANKWATCH_WINDOW_SECONDS", spec.tracing.windowSeconds),
+            _env("RANKWATCH_METRICS_PORT", config.sidecar_metrics_port),
+            *field_env,
+        ],
+        "ports": [{"name": "rw-metrics", "containerPort": config.sidecar_metrics_port, "protocol": "TCP"}],
+        "volumeMounts": [
+            {"name": TRACE_VOLUME, "mountPath": TRACE_DIR},
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+        ],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": _restricted_security_context(),
+    }
+
+
+def _restricted_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: OperatorConfig) -> dict[str, Any]:
+    """The Pod of worker ``index`` (0-based, = NODE_RANK) of ``job``."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    job_id = f"{namespace}/{name}"
+    template = copy.deepcopy(spec.template)
+    metadata = template.get("metadata") or {}
+    pod_spec = template["spec"]
+    tracing = spec.tracing.enabled
+
+    for container in pod_spec.get("initContainers", []) + pod_spec["containers"]:
+        if container["name"] in (INIT_CONTAINER, SIDECAR_CONTAINER):
+            raise InvalidSpec(f"TrainingJob {job_id}: container name {container['name']!r} is reserved for rankwatch")
+    for volume in pod_spec.get("volumes", []):
+        if volume.get("name") in (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME):
+            raise InvalidSpec(f"TrainingJob {job_id}: volume name {volume['name']!r} is reserved for rankwatch")
+
+    injected = rendezvous_env(name, namespace, spec, index)
+    if tracing:
+        injected += tracing_env(name, spec)
+    for container in pod_spec["containers"]:
+        _inject_user_container(container, job_id, injected, tracing)
+
+    pod_name = api.worker_pod_name(name, index)
+    pod_spec["hostname"] = pod_name
+    pod_spec["subdomain"] = api.service_name(name)
+    pod_spec.setdefault("restartPolicy", "Never")
+    if tracing:
+        pod_spec["initContainers"] = [
+            _init_container(config),
+            _sidecar_container(name, namespace, spec, index, config),
+            *pod_spec.get("initContainers", []),
+        ]
+        pod_spec.setdefault("volumes", []).extend(
+            [
+                {"name": LIB_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+                {"name": TRACE_VOLUME, "emptyDir": {"sizeLimit": "2Gi"}},
+                {
+                    "name": TOKEN_VOLUME,
+                    "secret": {"secretName": api.token_secret_name(name), "defaultMode": 0o444},
+                },
+            ]
+        )
+
+    labels = {**metadata.get("labels", {}), **job_labels(name), api.REPLICA_INDEX_LABEL: str(index)}
+    annotations = {**metadata.get("annotations", {}), api.TRACING_ANNOTATION: "enabled" if tracing else "disabled"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [_owner_reference(job)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def headless_service(job: dict[str, Any], spec: TrainingJobSpec) -> dict[str, Any]:
+    """The Service that gives every worker a DNS name, ready or not (rendezvous needs it early)."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": api.service_name(name),
+            "namespace": namespace,
+            "labels": job_labels(name),
+            "ownerReferences": [_owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {api.JOB_NAME_LABEL: name},
+            "ports": [{"name": "rendezvous", "port": spec.masterPort, "targetPort": spec.masterPort}],
+        },
+    }
+
+
+def token_secret(job: dict[str, Any]) -> dict[str, Any]:
+    """A fresh per-job bearer token the job's sidecars present to the collector."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": api.token_secret_name(name),
+            "namespace": namespace,
+            "labels": job_labels(name),
+            "ownerReferences": [_owner_reference(job)],
+        },
+        "stringData": {api.TOKEN_KEY: secrets.token_urlsafe(32)},
+    }

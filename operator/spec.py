@@ -1,0 +1,77 @@
+"""The TrainingJob spec as a typed structure.
+
+The API server applies the CRD's defaults before the operator sees an object; the defaults here
+repeat them only so that code and tests can build a spec without a server, and a unit test keeps
+the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be turned into workers; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    tensor: int = 1
+    pipeline: int = 1
+    data: int | None = None
+
+
+@dataclass(frozen=True)
+class Tracing:
+    enabled: bool = True
+    sensitivitySeconds: int = 300
+    windowSeconds: int = 5
+    gpuTiming: bool = False
+    flightRecorder: bool = True
+
+
+@dataclass(frozen=True)
+class Remediation:
+    cordon: bool = True
+    dryRun: bool = False
+    maxNodesPerJob: int = 2
+
+
+@dataclass(frozen=True)
+class TrainingJobSpec:
+    template: dict[str, Any]
+    replicas: int = 1
+    nprocPerNode: int = 8
+    masterPort: int = 29500
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    tracing: Tracing = field(default_factory=Tracing)
+    remediation: Remediation = field(default_factory=Remediation)
+    alerting: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.nprocPerNode
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // (self.parallelism.tensor * self.parallelism.pipeline)
+
+    @classmethod
+    def from_manifest(cls, spec: dict[str, Any]) -> TrainingJobSpec:
+        """Parse ``spec`` (as stored, defaults applied); unknown keys are refused, not ignored."""
+        try:
+            return cls(
+                template=spec["template"],
+                replicas=spec.get("replicas", 1),
+                nprocPerNode=spec.get("nprocPerNode", 8),
+                masterPort=spec.get("masterPort", 29500),
+                parallelism=Parallelism(**spec.get("parallelism", {})),
+                tracing=Tracing(**spec.get("tracing", {})),
+                remediation=Remediation(**spec.get("remediation", {})),
+                alerting=dict(spec.get("alerting", {})),
+            )
+        except KeyError as error:
+            raise InvalidSpec(f"spec.{error.args[0]} is required") from error
+        except TypeError as error:  # an unexpected keyword names the unknown field
+            raise InvalidSpec(f"spec: {error}") from error

@@ -1,0 +1,155 @@
+"""e2e harness: a real cluster (the built-in local one, or $KUBECONFIG's), the real operator, a
+namespace per test.
+
+- If ``KUBECONFIG`` points at a reachable cluster, it is used as it is.
+- Otherwise the local cluster is brought up (built on first use, reused when already up) and left
+  running for the next session; ``RANKWATCH_E2E_CLUSTER_DOWN=1`` stops it at the end.
+The operator runs in-process with ``kopf.testing.KopfRunner``, watching only namespaces named
+``rw-e2e-*``; tests that run their own operator use other names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).parents[2]
+CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
+E2E_NAMESPACE_PREFIX = "rw-e2e-"
+
+
+def _reachable(kubeconfig: str) -> bool:
+    result = subprocess.run(
+        ["kubectl", "--kubeconfig", kubeconfig, "get", "--raw", "/readyz"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    return result.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    external = os.environ.get("KUBECONFIG")
+    if external and Path(external).exists() and _reachable(external):
+        yield external
+        return
+    from rankwatch.cluster.local import LocalCluster
+
+    cluster = LocalCluster()
+    cluster.up(log=lambda message: print(f"[cluster] {message}", flush=True))
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    yield str(cluster.kubeconfig)
+    if os.environ.get("RANKWATCH_E2E_CLUSTER_DOWN") == "1":
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def kubectl_path(kubeconfig: str) -> str:
+    """The kubectl matching the local cluster's version when built, else the one on PATH."""
+    from rankwatch.cluster.binaries import binary_path
+
+    built = binary_path("kubectl")
+    return str(built) if built.exists() else "kubectl"
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: str, kubectl_path: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [kubectl_path, "--kubeconfig", kubeconfig, *args],
+            capture_output=True,
+            text=True,
+            input=input,
+            timeout=60,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig: str) -> kubernetes.client.ApiClient:
+    return kubernetes.config.new_client_from_config(config_file=kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def crd(kubectl: Callable[..., Any]) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+
+
+@pytest.fixture(scope="session")
+def operator(kubeconfig: str, crd: None) -> Iterator[KopfRunner]:
+    """The real operator, in-process, for namespaces rw-e2e-*."""
+    kubernetes.config.load_kube_config(config_file=kubeconfig)
+    args = ["run", "--standalone", "--namespace", f"{E2E_NAMESPACE_PREFIX}*", "-m", "rankwatch.operator.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner
+    assert runner.exception is None or isinstance(runner.exception, SystemExit), runner.output
+
+
+def _new_namespace(api: kubernetes.client.ApiClient, prefix: str) -> str:
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
+    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+def _delete_namespace(api: kubernetes.client.ApiClient, name: str) -> None:
+    try:
+        kubernetes.client.CoreV1Api(api).delete_namespace(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
+@pytest.fixture
+def namespace(api: kubernetes.client.ApiClient, operator: KopfRunner) -> Iterator[str]:
+    """A fresh namespace that the session operator watches."""
+    name = _new_namespace(api, E2E_NAMESPACE_PREFIX)
+    yield name
+    _delete_namespace(api, name)
+
+
+@pytest.fixture
+def unwatched_namespace(api: kubernetes.client.ApiClient, crd: None) -> Iterator[str]:
+    """A fresh namespace no session operator watches (for tests that run their own)."""
+    name = _new_namespace(api, "rw-own-")
+    yield name
+    _delete_namespace(api, name)
+
+
+def _eventually(condition: Callable[[], Any], timeout: float = 60, interval: float = 0.5, what: str = "") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail with ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}; last value: {last!r}")
+
+
+@pytest.fixture(scope="session")
+def eventually() -> Callable[..., Any]:
+    return _eventually
+
+
+@pytest.fixture(scope="session")
+def example_job() -> Callable[[], dict[str, Any]]:
+    """A fresh copy of examples/trainingjob.yaml."""
+    return lambda: yaml.safe_load((REPO / "examples" / "trainingjob.yaml").read_text())

@@ -1,0 +1,104 @@
+"""The API server itself refuses a bad TrainingJob, with a message naming the field."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+VALID = {
+    "apiVersion": "rankwatch.io/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "check"},
+    "spec": {
+        "replicas": 15,
+        "nprocPerNode": 4,
+        "parallelism": {"tensor": 4, "pipeline": 3},
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
+    },
+}
+
+
+def with_changes(path: str, value) -> dict:
+    manifest = copy.deepcopy(VALID)
+    *parents, last = path.split(".")
+    node = manifest
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    return manifest
+
+
+def server_dry_run(kubectl, namespace: str, manifest: dict):
+    return kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest), check=False)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (
+            "spec.parallelism.tensor",
+            8,
+            "spec.parallelism: Invalid value: parallelism.tensor x parallelism.pipeline must divide "
+            "the world size (replicas x nprocPerNode)",
+        ),
+        ("spec.parallelism.data", 7, "spec.parallelism.data: Invalid value"),
+        (
+            "spec.replicas",
+            0,
+            "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1",
+        ),
+        ("spec.tracing", {"sensitivitySeconds": 2}, "spec.tracing.sensitivitySeconds: Invalid value: 2"),
+        (
+            "spec.tracing",
+            {"sensitivitySeconds": 20, "windowSeconds": 30},
+            "tracing.windowSeconds must be shorter than tracing.sensitivitySeconds",
+        ),
+        ("spec.template.spec.containers", [], "spec.template.spec.containers: Invalid value"),
+        (
+            "spec.template.spec.containers",
+            [{"name": "trainer"}],
+            "spec.template.spec.containers[0].image: Required value",
+        ),
+        ("spec.template.spec.restartPolicy", "Always", 'spec.template.spec.restartPolicy: Unsupported value: "Always"'),
+        ("spec.template", None, "spec.template: Required value"),
+        ("spec.alerting", {"levels": {"hang": "P7"}}, 'spec.alerting.levels.hang: Unsupported value: "P7"'),
+        ("metadata.name", "x" * 50, "metadata.name must be at most 45 characters"),
+    ],
+)
+def test_invalid_manifest_is_rejected_naming_the_field(kubectl, crd, unwatched_namespace, path, value, expected):
+    result = server_dry_run(kubectl, unwatched_namespace, with_changes(path, value))
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert expected in result.stderr
+
+
+def test_valid_manifest_gets_defaults(kubectl, crd, unwatched_namespace):
+    result = kubectl(
+        "apply", "--dry-run=server", "-o", "yaml", "-n", unwatched_namespace, "-f", "-", input=yaml.safe_dump(VALID)
+    )
+    spec = yaml.safe_load(result.stdout)["spec"]
+    assert spec["tracing"] == {
+        "enabled": True,
+        "sensitivitySeconds": 300,
+        "windowSeconds": 5,
+        "gpuTiming": False,
+        "flightRecorder": True,
+    }
+    assert spec["remediation"] == {"cordon": True, "dryRun": False, "maxNodesPerJob": 2}
+    assert spec["alerting"]["levels"] == {"hang": "P0", "straggler": "P1", "slowLink": "P1", "degradation": "P2"}
+    assert spec["masterPort"] == 29500
+
+
+def test_world_size_cannot_change_after_creation(kubectl, crd, unwatched_namespace):
+    kubectl("apply", "-n", unwatched_namespace, "-f", "-", input=yaml.safe_dump(VALID))
+    result = kubectl(
+        "patch", "tj", "check", "-n", unwatched_namespace, "--type=merge", "-p", '{"spec":{"replicas":30}}', check=False
+    )
+    assert result.returncode != 0
+    assert "replicas is immutable" in result.stderr

@@ -1,0 +1,168 @@
+"""A TrainingJob on a real cluster: applied with kubectl, run by the real operator, read back as a user would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
+EXAMPLE = str(Path(__file__).parents[2] / "examples" / "trainingjob.yaml")
+
+
+def get_job(api, namespace: str, name: str) -> dict:
+    return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], name
+    )
+
+
+def create_job(api, namespace: str, manifest: dict) -> dict:
+    return kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], manifest
+    )
+
+
+def worker_pods(api, namespace: str, job: str) -> list:
+    pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"rankwatch.io/job-name={job}"
+    )
+    return sorted(pods.items, key=lambda pod: pod.metadata.name)
+
+
+def phase_is(api, namespace: str, name: str, phase: str):
+    status = get_job(api, namespace, name).get("status", {})
+    return status if status.get("phase") == phase else None
+
+
+def test_example_job_runs_with_injected_workers(api, kubectl, namespace, eventually):
+    kubectl("apply", "-n", namespace, "-f", EXAMPLE)
+
+    status = eventually(lambda: phase_is(api, namespace, "llama-70b", "Running"), 60, what="job Running")
+    assert status["workers"] == "4/4"
+    assert status["health"] == "Unknown"
+
+    pods = worker_pods(api, namespace, "llama-70b")
+    assert [pod.metadata.name for pod in pods] == [f"llama-70b-worker-{i}" for i in range(4)]
+    nodes = {pod.spec.node_name for pod in pods}
+    assert len(nodes) == 4 and all(node.startswith("gpu-node-") for node in nodes), (
+        "8 GPUs per node: one worker per node"
+    )
+    for index, pod in enumerate(pods):
+        assert pod.status.phase == "Running"
+        init_names = [c.name for c in pod.spec.init_containers]
+        assert init_names == ["rankwatch-init", "rankwatch-sidecar"]
+        assert pod.spec.init_containers[1].restart_policy == "Always"
+        trainer = pod.spec.containers[0]
+        env = {item.name: item.value for item in trainer.env}
+        assert env["LD_PRELOAD"] == "/rankwatch/lib/librankwatch-nccl.so"
+        assert env["NODE_RANK"] == str(index) and env["WORLD_SIZE"] == "32"
+        assert env["MASTER_ADDR"] == f"llama-70b-worker-0.llama-70b.{namespace}.svc"
+        assert {v.name for v in pod.spec.volumes} >= {"rankwatch-lib", "rankwatch-traces", "rankwatch-token"}
+        assert pod.metadata.owner_references[0].kind == "TrainingJob"
+
+    core = kubernetes.client.CoreV1Api(api)
+    service = core.read_namespaced_service("llama-70b", namespace)
+    assert service.spec.cluster_ip == "None"
+    secret = core.read_namespaced_secret("llama-70b-rankwatch-token", namespace)
+    assert len(secret.data["token"]) > 40
+
+    table = kubectl("get", "tj", "-n", namespace).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "HEALTH", "SUSPECTS", "STEP", "TIME", "AGE"]
+    assert row.split()[:3] == ["llama-70b", "Running", "Unknown"]
+
+    described = kubectl("describe", "tj", "llama-70b", "-n", namespace).stdout
+    for text in ("Conditions:", "Running", "AllWorkersRunning", "AwaitingTelemetry", "Events:", "Created"):
+        assert text in described, f"{text!r} missing from kubectl describe:\n{described}"
+
+
+def test_reapplying_the_manifest_changes_nothing(api, kubectl, namespace, eventually):
+    kubectl("apply", "-n", namespace, "-f", EXAMPLE)
+    eventually(lambda: phase_is(api, namespace, "llama-70b", "Running"), 60, what="job Running")
+    before = {pod.metadata.name: pod.metadata.uid for pod in worker_pods(api, namespace, "llama-70b")}
+    assert "unchanged" in kubectl("apply", "-n", namespace, "-f", EXAMPLE).stdout
+    after = {pod.metadata.name: pod.metadata.uid for pod in worker_pods(api, namespace, "llama-70b")}
+    assert after == before
+
+
+def test_deleting_the_job_removes_its_pods_service_and_secret(api, kubectl, namespace, eventually):
+    kubectl("apply", "-n", namespace, "-f", EXAMPLE)
+    eventually(lambda: phase_is(api, namespace, "llama-70b", "Running"), 60, what="job Running")
+    kubectl("delete", "-n", namespace, "tj", "llama-70b", "--wait=true")
+    core = kubernetes.client.CoreV1Api(api)
+    eventually(lambda: not worker_pods(api, namespace, "llama-70b"), 60, what="pods garbage-collected")
+    eventually(
+        lambda: not core.list_namespaced_service(namespace, label_selector="rankwatch.io/job-name=llama-70b").items,
+        60,
+        what="service garbage-collected",
+    )
+    assert not core.list_namespaced_secret(namespace, label_selector="rankwatch.io/job-name=llama-70b").items
+
+
+def small_job(name: str, replicas: int = 2, annotations: dict | None = None, gpus: int = 8) -> dict:
+    return {
+        "apiVersion": "rankwatch.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "nprocPerNode": 8,
+            "template": {
+                "metadata": {"annotations": annotations or {}},
+                "spec": {
+                    "containers": [
+                        {"name": "trainer", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+                    ]
+                },
+            },
+        },
+    }
+
+
+def test_workers_that_finish_complete_the_job(api, namespace, eventually):
+    # kwok ends each worker after 2 s with the exit code the annotation asks for.
+    finish = {"kwok.rankwatch.io/exit-code": "0", "kwok.rankwatch.io/run-duration": "2s"}
+    create_job(api, namespace, small_job("finishes", annotations=finish))
+    status = eventually(lambda: phase_is(api, namespace, "finishes", "Succeeded"), 60, what="job Succeeded")
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Succeeded"]["status"] == "True"
+    assert conditions["Running"]["status"] == "False"
+    assert status["completionTime"] >= status["startTime"]
+
+
+def test_a_failing_worker_fails_the_job_with_its_exit_code(api, kubectl, namespace, eventually):
+    crash = {"kwok.rankwatch.io/exit-code": "3", "kwok.rankwatch.io/run-duration": "2s"}
+    create_job(api, namespace, small_job("crashes", annotations=crash))
+    status = eventually(lambda: phase_is(api, namespace, "crashes", "Failed"), 60, what="job Failed")
+    assert "exited with code 3 (Error)" in status["message"]
+    assert "on node gpu-node-" in status["message"]
+    events = kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.name=crashes", "-o", "json"
+    ).stdout
+    warnings = [e for e in json.loads(events)["items"] if e["type"] == "Warning"]
+    assert any(e["reason"] == "WorkerFailed" and "code 3" in e["message"] for e in warnings)
+
+
+def test_an_unschedulable_job_says_why(api, namespace, eventually):
+    create_job(api, namespace, small_job("too-big", replicas=1, gpus=16))
+
+    def blocked():
+        status = get_job(api, namespace, "too-big").get("status", {})
+        return status if "Insufficient nvidia.com/gpu" in status.get("message", "") else None
+
+    status = eventually(blocked, 60, what="an Unschedulable message")
+    assert status["phase"] == "Pending"
+    assert {c["type"]: c for c in status["conditions"]}["Running"]["reason"] == "WorkersUnschedulable"
+
+
+def test_a_template_that_sets_managed_env_fails_clearly(api, namespace, eventually):
+    job = small_job("bad-env")
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "WORLD_SIZE", "value": "3"}]
+    create_job(api, namespace, job)
+    status = eventually(lambda: phase_is(api, namespace, "bad-env", "Failed"), 30, what="job Failed")
+    assert "sets WORLD_SIZE, which rankwatch manages" in status["message"]
+    assert not worker_pods(api, namespace, "bad-env"), "nothing is created from a refused template"

@@ -1,0 +1,170 @@
+"""Worker pod construction: what a user's template turns into."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from rankwatch.operator import pod_spec
+from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.spec import InvalidSpec, Parallelism, Tracing, TrainingJobSpec
+
+CONFIG = OperatorConfig(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
+JOB = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "uid-123"}}
+TEMPLATE = {
+    "metadata": {"labels": {"team": "llm"}, "annotations": {"note": "keep"}},
+    "spec": {
+        "containers": [
+            {
+                "name": "trainer",
+                "image": "pytorch:latest",
+                "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }
+        ],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "nodeSelector": {"rankwatch.io/node-pool": "gpu"},
+    },
+}
+
+
+def make_spec(**overrides) -> TrainingJobSpec:
+    values = dict(template=copy.deepcopy(TEMPLATE), replicas=4, nprocPerNode=8, parallelism=Parallelism(8, 2))
+    values.update(overrides)
+    return TrainingJobSpec(**values)
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {item["name"]: item.get("value") for item in container.get("env", [])}
+
+
+def container(pod: dict, name: str) -> dict:
+    everything = pod["spec"]["containers"] + pod["spec"].get("initContainers", [])
+    return next(c for c in everything if c["name"] == name)
+
+
+def test_rendezvous_env_matches_torchrun_conventions():
+    pod = pod_spec.worker_pod(JOB, make_spec(), 2, CONFIG)
+    env = env_of(container(pod, "trainer"))
+    assert env["MASTER_ADDR"] == "llama-worker-0.llama.team-a.svc"
+    assert env["MASTER_PORT"] == "29500"
+    assert (env["NNODES"], env["NODE_RANK"], env["NPROC_PER_NODE"], env["WORLD_SIZE"]) == ("4", "2", "8", "32")
+    assert (env["PET_NNODES"], env["PET_NODE_RANK"], env["PET_NPROC_PER_NODE"]) == ("4", "2", "8")
+    assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"]
+    assert env["NCCL_DEBUG"] == "WARN", "the user's own env is kept"
+
+
+def test_pod_identity_labels_owner_and_dns():
+    pod = pod_spec.worker_pod(JOB, make_spec(), 3, CONFIG)
+    meta = pod["metadata"]
+    assert meta["name"] == "llama-worker-3" and meta["namespace"] == "team-a"
+    assert meta["labels"] == {
+        "team": "llm",
+        "rankwatch.io/job-name": "llama",
+        "rankwatch.io/replica-index": "3",
+        "app.kubernetes.io/managed-by": "rankwatch",
+    }
+    assert meta["annotations"]["note"] == "keep"
+    [owner] = meta["ownerReferences"]
+    assert owner["kind"] == "TrainingJob" and owner["uid"] == "uid-123" and owner["controller"] is True
+    assert pod["spec"]["hostname"] == "llama-worker-3" and pod["spec"]["subdomain"] == "llama"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["nodeSelector"] == {"rankwatch.io/node-pool": "gpu"}
+
+
+def test_tracing_injection_init_container_preload_and_sidecar():
+    pod = pod_spec.worker_pod(JOB, make_spec(tracing=Tracing(gpuTiming=True, sensitivitySeconds=120)), 0, CONFIG)
+    init, sidecar = pod["spec"]["initContainers"][:2]
+    assert init["name"] == "rankwatch-init" and init["image"] == CONFIG.image
+    assert init["command"] == ["cp", "/opt/rankwatch/lib/librankwatch-nccl.so", "/rankwatch/lib/librankwatch-nccl.so"]
+    assert sidecar["name"] == "rankwatch-sidecar" and sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"] == ["rankwatch", "sidecar"]
+    sidecar_env = env_of(sidecar)
+    assert sidecar_env["RANKWATCH_COLLECTOR_URL"] == "http://collector:8080"
+    assert sidecar_env["RANKWATCH_TOKEN_FILE"] == "/var/run/secrets/rankwatch/token"
+    assert sidecar_env["RANKWATCH_SENSITIVITY_SECONDS"] == "120"
+    assert {m["name"] for m in sidecar["volumeMounts"]} == {"rankwatch-traces", "rankwatch-token"}
+
+    trainer = container(pod, "trainer")
+    env = env_of(trainer)
+    assert env["LD_PRELOAD"] == "/rankwatch/lib/librankwatch-nccl.so"
+    assert env["RANKWATCH_TRACE_DIR"] == "/rankwatch/traces"
+    assert env["RANKWATCH_GPU_TIMING"] == "1"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith("/rankwatch/traces/")
+    mounts = {m["name"]: m for m in trainer["volumeMounts"]}
+    assert mounts["rankwatch-lib"]["readOnly"] is True
+    assert "data" in mounts, "the user's mounts are kept"
+    assert "rankwatch-token" not in mounts, "only the sidecar holds the job's token"
+
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert set(volumes) == {"data", "rankwatch-lib", "rankwatch-traces", "rankwatch-token"}
+    assert volumes["rankwatch-token"]["secret"]["secretName"] == "llama-rankwatch-token"
+
+
+def test_user_ld_preload_is_kept_after_ours():
+    spec = make_spec()
+    spec.template["spec"]["containers"][0]["env"].append({"name": "LD_PRELOAD", "value": "/usr/lib/libjemalloc.so"})
+    env = env_of(container(pod_spec.worker_pod(JOB, spec, 0, CONFIG), "trainer"))
+    assert env["LD_PRELOAD"] == "/rankwatch/lib/librankwatch-nccl.so:/usr/lib/libjemalloc.so"
+
+
+def test_tracing_disabled_adds_only_rendezvous():
+    spec = make_spec(tracing=Tracing(enabled=False))
+    pod = pod_spec.worker_pod(JOB, spec, 1, CONFIG)
+    assert "initContainers" not in pod["spec"]
+    env = env_of(container(pod, "trainer"))
+    assert "LD_PRELOAD" not in env and "RANKWATCH_TRACE_DIR" not in env
+    assert env["NODE_RANK"] == "1"
+    assert pod["metadata"]["annotations"]["rankwatch.io/tracing"] == "disabled"
+
+
+def test_flight_recorder_off_sets_no_torch_env():
+    env = env_of(
+        container(pod_spec.worker_pod(JOB, make_spec(tracing=Tracing(flightRecorder=False)), 0, CONFIG), "trainer")
+    )
+    assert not [name for name in env if name.startswith("TORCH_")]
+
+
+def test_template_is_not_mutated():
+    spec = make_spec()
+    before = copy.deepcopy(spec.template)
+    pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+    pod_spec.worker_pod(JOB, spec, 1, CONFIG)
+    assert spec.template == before
+
+
+@pytest.mark.parametrize("name", ["MASTER_ADDR", "WORLD_SIZE", "PET_NNODES"])
+def test_template_setting_a_managed_variable_is_refused_with_its_name(name):
+    spec = make_spec()
+    spec.template["spec"]["containers"][0]["env"].append({"name": name, "value": "x"})
+    with pytest.raises(InvalidSpec, match=f"team-a/llama.*'trainer' sets {name}"):
+        pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+
+
+def test_reserved_container_and_volume_names_are_refused():
+    spec = make_spec()
+    spec.template["spec"]["containers"][0]["name"] = "rankwatch-sidecar"
+    with pytest.raises(InvalidSpec, match="container name 'rankwatch-sidecar' is reserved"):
+        pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+    spec = make_spec()
+    spec.template["spec"]["volumes"].append({"name": "rankwatch-traces", "emptyDir": {}})
+    with pytest.raises(InvalidSpec, match="volume name 'rankwatch-traces' is reserved"):
+        pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+
+
+def test_headless_service_publishes_not_ready_workers():
+    service = pod_spec.headless_service(JOB, make_spec(masterPort=23456))
+    assert service["metadata"]["name"] == "llama"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"rankwatch.io/job-name": "llama"}
+    assert service["spec"]["ports"][0]["port"] == 23456
+
+
+def test_token_secret_is_random_per_call():
+    first, second = pod_spec.token_secret(JOB), pod_spec.token_secret(JOB)
+    assert first["metadata"]["name"] == "llama-rankwatch-token"
+    assert len(first["stringData"]["token"]) >= 40
+    assert first["stringData"]["token"] != second["stringData"]["token"]
