@@ -39,6 +39,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{prefix}/finalizer"
     # Handler log lines stay in the operator's log; Events are posted explicitly, for people.
     settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = "rankwatch-operator"
     settings.watching.server_timeout = 300
     try:
         kubernetes.config.load_incluster_config()

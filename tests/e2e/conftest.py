@@ -2,8 +2,10 @@
 namespace per test.
 
 - If ``KUBECONFIG`` points at a reachable cluster, it is used as it is.
-- Otherwise the local cluster is brought up (built on first use, reused when already up) and left
-  running for the next session; ``RANKWATCH_E2E_CLUSTER_DOWN=1`` stops it at the end.
+- Otherwise a local cluster of the tests' own is brought up (state in ``$RANKWATCH_TEST_CLUSTER_DIR``,
+  default ``~/.rankwatch/test-cluster``, apart from the one `make demo` uses; built on first use,
+  reused when already up) and left running for the next run; ``RANKWATCH_E2E_CLUSTER_DOWN=1``
+  removes it at the end.
 The operator runs in-process with ``kopf.testing.KopfRunner``, watching only namespaces named
 ``rw-e2e-*``; tests that run their own operator use other names.
 """
@@ -47,7 +49,8 @@ def kubeconfig() -> Iterator[str]:
         return
     from rankwatch.cluster.local import LocalCluster
 
-    cluster = LocalCluster()
+    root = os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or os.path.expanduser("~/.rankwatch/test-cluster")
+    cluster = LocalCluster(Path(root))
     cluster.up(log=lambda message: print(f"[cluster] {message}", flush=True))
     os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
     yield str(cluster.kubeconfig)

@@ -1,0 +1,55 @@
+# rankwatch: `make demo` runs the example job end to end on the built-in local cluster,
+# `make test` runs every test (lint, unit, e2e on the local cluster).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint format unit e2e cluster-binaries cluster-up cluster-down cluster-status clean
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(INSTALLED)
+
+# Kubernetes, etcd and kwok from their Go modules; cached by version outside the repository.
+cluster-binaries: $(INSTALLED)
+	$(BIN)/rankwatch cluster build
+
+cluster-up: cluster-binaries
+	$(BIN)/rankwatch cluster up
+
+cluster-down: $(INSTALLED)
+	$(BIN)/rankwatch cluster down
+
+cluster-status: $(INSTALLED)
+	$(BIN)/rankwatch cluster status
+
+demo: cluster-binaries
+	bash examples/demo.sh
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(INSTALLED)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+unit: $(INSTALLED)
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+e2e: cluster-binaries
+	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+
+# pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
+test: lint cluster-binaries
+	$(BIN)/pytest tests $(PYTEST_ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; exit $$status
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
