@@ -82,9 +82,9 @@ class LocalCluster:
 
     def _argv(self, name: str, state: ClusterState, paths: dict[str, Path]) -> list[str]:
         port = state.ports
-        etcd_url = f"http://127.0.0.1:{port['etcd']}"
+        etcd_url = f"https://127.0.0.1:{port['etcd']}"
         if name == "etcd":
-            peer = f"http://127.0.0.1:{port['etcd-peer']}"
+            peer = f"http://127.0.0.1:{port['etcd-peer']}"  # one member: no peer ever connects
             return [
                 str(paths["etcd"]),
                 "--name=rankwatch",
@@ -94,6 +94,10 @@ class LocalCluster:
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=rankwatch={peer}",
+                f"--cert-file={self.pki / 'etcd-server.crt'}",
+                f"--key-file={self.pki / 'etcd-server.key'}",
+                f"--trusted-ca-file={self.pki / 'ca.crt'}",
+                "--client-cert-auth=true",
                 "--unsafe-no-fsync",
                 "--log-level=warn",
             ]
@@ -101,6 +105,9 @@ class LocalCluster:
             return [
                 str(paths["kube-apiserver"]),
                 f"--etcd-servers={etcd_url}",
+                f"--etcd-cafile={self.pki / 'ca.crt'}",
+                f"--etcd-certfile={self.pki / 'apiserver-etcd-client.crt'}",
+                f"--etcd-keyfile={self.pki / 'apiserver-etcd-client.key'}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
                 f"--secure-port={port['kube-apiserver']}",

@@ -88,7 +88,7 @@ def _leaf(
 
 
 def generate(directory: Path) -> None:
-    """Write ca.{crt,key}, apiserver.{crt,key}, sa.{key,pub} and one {stem}.{crt,key} per client."""
+    """Write ca, apiserver, etcd-server, apiserver-etcd-client and per-client {stem} .crt/.key, sa.{key,pub}."""
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
 
@@ -127,6 +127,15 @@ def generate(directory: Path) -> None:
     key, cert = _leaf(ca_key, ca_cert, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, sans)
     _write_key(directory / "apiserver.key", key)
     _write_cert(directory / "apiserver.crt", cert)
+
+    # etcd serves TLS and accepts only clients with a certificate of this CA (the API server's).
+    etcd_sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    key, cert = _leaf(ca_key, ca_cert, _name("etcd"), ExtendedKeyUsageOID.SERVER_AUTH, etcd_sans)
+    _write_key(directory / "etcd-server.key", key)
+    _write_cert(directory / "etcd-server.crt", cert)
+    key, cert = _leaf(ca_key, ca_cert, _name("kube-apiserver-etcd-client"), ExtendedKeyUsageOID.CLIENT_AUTH)
+    _write_key(directory / "apiserver-etcd-client.key", key)
+    _write_cert(directory / "apiserver-etcd-client.crt", cert)
 
     for client in CLIENTS:
         key, cert = _leaf(ca_key, ca_cert, _name(client.user, client.groups), ExtendedKeyUsageOID.CLIENT_AUTH)

@@ -2,7 +2,7 @@
 # `make demo`: the main path a user takes, end to end on the built-in local cluster.
 # 1. bring up the local cluster (real control plane + 4 kwok GPU nodes), 2. install the CRD,
 # 3. run the operator, 4. apply examples/trainingjob.yaml, 5. show what kubectl shows.
-# Uses $KUBECONFIG instead when it points at a reachable cluster (and DEMO_USE_KUBECONFIG=1).
+# With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -10,7 +10,7 @@ NAMESPACE=rankwatch-demo
 JOB=llama-70b
 
 KUBECTL=$("$BIN/python" -c 'from rankwatch.cluster.binaries import binary_path; print(binary_path("kubectl"))')
-if [ "${DEMO_USE_KUBECONFIG:-0}" = 1 ] && [ -n "${KUBECONFIG:-}" ]; then
+if [ "${RANKWATCH_USE_KUBECONFIG:-0}" = 1 ] && [ -n "${KUBECONFIG:-}" ]; then
   echo "==> using the cluster of KUBECONFIG=$KUBECONFIG"
   command -v kubectl >/dev/null && KUBECTL=kubectl
 else

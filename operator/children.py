@@ -7,6 +7,7 @@ is refused, never adopted or overwritten.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,11 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api, pod_spec
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.spec import TrainingJobSpec
+from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+
+
+class NameConflict(Exception):
+    """A child's name is taken by an object this job does not own."""
 
 
 def _create(
@@ -37,16 +42,20 @@ def _create(
             owners = existing.metadata.owner_references or []
             if any(owner.uid == job_uid for owner in owners):
                 return False
-            raise kopf.PermanentError(
+            raise NameConflict(
                 f"{kind} {namespace}/{name} already exists and does not belong to this TrainingJob; delete or rename it"
             ) from error
-        if error.status in (400, 403, 422):
-            raise kopf.PermanentError(f"creating {kind} {namespace}/{name} was refused: {_reason(error)}") from error
+        if error.status in (400, 422):  # the API server refuses what the template produced
+            raise InvalidSpec(f"the API server refused {kind} {namespace}/{name}: {_reason(error)}") from error
+        # 403 (RBAC, terminating namespace), 5xx, timeouts: not the job's fault; kopf retries.
         raise kopf.TemporaryError(f"creating {kind} {namespace}/{name} failed: {_reason(error)}", delay=5) from error
 
 
 def _reason(error: ApiException) -> str:
-    return f"HTTP {error.status} {error.reason}: {(error.body or '')[:500]}"
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {error.status} {error.reason}: {(error.body or '')[:500]}"
 
 
 def ensure_children(

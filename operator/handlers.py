@@ -36,7 +36,6 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=prefix, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = f"{prefix}/finalizer"
     # Handler log lines stay in the operator's log; Events are posted explicitly, for people.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "rankwatch-operator"
@@ -59,19 +58,13 @@ def worker_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: An
     return {(namespace, labels[api.JOB_NAME_LABEL]): job_status.WorkerPod.from_pod(body)}
 
 
-def _fail_invalid(body: kopf.Body, patch: kopf.Patch, error: InvalidSpec, generation: int) -> None:
+def _fail(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, generation: int) -> None:
+    """A job that cannot be run: Failed at once, with the reason on the status and as an Event."""
     now = _now()
-    conditions = job_status.set_condition(
-        list(body.get("status", {}).get("conditions") or []),
-        "Failed",
-        "True",
-        "InvalidSpec",
-        str(error),
-        now,
-        generation,
-    )
-    patch.status.update(phase=job_status.FAILED, message=str(error), conditions=conditions, completionTime=now)
-    kopf.event(body, type="Warning", reason="InvalidSpec", message=str(error))
+    conditions = list(body.get("status", {}).get("conditions") or [])
+    conditions = job_status.set_condition(conditions, "Failed", "True", reason, message, now, generation)
+    patch.status.update(phase=job_status.FAILED, message=message, conditions=conditions, completionTime=now)
+    kopf.event(body, type="Warning", reason=reason, message=message)
 
 
 @kopf.on.resume(*JOBS)
@@ -94,7 +87,10 @@ def create_workers(
         existing = {pod.name for pod in worker_pods.get((namespace, name), [])}
         created = children.ensure_children(dict(body), job_spec, CONFIG, existing)
     except InvalidSpec as error:
-        _fail_invalid(body, patch, error, generation)
+        _fail(body, patch, "InvalidSpec", str(error), generation)
+        return
+    except children.NameConflict as error:
+        _fail(body, patch, "NameConflict", str(error), generation)
         return
     if created:
         kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")

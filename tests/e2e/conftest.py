@@ -1,7 +1,8 @@
 """e2e harness: a real cluster (the built-in local one, or $KUBECONFIG's), the real operator, a
 namespace per test.
 
-- If ``KUBECONFIG`` points at a reachable cluster, it is used as it is.
+- With ``RANKWATCH_USE_KUBECONFIG=1`` and ``KUBECONFIG`` pointing at a reachable cluster, that
+  cluster is used as it is (opt-in, so a shell pointed at production never runs tests there).
 - Otherwise a local cluster of the tests' own is brought up (state in ``$RANKWATCH_TEST_CLUSTER_DIR``,
   default ``~/.rankwatch/test-cluster``, apart from the one `make demo` uses; built on first use,
   reused when already up) and left running for the next run; ``RANKWATCH_E2E_CLUSTER_DOWN=1``
@@ -44,7 +45,9 @@ def _reachable(kubeconfig: str) -> bool:
 @pytest.fixture(scope="session")
 def kubeconfig() -> Iterator[str]:
     external = os.environ.get("KUBECONFIG")
-    if external and Path(external).exists() and _reachable(external):
+    if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
+        if not (external and Path(external).exists() and _reachable(external)):
+            pytest.exit(f"RANKWATCH_USE_KUBECONFIG=1 but KUBECONFIG={external!r} is not a reachable cluster", 2)
         yield external
         return
     from rankwatch.cluster.local import LocalCluster

@@ -166,3 +166,21 @@ def test_a_template_that_sets_managed_env_fails_clearly(api, namespace, eventual
     status = eventually(lambda: phase_is(api, namespace, "bad-env", "Failed"), 30, what="job Failed")
     assert "sets WORLD_SIZE, which rankwatch manages" in status["message"]
     assert not worker_pods(api, namespace, "bad-env"), "nothing is created from a refused template"
+
+
+def test_a_template_the_api_server_refuses_fails_the_job_with_its_message(api, namespace, eventually):
+    job = small_job("bad-name")
+    job["spec"]["template"]["spec"]["containers"][0]["name"] = "Trainer_1"  # not a DNS label
+    create_job(api, namespace, job)
+    status = eventually(lambda: phase_is(api, namespace, "bad-name", "Failed"), 30, what="job Failed")
+    assert "the API server refused Pod" in status["message"]
+    assert "Trainer_1" in status["message"]
+
+
+def test_a_name_taken_by_someone_else_is_not_adopted(api, namespace, eventually):
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service(namespace, {"metadata": {"name": "taken"}, "spec": {"ports": [{"port": 80}]}})
+    create_job(api, namespace, small_job("taken"))
+    status = eventually(lambda: phase_is(api, namespace, "taken", "Failed"), 30, what="job Failed")
+    assert "Service" in status["message"] and "does not belong to this TrainingJob" in status["message"]
+    assert core.read_namespaced_service("taken", namespace).metadata.owner_references is None

@@ -26,7 +26,7 @@ def load(path: Path) -> x509.Certificate:
 
 def test_every_certificate_is_signed_by_the_cluster_ca(pki_dir: Path):
     ca = load(pki_dir / "ca.crt")
-    for stem in ["apiserver", *(client.stem for client in pki.CLIENTS)]:
+    for stem in ["apiserver", "etcd-server", "apiserver-etcd-client", *(client.stem for client in pki.CLIENTS)]:
         cert = load(pki_dir / f"{stem}.crt")
         cert.verify_directly_issued_by(ca)
 
