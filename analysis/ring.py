@@ -1,0 +1,235 @@
+"""Read rankwatch trace rings (nccl_patch/include/rankwatch_ring.h) in place, as numpy arrays.
+
+A ring is a 4096-byte header and ``capacity`` 128-byte records; record ``i`` lives in slot
+``i % capacity`` and is valid when its stamp is ``2*i + 2``. A reader maps the file read-only,
+takes the window of the last ``capacity`` claims and keeps the records whose stamp matches their
+claim: a stamp that is odd (being written) or from another claim (overwritten, torn) is counted,
+never returned, never fatal.
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"RWRING\0\0"
+SUPPORTED_VERSION = 1
+HEADER_SIZE = 4096
+RECORD_SIZE = 128
+
+
+class RingError(ValueError):
+    """The file is not a ring this reader understands; the message names the file and offset."""
+
+
+class Op(enum.IntEnum):
+    NONE = 0
+    ALLREDUCE = 1
+    BROADCAST = 2
+    REDUCE = 3
+    ALLGATHER = 4
+    REDUCESCATTER = 5
+    ALLTOALL = 6
+    GATHER = 7
+    SCATTER = 8
+    SEND = 9
+    RECV = 10
+    COMM_INIT = 32
+    COMM_SPLIT = 33
+    COMM_SHRINK = 34
+    COMM_DESTROY = 35
+    COMM_ABORT = 36
+
+
+class State(enum.IntEnum):
+    EMPTY = 0
+    ENTERED = 1
+    RETURNED = 2
+    GPU_DONE = 3
+    FAILED = 4
+
+
+class Flag(enum.IntFlag):
+    GROUPED = 1
+    GPU_TIMED = 2
+    GRAPH_CAPTURE = 4
+    IN_PROGRESS = 8
+
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("stamp", "<u8"),
+        ("comm_id", "<u8"),
+        ("seq", "<u8"),
+        ("count", "<u8"),
+        ("stream", "<u8"),
+        ("t_call_ns", "<i8"),
+        ("t_return_ns", "<i8"),
+        ("gpu_start_ns", "<i8"),
+        ("gpu_end_ns", "<i8"),
+        ("aux", "<u8"),
+        ("group_id", "<u8"),
+        ("rank", "<i4"),
+        ("nranks", "<i4"),
+        ("global_rank", "<i4"),
+        ("peer", "<i4"),
+        ("result", "<i4"),
+        ("tid", "<u4"),
+        ("op", "u1"),
+        ("dtype", "u1"),
+        ("redop", "u1"),
+        ("state", "u1"),
+        ("flags", "<u4"),
+        ("reserved", "<u8"),
+    ]
+)
+assert RECORD_DTYPE.itemsize == RECORD_SIZE
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "S8"),
+        ("version", "<u4"),
+        ("header_size", "<u4"),
+        ("record_size", "<u4"),
+        ("flags", "<u4"),
+        ("capacity", "<u8"),
+        ("next", "<u8"),
+        ("start_realtime_ns", "<i8"),
+        ("start_monotonic_ns", "<i8"),
+        ("pid", "<i4"),
+        ("global_rank", "<i4"),
+        ("local_rank", "<i4"),
+        ("world_size", "<i4"),
+        ("nccl_version", "<i4"),
+        ("lost_updates", "<u4"),
+        ("hostname", "S64"),
+        ("job", "S64"),
+        ("sensitivity_ms", "<i4"),
+        ("gpu_skipped", "<u4"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class RingHeader:
+    path: Path
+    version: int
+    capacity: int
+    claimed: int
+    pid: int
+    global_rank: int
+    local_rank: int
+    world_size: int
+    hostname: str
+    job: str
+    start_realtime_ns: int
+    nccl_version: int
+    sensitivity_ms: int
+    gpu_timing: bool
+    lost_updates: int
+    gpu_skipped: int
+
+
+@dataclass(frozen=True)
+class RingSnapshot:
+    """The valid records of one read, oldest first, and what was skipped."""
+
+    header: RingHeader
+    records: np.ndarray  # RECORD_DTYPE, a copy: stable after the ring moves on
+    first_index: int  # claim index of the oldest slot in the window
+    torn: int  # slots in the window being written, overwritten or torn at read time
+    overwritten: int  # claims older than the window (lost to wrap-around)
+
+
+class RingReader:
+    """One ring file, mapped read-only; ``read()`` can be called again as the ring grows."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as handle:
+                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as error:
+            raise RingError(f"{self.path}: cannot map: {error}") from error
+        if len(self._map) < HEADER_SIZE:
+            raise RingError(f"{self.path}: {len(self._map)} bytes is shorter than a ring header ({HEADER_SIZE})")
+        header = np.frombuffer(self._map, HEADER_DTYPE, count=1, offset=0)[0]
+        if bytes(header["magic"]).ljust(8, b"\0") != MAGIC:
+            raise RingError(f"{self.path}: offset 0: not a rankwatch ring (magic {bytes(header['magic'])!r})")
+        if header["version"] != SUPPORTED_VERSION:
+            raise RingError(
+                f"{self.path}: offset 8: ring format version {int(header['version'])}; this rankwatch reads "
+                f"version {SUPPORTED_VERSION} (upgrade rankwatch to read newer rings)"
+            )
+        if header["record_size"] != RECORD_SIZE or header["header_size"] != HEADER_SIZE:
+            raise RingError(
+                f"{self.path}: offset 12: header/record size {int(header['header_size'])}/"
+                f"{int(header['record_size'])}, expected {HEADER_SIZE}/{RECORD_SIZE}"
+            )
+        capacity = int(header["capacity"])
+        if capacity <= 0 or capacity & (capacity - 1):
+            raise RingError(f"{self.path}: offset 24: capacity {capacity} is not a power of two")
+        expected = HEADER_SIZE + capacity * RECORD_SIZE
+        if len(self._map) < expected:
+            raise RingError(f"{self.path}: truncated: {len(self._map)} bytes, the header promises {expected}")
+        self.capacity = capacity
+        self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1, offset=0)
+        self._slots = np.frombuffer(self._map, RECORD_DTYPE, count=capacity, offset=HEADER_SIZE)
+
+    def header(self) -> RingHeader:
+        h = self._header[0]
+        return RingHeader(
+            path=self.path,
+            version=int(h["version"]),
+            capacity=self.capacity,
+            claimed=int(h["next"]),
+            pid=int(h["pid"]),
+            global_rank=int(h["global_rank"]),
+            local_rank=int(h["local_rank"]),
+            world_size=int(h["world_size"]),
+            hostname=bytes(h["hostname"]).split(b"\0", 1)[0].decode(errors="replace"),
+            job=bytes(h["job"]).split(b"\0", 1)[0].decode(errors="replace"),
+            start_realtime_ns=int(h["start_realtime_ns"]),
+            nccl_version=int(h["nccl_version"]),
+            sensitivity_ms=int(h["sensitivity_ms"]),
+            gpu_timing=bool(int(h["flags"]) & 1),
+            lost_updates=int(h["lost_updates"]),
+            gpu_skipped=int(h["gpu_skipped"]),
+        )
+
+    def read(self, since: int = 0) -> RingSnapshot:
+        """Valid records with claim index >= ``since``, oldest first (vectorised, one copy)."""
+        header = self.header()
+        claimed = header.claimed
+        first = max(claimed - self.capacity, since, 0)
+        if first >= claimed:
+            empty = np.empty(0, RECORD_DTYPE)
+            return RingSnapshot(header, empty, first, 0, max(0, claimed - self.capacity - since))
+        indices = np.arange(first, claimed, dtype=np.uint64)
+        slots = self._slots[(indices % np.uint64(self.capacity)).astype(np.int64)].copy()
+        # A record copied while being rewritten is caught by re-reading its stamp after the copy.
+        stamps_after = self._slots["stamp"][(indices % np.uint64(self.capacity)).astype(np.int64)]
+        expected = indices * np.uint64(2) + np.uint64(2)
+        valid = (slots["stamp"] == expected) & (stamps_after == expected)
+        overwritten = max(0, claimed - self.capacity - since) if since < claimed - self.capacity else 0
+        return RingSnapshot(header, slots[valid], first, int((~valid).sum()), overwritten)
+
+    def close(self) -> None:
+        self._slots = None  # type: ignore[assignment]
+        self._header = None  # type: ignore[assignment]
+        self._map.close()
+
+    def __enter__(self) -> RingReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_ring(path: str | Path) -> RingSnapshot:
+    with RingReader(path) as reader:
+        return reader.read()

@@ -1,0 +1,190 @@
+/* GPU timing: CUDA events recorded around each traced call on its stream (after the outermost
+ * ncclGroupEnd for grouped calls), completed by a background poller thread that turns them into
+ * realtime GPU start/end in the record. Events come from a fixed pool created once; when the pool is
+ * busy a call goes untimed (counted in the header), never blocked. Calls on a stream that is being
+ * captured into a CUDA graph are not timed (recording an event there would break the capture).
+ * Times are anchored to an event on a private idle stream, re-anchored every few seconds, so the
+ * float milliseconds of cuEventElapsedTime never span long.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "../include/cuda_abi.h"
+#include "interposer.h"
+
+#define SLOTS 4096
+#define MAX_GROUPED 1024
+#define REANCHOR_NS 5000000000LL
+#define POLL_NS 1000000L
+
+enum { FREE = 0, STARTED = 1, READY = 2 };
+
+typedef struct {
+  _Atomic int state;
+  CUevent start, end;
+  CUstream stream;
+  uint64_t index;
+  rw_record* record;
+} gpu_slot;
+
+static struct {
+  cuEventCreate_t event_create;
+  cuEventRecord_t event_record;
+  cuEventQuery_t event_query;
+  cuEventSynchronize_t event_sync;
+  cuEventElapsedTime_t elapsed;
+  cuStreamIsCapturing_t is_capturing;
+  cuStreamCreate_t stream_create;
+  cuCtxGetCurrent_t ctx_get;
+  cuCtxSetCurrent_t ctx_set;
+} cu;
+
+static gpu_slot slots[SLOTS];
+static _Atomic uint64_t cursor;
+static int ready; /* 1 once the pool and the poller exist */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static CUcontext context;
+static CUstream anchor_stream;
+static CUevent anchor_event;
+static int64_t anchor_ns;
+static __thread int current = -1;
+static __thread int grouped[MAX_GROUPED];
+static __thread int grouped_count;
+
+static void* poller(void* unused);
+
+static int load(void) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return 0;
+#define SYM(field, name) cu.field = (typeof(cu.field))dlsym(lib, name)
+  SYM(event_create, "cuEventCreate");
+  SYM(event_record, "cuEventRecord");
+  SYM(event_query, "cuEventQuery");
+  SYM(event_sync, "cuEventSynchronize");
+  SYM(elapsed, "cuEventElapsedTime");
+  SYM(is_capturing, "cuStreamIsCapturing");
+  SYM(stream_create, "cuStreamCreate");
+  SYM(ctx_get, "cuCtxGetCurrent");
+  SYM(ctx_set, "cuCtxSetCurrent");
+#undef SYM
+  return cu.event_create && cu.event_record && cu.event_query && cu.event_sync && cu.elapsed && cu.is_capturing &&
+         cu.stream_create && cu.ctx_get && cu.ctx_set;
+}
+
+static void reanchor(void) {
+  if (cu.event_record(anchor_event, anchor_stream) == CUDA_SUCCESS && cu.event_sync(anchor_event) == CUDA_SUCCESS)
+    anchor_ns = rw_realtime_ns();
+}
+
+static void init(void) {
+  if (!load()) {
+    fprintf(stderr, "rankwatch: RANKWATCH_GPU_TIMING=1 but libcuda.so.1 (with the event API) is not loadable; "
+                    "GPU times stay empty\n");
+    return;
+  }
+  if (cu.ctx_get(&context) != CUDA_SUCCESS || cu.stream_create(&anchor_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      cu.event_create(&anchor_event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+    fprintf(stderr, "rankwatch: no CUDA context at the first traced call; GPU times stay empty\n");
+    return;
+  }
+  for (int i = 0; i < SLOTS; i++)
+    if (cu.event_create(&slots[i].start, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+        cu.event_create(&slots[i].end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+      fprintf(stderr, "rankwatch: cuEventCreate failed; GPU times stay empty\n");
+      return;
+    }
+  reanchor();
+  pthread_t thread;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&thread, &attr, poller, NULL) != 0) return;
+  ready = 1;
+}
+
+void rw_gpu_before(uint64_t index, rw_record* record, cudaStream_t stream) {
+  pthread_once(&init_once, init);
+  current = -1;
+  if (!ready) return;
+  int status = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cu.is_capturing((CUstream)stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE) {
+    record->flags |= RW_FLAG_GRAPH_CAPTURE;
+    return;
+  }
+  int slot = (int)(atomic_fetch_add_explicit(&cursor, 1, memory_order_relaxed) % SLOTS);
+  int expected = FREE;
+  if (!atomic_compare_exchange_strong(&slots[slot].state, &expected, STARTED)) {
+    rw_ring_header* header = rw_ring();
+    if (header) atomic_fetch_add_explicit((_Atomic uint32_t*)&header->gpu_skipped, 1, memory_order_relaxed);
+    return;
+  }
+  slots[slot].stream = (CUstream)stream;
+  slots[slot].index = index;
+  slots[slot].record = record;
+  cu.event_record(slots[slot].start, (CUstream)stream);
+  record->flags |= RW_FLAG_GPU_TIMED;
+  current = slot;
+}
+
+static void finish(int slot) {
+  cu.event_record(slots[slot].end, slots[slot].stream);
+  atomic_store_explicit(&slots[slot].state, READY, memory_order_release);
+}
+
+void rw_gpu_after(uint64_t index, rw_record* record, cudaStream_t stream) {
+  (void)index, (void)record, (void)stream;
+  int slot = current;
+  current = -1;
+  if (slot < 0) return;
+  if (rw_in_group() && grouped_count < MAX_GROUPED) {
+    grouped[grouped_count++] = slot; /* enqueued on the stream only at the outermost ncclGroupEnd */
+    return;
+  }
+  finish(slot);
+}
+
+void rw_gpu_group_end(void) {
+  for (int i = 0; i < grouped_count; i++) finish(grouped[i]);
+  grouped_count = 0;
+}
+
+static void complete(gpu_slot* slot) {
+  rw_record* record = slot->record;
+  float start_ms = 0, end_ms = 0;
+  int timed = cu.elapsed(&start_ms, anchor_event, slot->start) == CUDA_SUCCESS &&
+              cu.elapsed(&end_ms, anchor_event, slot->end) == CUDA_SUCCESS;
+  if (timed && atomic_load_explicit((_Atomic uint64_t*)&record->stamp, memory_order_acquire) == 2 * slot->index + 2) {
+    record->gpu_start_ns = anchor_ns + (int64_t)((double)start_ms * 1e6);
+    record->gpu_end_ns = anchor_ns + (int64_t)((double)end_ms * 1e6);
+    uint8_t state = atomic_load_explicit((_Atomic uint8_t*)&record->state, memory_order_acquire);
+    if (state == RW_STATE_RETURNED)
+      atomic_store_explicit((_Atomic uint8_t*)&record->state, RW_STATE_GPU_DONE, memory_order_release);
+  }
+  atomic_store_explicit(&slot->state, FREE, memory_order_release);
+}
+
+static void* poller(void* unused) {
+  (void)unused;
+  cu.ctx_set(context);
+  int64_t last_anchor = rw_realtime_ns();
+  struct timespec pause = {0, POLL_NS};
+  for (;;) {
+    nanosleep(&pause, NULL);
+    uint64_t end = atomic_load_explicit(&cursor, memory_order_relaxed);
+    uint64_t begin = end > SLOTS ? end - SLOTS : 0;
+    for (uint64_t i = begin; i < end; i++) {
+      gpu_slot* slot = &slots[i % SLOTS];
+      if (atomic_load_explicit(&slot->state, memory_order_acquire) == READY && cu.event_query(slot->end) == CUDA_SUCCESS)
+        complete(slot);
+    }
+    if (rw_realtime_ns() - last_anchor > REANCHOR_NS) {
+      reanchor();
+      last_anchor = rw_realtime_ns();
+    }
+  }
+  return NULL;
+}

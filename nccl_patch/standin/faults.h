@@ -1,0 +1,33 @@
+/* Fault injection for the stand-in NCCL and the training drivers, read once from the environment.
+ * Set them on the one process (rank) that should misbehave:
+ *   RANKWATCH_STANDIN_SLOWDOWN=0.2          compute before each NCCL call takes 20% longer
+ *   RANKWATCH_STANDIN_LINK_PEER=R           with RANKWATCH_STANDIN_LINK_LATENCY_US=U: every send to
+ *                                           and receive from global rank R is U microseconds late
+ *   RANKWATCH_STANDIN_HANG_BEFORE_CALL=N    the driver stops before its N-th NCCL call (never calls)
+ *   RANKWATCH_STANDIN_STUCK_IN_CALL=N       the N-th call enters NCCL and never completes
+ * Calls are counted per process, 1-based, over collectives and send/recv of every communicator.
+ */
+#ifndef RANKWATCH_STANDIN_FAULTS_H
+#define RANKWATCH_STANDIN_FAULTS_H
+
+#include <stdint.h>
+
+typedef struct rw_faults {
+  double slowdown;
+  int link_peer;
+  int64_t link_latency_ns;
+  uint64_t hang_before_call;
+  uint64_t stuck_in_call;
+} rw_faults;
+
+/* Parsed once; invalid values are reported on stderr and ignored. */
+const rw_faults* rw_faults_get(void);
+
+/* Sleeps forever: what a hung rank does. */
+void rw_hang_forever(void) __attribute__((noreturn));
+
+int64_t rw_now_realtime_ns(void);
+int64_t rw_now_monotonic_ns(void);
+void rw_sleep_ns(int64_t ns);
+
+#endif
