@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint format unit e2e cluster-binaries cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e bench cluster-binaries cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(INSTALLED): pyproject.toml
 	touch $@
 
 install: $(INSTALLED)
+
+# The NCCL tracing library, stand-in NCCL/CUDA and drivers (C, gcc only).
+native:
+	$(MAKE) -s -C nccl_patch
 
 # Kubernetes, etcd and kwok from their Go modules; cached by version outside the repository.
 cluster-binaries: $(INSTALLED)
@@ -47,9 +51,14 @@ e2e: cluster-binaries
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
-test: lint cluster-binaries
+test: lint native cluster-binaries
 	$(BIN)/pytest tests $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; exit $$status
 
+bench: native $(INSTALLED)
+	$(BIN)/python bench/interposer_overhead.py
+	$(BIN)/python bench/cluster_startup.py
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	$(MAKE) -s -C nccl_patch clean

@@ -91,9 +91,11 @@ def rendezvous_env(job_name: str, namespace: str, spec: TrainingJobSpec, index: 
     return env
 
 
-def tracing_env(job_name: str, spec: TrainingJobSpec) -> list[dict[str, str]]:
-    env = [
+def tracing_env(job_name: str, spec: TrainingJobSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
         _env("RANKWATCH_TRACE_DIR", TRACE_DIR),
+        # Rings record the node, not the pod's host name, so a diagnosis can name the machine.
+        {"name": "RANKWATCH_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         _env("RANKWATCH_JOB_NAME", job_name),
         _env("RANKWATCH_GPU_TIMING", int(spec.tracing.gpuTiming)),
         _env("RANKWATCH_SENSITIVITY_SECONDS", spec.tracing.sensitivitySeconds),
@@ -112,7 +114,7 @@ def tracing_env(job_name: str, spec: TrainingJobSpec) -> list[dict[str, str]]:
 
 
 def _inject_user_container(
-    container: dict[str, Any], job_id: str, injected_env: list[dict[str, str]], tracing: bool
+    container: dict[str, Any], job_id: str, injected_env: list[dict[str, Any]], tracing: bool
 ) -> None:
     env = container.setdefault("env", [])
     reserved = {item["name"] for item in injected_env} - {"LD_PRELOAD"}

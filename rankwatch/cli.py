@@ -41,6 +41,43 @@ def _operator(args: argparse.Namespace) -> int:
     return run(namespaces=args.namespace, standalone=args.standalone, liveness=args.liveness)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from rankwatch.native import NativeBuildError
+    from rankwatch.simulate import Faults, Simulation, SimulationError, run
+
+    simulation = Simulation(
+        world_size=args.world_size,
+        tp=args.tp,
+        pp=args.pp,
+        steps=args.steps,
+        microbatches=args.microbatches,
+        compute_us=args.compute_us,
+        ranks_per_node=args.ranks_per_node,
+        gpu_timing=args.gpu_timing,
+        timeout=args.timeout,
+        faults=Faults(
+            slow_rank=args.slow_rank,
+            slowdown=args.slowdown,
+            hang_rank=args.hang_rank,
+            hang_at=args.hang_at,
+            stuck_rank=args.stuck_rank,
+            stuck_at=args.stuck_at,
+            slow_link=tuple(args.slow_link) if args.slow_link else None,
+            link_latency_us=args.link_latency_us,
+        ),
+    )
+    try:
+        outcomes = run(simulation, Path(args.out), log=lambda m: print(m, file=sys.stderr))
+    except (SimulationError, NativeBuildError) as error:
+        print(f"rankwatch simulate: {error}", file=sys.stderr)
+        return 1
+    killed = sum(o.exit_code is None for o in outcomes)
+    print(f"{len(outcomes)} ranks, {killed} stopped after the injected hang; rings in {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +99,29 @@ def build_parser() -> argparse.ArgumentParser:
     operator.add_argument("--standalone", action="store_true", help="no peering with other operator replicas")
     operator.add_argument("--liveness", default=None, help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
     operator.set_defaults(handler=_operator)
+
+    simulate = commands.add_parser(
+        "simulate", help="run a Megatron-shaped job on the stand-in NCCL with the tracer preloaded"
+    )
+    simulate.add_argument("--world-size", type=int, required=True)
+    simulate.add_argument("--tp", type=int, default=1)
+    simulate.add_argument("--pp", type=int, default=1)
+    simulate.add_argument("--steps", type=int, default=10)
+    simulate.add_argument("--microbatches", type=int, default=2)
+    simulate.add_argument("--compute-us", type=int, default=2000, help="compute time per chunk")
+    simulate.add_argument("--ranks-per-node", type=int, default=8)
+    simulate.add_argument("--gpu-timing", action="store_true", help="GPU timing via the stand-in libcuda")
+    simulate.add_argument("--slow-rank", type=int)
+    simulate.add_argument("--slowdown", type=float, default=0.0, help="e.g. 0.2: compute 20%% slower")
+    simulate.add_argument("--hang-rank", type=int)
+    simulate.add_argument("--hang-at", type=int, default=0, help="the rank never makes its N-th NCCL call")
+    simulate.add_argument("--stuck-rank", type=int)
+    simulate.add_argument("--stuck-at", type=int, default=0, help="the rank's N-th NCCL call never completes")
+    simulate.add_argument("--slow-link", type=int, nargs=2, metavar=("RANK_A", "RANK_B"))
+    simulate.add_argument("--link-latency-us", type=int, default=0)
+    simulate.add_argument("--timeout", type=float, default=300.0)
+    simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
+    simulate.set_defaults(handler=_simulate)
     return parser
 
 

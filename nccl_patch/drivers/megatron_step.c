@@ -8,8 +8,9 @@
  * microbatch, forward (recv activations from the previous stage, compute, TP AllReduce, compute, TP
  * AllReduce, send to the next stage), then backward in reverse, then a DP AllReduce per gradient
  * bucket and one world AllReduce (loss). TP AllReduce results are checked, so a stand-in that moves
- * data wrongly fails the run. RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops this rank before its N-th
- * NCCL call (faults.h); the other faults act inside the stand-in.
+ * data wrongly fails the run. RANKWATCH_STANDIN_SLOWDOWN stretches this rank's compute and
+ * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops it before its N-th NCCL call (faults.h); link and
+ * stuck-call faults act inside the stand-in.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,7 +45,8 @@ static void before_call(void) {
   }
 }
 
-static void compute(int64_t us) { rw_sleep_ns(us * 1000); }
+/* A slow GPU (RANKWATCH_STANDIN_SLOWDOWN) takes longer for the same work. */
+static void compute(int64_t us) { rw_sleep_ns((int64_t)((double)us * 1000 * (1.0 + rw_faults_get()->slowdown))); }
 
 /* Rank `leader` of a group writes a fresh unique id to DIR/name; the others wait for it. */
 static ncclUniqueId exchange_id(const char* dir, const char* name, int leader) {

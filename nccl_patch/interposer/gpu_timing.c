@@ -51,7 +51,7 @@ static CUcontext context;
 static CUstream anchor_stream;
 static CUevent anchor_event;
 static int64_t anchor_ns;
-static __thread int current = -1;
+static RW_HOT_TLS int current = -1;
 static __thread int grouped[MAX_GROUPED];
 static __thread int grouped_count;
 

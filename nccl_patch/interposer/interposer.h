@@ -9,6 +9,9 @@
 #include "../include/rankwatch_ring.h"
 
 #define RW_EXPORT __attribute__((visibility("default")))
+/* Hot thread-locals: initial-exec avoids a __tls_get_addr call per access (the library is preloaded,
+ * so it is part of the initial TLS block). Large per-thread arrays stay in the default model. */
+#define RW_HOT_TLS __thread __attribute__((tls_model("initial-exec")))
 
 extern int rw_gpu_timing_enabled;
 

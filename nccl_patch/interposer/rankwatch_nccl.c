@@ -10,7 +10,8 @@
  * Environment: RANKWATCH_TRACE_DIR (alias NCCL_MEGATRACE_LOG_PATH; default /tmp/rankwatch-traces),
  * RANKWATCH_TRACE=0 (alias NCCL_MEGATRACE_ENABLE=0) disables, RANKWATCH_RING_RECORDS (slots, rounded
  * up to a power of two), RANKWATCH_SENSITIVITY_SECONDS (alias NCCL_MEGATRACE_SENSTIME in ms; stored in
- * the header for the sidecar), RANKWATCH_GPU_TIMING=1 (see gpu_timing.c), RANKWATCH_JOB_NAME.
+ * the header for the sidecar), RANKWATCH_GPU_TIMING=1 (see gpu_timing.c), RANKWATCH_JOB_NAME,
+ * RANKWATCH_NODE_NAME (recorded as the host name).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -30,6 +31,7 @@
 
 #include "../include/nccl_abi.h"
 #include "../include/rankwatch_ring.h"
+#include "clock.h"
 #include "interposer.h"
 
 /* ---- configuration and the ring ------------------------------------------------------------------- */
@@ -38,7 +40,7 @@ static rw_record* records;
 static uint64_t ring_mask;
 static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
 static int32_t global_rank = -1;
-static __thread uint32_t thread_id;
+static RW_HOT_TLS uint32_t thread_id;
 int rw_gpu_timing_enabled;
 
 static void warn(const char* what) {
@@ -60,17 +62,14 @@ static int32_t env_int(const char* const* names, int count) {
   return -1;
 }
 
-static int64_t realtime_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
+static inline int64_t realtime_ns(void) { return rw_now_ns(); }
 
-int64_t rw_realtime_ns(void) { return realtime_ns(); }
+int64_t rw_realtime_ns(void) { return rw_now_ns(); }
 
 static void create_ring(void) {
   const char* enabled = env_first("RANKWATCH_TRACE", "NCCL_MEGATRACE_ENABLE");
   if (enabled && strcmp(enabled, "0") == 0) return; /* asked for: silent pass-through */
+  rw_clock_init();
   const char* dir = env_first("RANKWATCH_TRACE_DIR", "NCCL_MEGATRACE_LOG_PATH");
   if (!dir) dir = "/tmp/rankwatch-traces";
 
@@ -86,8 +85,12 @@ static void create_ring(void) {
     }
   }
 
+  /* The node's name: RANKWATCH_NODE_NAME (the operator sets it from spec.nodeName; a pod's own
+   * host name is the pod's), else the host name. */
   char host[64] = {0};
-  gethostname(host, sizeof(host) - 1);
+  const char* node = getenv("RANKWATCH_NODE_NAME");
+  if (node && *node) strncpy(host, node, sizeof(host) - 1);
+  else gethostname(host, sizeof(host) - 1);
   mkdir(dir, 0755); /* may exist; failures surface at open */
   char path[4096];
   snprintf(path, sizeof(path), "%s/rankwatch-%s-%d.ring", dir, host, (int)getpid());
@@ -148,8 +151,13 @@ static void create_ring(void) {
   ring = header;
 }
 
+static _Atomic int ring_tried;
+
 static inline int tracing(void) {
-  pthread_once(&ring_once, create_ring);
+  if (__builtin_expect(!atomic_load_explicit(&ring_tried, memory_order_acquire), 0)) {
+    pthread_once(&ring_once, create_ring);
+    atomic_store_explicit(&ring_tried, 1, memory_order_release);
+  }
   return ring != NULL;
 }
 
@@ -261,9 +269,9 @@ uint32_t rw_comm_next_child(ncclComm_t comm) {
 
 /* ---- groups ---------------------------------------------------------------------------------------- */
 #define MAX_PENDING 1024
-static __thread int group_depth;
-static __thread uint64_t group_id;
-static __thread int pending_count;
+static RW_HOT_TLS int group_depth;
+static RW_HOT_TLS uint64_t group_id;
+static RW_HOT_TLS int pending_count;
 static __thread struct { uint64_t index; rw_record* record; } pending[MAX_PENDING];
 static _Atomic uint64_t next_group_id = 1;
 
@@ -332,6 +340,10 @@ uint64_t rw_begin(ncclComm_t comm, int op, size_t count, int dtype, int redop, i
   record->reserved = 0;
   atomic_store_explicit((_Atomic uint8_t*)&record->state, RW_STATE_ENTERED, memory_order_relaxed);
   atomic_store_explicit((_Atomic uint64_t*)&record->stamp, 2 * index + 2, memory_order_release);
+  /* The next call's slot is likely cold (the ring is larger than the cache): fetch it now. */
+  rw_record* next = &records[(index + 1) & ring_mask];
+  __builtin_prefetch(next, 1, 3);
+  __builtin_prefetch((char*)next + 64, 1, 3);
   *out = record;
   return index;
 }

@@ -9,7 +9,7 @@
 
 #include "interposer.h"
 
-static __thread int in_nccl;
+static RW_HOT_TLS int in_nccl;
 
 #define REAL(name, type)                                                                   \
   static _Atomic(void*) real_##name;                                                       \

@@ -1,5 +1,7 @@
 /* Fault injection for the stand-in NCCL and the training drivers, read once from the environment.
- * Set them on the one process (rank) that should misbehave:
+ * Set them on the one process (rank) that should misbehave. Slowdown and hang-before-call act in the
+ * driver (the application computes; a tracer must see the call late, not a slow call), the link and
+ * stuck-call faults inside the stand-in NCCL:
  *   RANKWATCH_STANDIN_SLOWDOWN=0.2          compute before each NCCL call takes 20% longer
  *   RANKWATCH_STANDIN_LINK_PEER=R           with RANKWATCH_STANDIN_LINK_LATENCY_US=U: every send to
  *                                           and receive from global rank R is U microseconds late

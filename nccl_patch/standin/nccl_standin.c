@@ -8,7 +8,7 @@
  * ncclGroupStart/End are queued and progressed together at the outermost ncclGroupEnd, so the
  * usual send/recv exchanges inside a group do not deadlock. Misuse returns NCCL's error codes.
  * Like the real library, each public ncclX is a weak alias of a strong pncclX.
- * Faults come from the environment (faults.h).
+ * NCCL-level faults come from the environment (faults.h): a slow link, a call that never completes.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -368,14 +368,7 @@ static __thread int group_depth;
 static __thread int group_error;
 static __thread int group_size;
 static __thread op_t group_ops[MAX_GROUP_OPS];
-static __thread int64_t last_return_ns;
 static _Atomic uint64_t calls_issued;
-
-static void apply_slowdown(void) {
-  const rw_faults* f = rw_faults_get();
-  int64_t now = rw_now_monotonic_ns();
-  if (f->slowdown > 0 && last_return_ns) rw_sleep_ns((int64_t)((double)(now - last_return_ns) * f->slowdown));
-}
 
 static void progress(op_t* ops, int count) {
   backoff wait = {0, 0};
@@ -403,7 +396,6 @@ static void progress(op_t* ops, int count) {
     if (advanced) wait = (backoff){0, 0};
     else backoff_wait(&wait);
   }
-  last_return_ns = rw_now_monotonic_ns();
 }
 
 static ncclResult_t issue(op_t op) {
@@ -426,11 +418,9 @@ static ncclResult_t issue(op_t op) {
       group_error = 1;
       return ncclInvalidUsage;
     }
-    if (group_size == 0) apply_slowdown();
     group_ops[group_size++] = op;
     return ncclSuccess;
   }
-  apply_slowdown();
   progress(&op, 1);
   return ncclSuccess;
 }

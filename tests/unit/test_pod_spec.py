@@ -91,6 +91,8 @@ def test_tracing_injection_init_container_preload_and_sidecar():
     assert env["LD_PRELOAD"] == "/rankwatch/lib/librankwatch-nccl.so"
     assert env["RANKWATCH_TRACE_DIR"] == "/rankwatch/traces"
     assert env["RANKWATCH_GPU_TIMING"] == "1"
+    node = next(item for item in trainer["env"] if item["name"] == "RANKWATCH_NODE_NAME")
+    assert node["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"].startswith("/rankwatch/traces/")
     mounts = {m["name"]: m for m in trainer["volumeMounts"]}

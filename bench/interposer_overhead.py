@@ -1,0 +1,51 @@
+"""Interposer overhead per NCCL call, GPU timing off and on (stand-in libcuda). Prints a table.
+
+.venv/bin/python bench/interposer_overhead.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from rankwatch.native import native_artifacts
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    artifacts = native_artifacts()
+    with tempfile.TemporaryDirectory() as scratch:
+        binary = Path(scratch) / "interposer_overhead"
+        subprocess.run(
+            ["gcc", "-O2", "-o", str(binary), str(HERE / "interposer_overhead.c"), f"-L{artifacts.standin_dir}",
+             "-l:libnccl.so.2", f"-Wl,-rpath,{artifacts.standin_dir}"],
+            check=True,
+        )  # fmt: skip
+        columns = ("direct p50", "traced p50", "added p50", "added p99", "ratio p50")
+        print(f"{'GPU timing':<11} " + " ".join(f"{column:>11}" for column in columns))
+        for gpu in ("0", "1"):
+            env = {
+                **os.environ,
+                "LD_PRELOAD": str(artifacts.interposer),
+                "LD_LIBRARY_PATH": str(artifacts.standin_dir),
+                "RANKWATCH_TRACE_DIR": scratch,
+                "RANKWATCH_GPU_TIMING": gpu,
+                "RANKWATCH_STANDIN_SESSION": f"bench-{os.getpid()}",
+            }
+            out = subprocess.run([str(binary)], env=env, capture_output=True, text=True, check=True).stdout
+            r = json.loads(out)
+            ratio = r["traced_p50_ns"] / r["direct_p50_ns"]
+            print(
+                f"{'on' if gpu == '1' else 'off':<11} {r['direct_p50_ns']:>9.0f}ns {r['traced_p50_ns']:>9.0f}ns "
+                f"{r['added_p50_ns']:>9.0f}ns {r['added_p99_ns']:>9.0f}ns {ratio:>10.2f}x"
+            )
+            for ring in Path(scratch).glob("*.ring"):
+                ring.unlink()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""`rankwatch simulate`: a Megatron-shaped job on the stand-in NCCL, traced by the real interposer.
+
+Starts ``world_size`` processes of ``nccl_patch/drivers/megatron_step`` with librankwatch-nccl.so
+preloaded, injects at most one fault into the chosen rank(s) and leaves each rank's ring file in the
+output directory, with ``simulation.json`` describing the run (layout, faults, rank -> node, ring).
+A run with a hang ends once every ring has been still for ``settle`` seconds; the processes are then
+killed, as an operator would after diagnosis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rankwatch.native import native_artifacts
+
+
+class SimulationError(RuntimeError):
+    """The simulation could not run as asked; the message says why."""
+
+
+@dataclass
+class Faults:
+    slow_rank: int | None = None
+    slowdown: float = 0.0
+    hang_rank: int | None = None
+    hang_at: int = 0
+    stuck_rank: int | None = None
+    stuck_at: int = 0
+    slow_link: tuple[int, int] | None = None
+    link_latency_us: int = 0
+
+    def env_for(self, rank: int) -> dict[str, str]:
+        env: dict[str, str] = {}
+        if self.slow_rank == rank and self.slowdown > 0:
+            env["RANKWATCH_STANDIN_SLOWDOWN"] = str(self.slowdown)
+        if self.hang_rank == rank and self.hang_at > 0:
+            env["RANKWATCH_STANDIN_HANG_BEFORE_CALL"] = str(self.hang_at)
+        if self.stuck_rank == rank and self.stuck_at > 0:
+            env["RANKWATCH_STANDIN_STUCK_IN_CALL"] = str(self.stuck_at)
+        if self.slow_link and rank in self.slow_link and self.link_latency_us > 0:
+            other = self.slow_link[1] if rank == self.slow_link[0] else self.slow_link[0]
+            env["RANKWATCH_STANDIN_LINK_PEER"] = str(other)
+            env["RANKWATCH_STANDIN_LINK_LATENCY_US"] = str(self.link_latency_us)
+        return env
+
+    @property
+    def hangs(self) -> bool:
+        return (self.hang_rank is not None and self.hang_at > 0) or (self.stuck_rank is not None and self.stuck_at > 0)
+
+
+@dataclass
+class Simulation:
+    world_size: int
+    tp: int = 1
+    pp: int = 1
+    steps: int = 10
+    microbatches: int = 2
+    compute_us: int = 2000
+    ranks_per_node: int = 8
+    gpu_timing: bool = False
+    faults: Faults = field(default_factory=Faults)
+    timeout: float = 300.0
+    settle: float = 2.0
+
+    def validate(self) -> None:
+        if self.world_size < 1:
+            raise SimulationError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.tp < 1 or self.pp < 1 or self.world_size % (self.tp * self.pp):
+            raise SimulationError(f"--tp {self.tp} x --pp {self.pp} must divide --world-size {self.world_size}")
+        for name in ("slow_rank", "hang_rank", "stuck_rank"):
+            rank = getattr(self.faults, name)
+            if rank is not None and not 0 <= rank < self.world_size:
+                raise SimulationError(
+                    f"--{name.replace('_', '-')} {rank} is not a rank of a {self.world_size}-rank job"
+                )
+        if self.faults.slow_link and not all(0 <= r < self.world_size for r in self.faults.slow_link):
+            raise SimulationError(f"--slow-link {self.faults.slow_link} names a rank outside the job")
+
+    def node_of(self, rank: int) -> str:
+        return f"sim-node-{rank // self.ranks_per_node}"
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    pid: int
+    node: str
+    ring: str | None
+    exit_code: int | None  # None: killed by the launcher after the run settled
+
+
+def _rings_by_pid(out: Path) -> dict[int, Path]:
+    rings = {}
+    for path in out.glob("rankwatch-*.ring"):
+        try:
+            rings[int(path.stem.rsplit("-", 1)[1])] = path
+        except ValueError:
+            continue
+    return rings
+
+
+def _ring_progress(rings: dict[int, Path]) -> tuple[int, ...]:
+    from rankwatch.analysis.ring import RingError, RingReader
+
+    progress = []
+    for path in rings.values():
+        try:
+            with RingReader(path) as reader:
+                header = reader.header()
+                progress.append(header.claimed)
+        except RingError:
+            progress.append(-1)
+    return tuple(progress)
+
+
+def run(simulation: Simulation, out: Path, log=print) -> list[RankOutcome]:
+    """Run the job; return one outcome per rank. Raises SimulationError on unexpected failures."""
+    simulation.validate()
+    artifacts = native_artifacts()
+    out.mkdir(parents=True, exist_ok=True)
+    rendezvous = out / ".rendezvous"
+    rendezvous.mkdir(exist_ok=True)
+    for stale in rendezvous.glob("*.id"):
+        stale.unlink()
+    session = uuid.uuid4().hex[:12]
+    base_env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("RANKWATCH_STANDIN_", "NCCL_MEGATRACE_")) and key not in ("RANK", "LD_PRELOAD")
+    }
+    library_path = ":".join(filter(None, [str(artifacts.standin_dir), os.environ.get("LD_LIBRARY_PATH")]))
+    processes: list[tuple[int, subprocess.Popen]] = []
+    started = time.monotonic()
+    for rank in range(simulation.world_size):
+        env = {
+            **base_env,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % simulation.ranks_per_node),
+            "WORLD_SIZE": str(simulation.world_size),
+            "LD_PRELOAD": str(artifacts.interposer),
+            "LD_LIBRARY_PATH": library_path,
+            "RANKWATCH_TRACE_DIR": str(out),
+            "RANKWATCH_NODE_NAME": simulation.node_of(rank),
+            "RANKWATCH_STANDIN_SESSION": session,
+            "RANKWATCH_GPU_TIMING": "1" if simulation.gpu_timing else "0",
+            **simulation.faults.env_for(rank),
+        }
+        argv = [
+            str(artifacts.megatron_driver), "--rendezvous", str(rendezvous),
+            "--tp", str(simulation.tp), "--pp", str(simulation.pp), "--steps", str(simulation.steps),
+            "--microbatches", str(simulation.microbatches), "--compute-us", str(simulation.compute_us),
+        ]  # fmt: skip
+        with open(out / f"rank-{rank}.log", "wb") as rank_log:
+            processes.append((rank, subprocess.Popen(argv, env=env, stdout=rank_log, stderr=subprocess.STDOUT)))
+
+    exit_codes: dict[int, int | None] = {}
+    last_progress: tuple[int, ...] = ()
+    still_since = time.monotonic()
+    try:
+        while True:
+            for rank, process in processes:
+                if rank not in exit_codes and process.poll() is not None:
+                    exit_codes[rank] = process.returncode
+            if len(exit_codes) == len(processes):
+                break
+            elapsed = time.monotonic() - started
+            if elapsed > simulation.timeout:
+                raise SimulationError(f"the run did not finish within {simulation.timeout:.0f} s")
+            rings = _rings_by_pid(out)
+            progress = _ring_progress(rings)
+            all_started = all(process.pid in rings for _, process in processes)
+            if progress != last_progress or not all_started:
+                last_progress, still_since = progress, time.monotonic()
+            elif simulation.faults.hangs and time.monotonic() - still_since > simulation.settle:
+                log(f"no progress for {simulation.settle:.1f} s: the injected hang holds; stopping the ranks")
+                break
+            time.sleep(0.1)
+    finally:
+        for _, process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                process.wait()
+        for segment in Path("/dev/shm").glob(f"rwnccl-{session}-*"):
+            segment.unlink(missing_ok=True)
+
+    rings = _rings_by_pid(out)
+    outcomes = [
+        RankOutcome(
+            rank=rank,
+            pid=process.pid,
+            node=simulation.node_of(rank),
+            ring=str(rings[process.pid]) if process.pid in rings else None,
+            exit_code=exit_codes.get(rank),
+        )
+        for rank, process in processes
+    ]
+    (out / "simulation.json").write_text(
+        json.dumps(
+            {"simulation": asdict(simulation), "ranks": [asdict(o) for o in outcomes], "session": session}, indent=2
+        )
+    )
+    failed = [o for o in outcomes if o.exit_code not in (0, None)]
+    if failed:
+        first = failed[0]
+        tail = (out / f"rank-{first.rank}.log").read_text(errors="replace")[-2000:]
+        raise SimulationError(f"rank {first.rank} exited with {first.exit_code}:\n{tail}")
+    if not simulation.faults.hangs and any(o.exit_code is None for o in outcomes):
+        raise SimulationError("ranks were still running without an injected hang")
+    return outcomes
