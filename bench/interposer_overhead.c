@@ -5,6 +5,9 @@
  * between batches lets the GPU-timing poller drain its event pool as a training step would.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +15,22 @@
 #include <x86intrin.h>
 
 #include "../nccl_patch/include/nccl_abi.h"
+
+/* Allocation and lock counters: this executable's malloc and pthread_mutex_lock come first in symbol
+ * lookup, so every library's calls (the interposer's included) pass through them. */
+static _Atomic long allocations, locks;
+extern void* __libc_malloc(size_t);
+extern void* __libc_calloc(size_t, size_t);
+extern void* __libc_realloc(void*, size_t);
+void* malloc(size_t n) { allocations++; return __libc_malloc(n); }
+void* calloc(size_t n, size_t m) { allocations++; return __libc_calloc(n, m); }
+void* realloc(void* p, size_t n) { allocations++; return __libc_realloc(p, n); }
+int pthread_mutex_lock(pthread_mutex_t* mutex) {
+  static int (*real)(pthread_mutex_t*);
+  if (!real) real = (int (*)(pthread_mutex_t*))dlsym(RTLD_NEXT, "pthread_mutex_lock");
+  locks++;
+  return real(mutex);
+}
 
 #define BATCH 1000
 #define BATCHES 200
@@ -43,6 +62,7 @@ int main(void) {
   calibrate();
   struct timespec pause = {0, 3000000};
   for (int warm = 0; warm < 10000; warm++) ncclAllReduce(&value, &value, 1, ncclFloat32, ncclSum, comm, NULL);
+  long allocations_before = allocations, locks_before = locks;
   for (int batch = 0; batch < BATCHES; batch++) {
     for (int i = 0; i < BATCH; i++) {
       uint64_t t0 = __rdtsc();
@@ -56,14 +76,16 @@ int main(void) {
     }
     nanosleep(&pause, NULL);
   }
+  long hot_allocations = allocations - allocations_before, hot_locks = locks - locks_before;
   size_t n = (size_t)BATCH * BATCHES;
   qsort(traced, n, sizeof(uint64_t), compare);
   qsort(direct, n, sizeof(uint64_t), compare);
   double d50 = direct[n / 2] * ns_per_tick, d99 = direct[n * 99 / 100] * ns_per_tick;
   double t50 = traced[n / 2] * ns_per_tick, t99 = traced[n * 99 / 100] * ns_per_tick;
   printf("{\"calls\": %zu, \"direct_p50_ns\": %.1f, \"direct_p99_ns\": %.1f, \"traced_p50_ns\": %.1f, "
-         "\"traced_p99_ns\": %.1f, \"added_p50_ns\": %.1f, \"added_p99_ns\": %.1f}\n",
-         n, d50, d99, t50, t99, t50 - d50, t99 - d99);
+         "\"traced_p99_ns\": %.1f, \"added_p50_ns\": %.1f, \"added_p99_ns\": %.1f, \"allocations\": %ld, "
+         "\"mutex_locks\": %ld}\n",
+         n, d50, d99, t50, t99, t50 - d50, t99 - d99, hot_allocations, hot_locks);
   ncclCommDestroy(comm);
   return 0;
 }

@@ -1,5 +1,8 @@
 """Interposer overhead per NCCL call, GPU timing off and on (stand-in libcuda). Prints a table.
 
+The last column counts malloc/calloc/realloc and pthread_mutex_lock calls made by anything in the
+process during the timed calls (the hot path must make none).
+
 .venv/bin/python bench/interposer_overhead.py
 """
 
@@ -25,7 +28,7 @@ def main() -> None:
              "-l:libnccl.so.2", f"-Wl,-rpath,{artifacts.standin_dir}"],
             check=True,
         )  # fmt: skip
-        columns = ("direct p50", "traced p50", "added p50", "added p99", "ratio p50")
+        columns = ("direct p50", "traced p50", "added p50", "added p99", "ratio p50", "allocs/locks")
         print(f"{'GPU timing':<11} " + " ".join(f"{column:>11}" for column in columns))
         for gpu in ("0", "1"):
             env = {
@@ -41,7 +44,8 @@ def main() -> None:
             ratio = r["traced_p50_ns"] / r["direct_p50_ns"]
             print(
                 f"{'on' if gpu == '1' else 'off':<11} {r['direct_p50_ns']:>9.0f}ns {r['traced_p50_ns']:>9.0f}ns "
-                f"{r['added_p50_ns']:>9.0f}ns {r['added_p99_ns']:>9.0f}ns {ratio:>10.2f}x"
+                f"{r['added_p50_ns']:>9.0f}ns {r['added_p99_ns']:>9.0f}ns {ratio:>10.2f}x "
+                f"{r['allocations']:>6}/{r['mutex_locks']}"
             )
             for ring in Path(scratch).glob("*.ring"):
                 ring.unlink()
