@@ -78,6 +78,16 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze(args: argparse.Namespace) -> int:
+    from rankwatch.analysis.analyze import main
+
+    path = args.path or args.log_path
+    if not path:
+        print("rankwatch analyze: give a PATH (or --log-path)", file=sys.stderr)
+        return 2
+    return main(path, args.test_type, args.stall_seconds, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--timeout", type=float, default=300.0)
     simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
     simulate.set_defaults(handler=_simulate)
+
+    analyze = commands.add_parser("analyze", help="find the rank behind a hang or a slowdown in traces")
+    analyze.add_argument("path", nargs="?", help="a directory of *.ring files, or one ring")
+    analyze.add_argument("--log-path", help="same as PATH (Megatrace's spelling)")
+    analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow"])
+    analyze.add_argument(
+        "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
+    )
+    analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON")
+    analyze.set_defaults(handler=_analyze)
     return parser
 
 

@@ -1,0 +1,51 @@
+"""`rankwatch analyze`: load a trace, run the detectors, print a summary and write the JSON report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rankwatch.analysis.findings import Finding, report
+from rankwatch.analysis.hang import detect_hangs
+from rankwatch.analysis.straggler import detect_stragglers
+from rankwatch.analysis.trace import Trace, load_path
+
+TEST_TYPES = ("all", "hang", "slow")
+
+
+def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
+    """Findings of the chosen detectors; a hung job is not also scored for stragglers."""
+    if test_type not in TEST_TYPES:
+        raise ValueError(f"--test-type must be one of {', '.join(TEST_TYPES)}, got {test_type!r}")
+    findings: list[Finding] = []
+    if test_type in ("all", "hang"):
+        findings += detect_hangs(trace, stall_seconds)
+    if test_type == "slow" or (test_type == "all" and not findings):
+        findings += detect_stragglers(trace)
+    return report(findings, trace.problems)
+
+
+def summary_text(document: dict[str, Any], trace: Trace) -> str:
+    lines = [f"{len(trace.ranks)} ranks, {len(trace.calls)} NCCL calls, {len(trace.comms)} communicators"]
+    for problem in document["problems"]:
+        lines.append(f"warning: {problem}")
+    if document["healthy"]:
+        lines.append("healthy: no hang, no straggler")
+    for finding in document["findings"]:
+        lines.append(f"{finding['kind'].upper()} (confidence {finding['confidence']:.2f}): {finding['summary']}")
+    return "\n".join(lines)
+
+
+def main(path: str, test_type: str, stall_seconds: float, json_out: str | None) -> int:
+    try:
+        trace = load_path(path)
+        document = analyze(trace, test_type, stall_seconds)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"rankwatch analyze: {error}", file=sys.stderr)
+        return 2
+    print(summary_text(document, trace))
+    if json_out:
+        Path(json_out).write_text(json.dumps(document, indent=2))
+    return 0

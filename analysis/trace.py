@@ -1,0 +1,148 @@
+"""One columnar form for every trace source: flat arrays of calls, sorted by rank then call time.
+
+Detectors work on ``Trace.calls`` (a numpy structured array, one row per NCCL call) and
+``Trace.comms`` (communicator id -> members); they never loop over records in Python. Sources that
+cannot be read are listed in ``Trace.problems`` with the reason; the other ranks are still analysed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.recfunctions import repack_fields
+
+from rankwatch.analysis.ring import Op, RingError, RingReader
+
+CALL_DTYPE = np.dtype(
+    [
+        ("rank", "<i4"),  # global rank
+        ("comm", "<u8"),
+        ("seq", "<u8"),
+        ("op", "u1"),
+        ("count", "<u8"),
+        ("dtype", "u1"),
+        ("peer", "<i4"),  # rank in the communicator (send/recv peer, root), -1
+        ("comm_rank", "<i4"),
+        ("comm_size", "<i4"),
+        ("t_call", "<i8"),
+        ("t_return", "<i8"),  # 0: never returned
+        ("gpu_start", "<i8"),
+        ("gpu_end", "<i8"),
+        ("group", "<u8"),
+    ]
+)
+
+COLLECTIVE_OPS = np.array(
+    [Op.ALLREDUCE, Op.BROADCAST, Op.REDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLTOALL, Op.GATHER, Op.SCATTER],
+    dtype=np.uint8,
+)
+P2P_OPS = np.array([Op.SEND, Op.RECV], dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class RankSource:
+    rank: int
+    node: str
+    pid: int
+    path: str
+
+
+@dataclass
+class Communicator:
+    id: int
+    size: int
+    members: dict[int, int] = field(default_factory=dict)  # rank in communicator -> global rank
+    parent: int = 0
+
+
+@dataclass
+class Trace:
+    calls: np.ndarray
+    ranks: dict[int, RankSource]
+    comms: dict[int, Communicator]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def end_ns(self) -> int:
+        """The latest time any rank recorded: "now" for an offline trace."""
+        if not len(self.calls):
+            return 0
+        return int(max(self.calls["t_call"].max(), self.calls["t_return"].max()))
+
+    def node_of(self, rank: int) -> str:
+        source = self.ranks.get(rank)
+        return source.node if source else "unknown"
+
+
+def _calls_from_ring(records: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    lifecycle = records[records["op"] >= Op.COMM_INIT]
+    traced = records[(records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT)]
+    calls = np.zeros(len(traced), CALL_DTYPE)
+    calls["rank"] = rank
+    calls["comm"] = traced["comm_id"]
+    calls["seq"] = traced["seq"]
+    calls["op"] = traced["op"]
+    calls["count"] = traced["count"]
+    calls["dtype"] = traced["dtype"]
+    calls["peer"] = traced["peer"]
+    calls["comm_rank"] = traced["rank"]
+    calls["comm_size"] = traced["nranks"]
+    calls["t_call"] = traced["t_call_ns"]
+    calls["t_return"] = traced["t_return_ns"]
+    calls["gpu_start"] = traced["gpu_start_ns"]
+    calls["gpu_end"] = traced["gpu_end_ns"]
+    calls["group"] = traced["group_id"]
+    return calls, lifecycle
+
+
+def load_rings(paths: Iterable[str | Path]) -> Trace:
+    """Read ring files (one per process); unreadable ones become problems, not failures."""
+    parts, ranks, comms, problems = [], {}, {}, []
+    for path in sorted(map(Path, paths)):
+        try:
+            with RingReader(path) as reader:
+                snapshot = reader.read()
+        except RingError as error:
+            problems.append(str(error))
+            continue
+        header = snapshot.header
+        rank = header.global_rank
+        if rank < 0:
+            problems.append(f"{path}: the ring does not say its global rank (RANK was unset); skipped")
+            continue
+        if rank in ranks:
+            problems.append(f"{path}: rank {rank} also comes from {ranks[rank].path}; kept the first")
+            continue
+        ranks[rank] = RankSource(rank, header.hostname, header.pid, str(path))
+        if snapshot.torn:
+            problems.append(f"{path}: {snapshot.torn} torn or in-flight records skipped")
+        calls, lifecycle = _calls_from_ring(snapshot.records, rank)
+        parts.append(calls)
+        for record in lifecycle[lifecycle["op"] <= Op.COMM_SHRINK]:
+            comm = comms.setdefault(int(record["comm_id"]), Communicator(int(record["comm_id"]), int(record["nranks"])))
+            comm.members[int(record["rank"])] = rank
+            comm.parent = int(record["aux"])
+    calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
+    calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
+    # Communicators whose creation fell out of a wrapped ring: members from the calls themselves.
+    membership = repack_fields(calls[["comm", "comm_rank", "comm_size", "rank"]])
+    for comm_id, comm_rank, size, rank in np.unique(membership).tolist():
+        comm = comms.setdefault(int(comm_id), Communicator(int(comm_id), int(size)))
+        comm.members.setdefault(int(comm_rank), int(rank))
+    return Trace(calls, ranks, comms, problems)
+
+
+def load_path(path: str | Path) -> Trace:
+    """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), or one ring."""
+    path = Path(path)
+    if path.is_dir():
+        rings = sorted(path.glob("*.ring"))
+        if not rings:
+            raise FileNotFoundError(f"{path}: no *.ring files")
+        return load_rings(rings)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    return load_rings([path])

@@ -1,0 +1,73 @@
+"""`rankwatch analyze` on real traces of `rankwatch simulate` runs with known ground truth."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.trace import CALL_DTYPE, Trace, load_path
+from rankwatch.simulate import Faults, Simulation, run
+
+
+def simulate(tmp_path, **kwargs) -> dict:
+    faults = kwargs.pop("faults", Faults())
+    run(Simulation(compute_us=1000, ranks_per_node=4, faults=faults, **kwargs), tmp_path)
+    return analyze(load_path(tmp_path))
+
+
+def test_healthy_run_has_no_finding(tmp_path):
+    document = simulate(tmp_path, world_size=8, tp=2, pp=2, steps=15)
+    assert document["healthy"] is True and document["findings"] == []
+
+
+def test_straggler_is_named_with_its_node(tmp_path):
+    document = simulate(tmp_path, world_size=16, tp=4, pp=2, steps=15, faults=Faults(slow_rank=6, slowdown=0.3))
+    top = document["findings"][0]
+    assert (top["kind"], top["ranks"], top["nodes"]) == ("straggler", [6], ["sim-node-1"])
+    assert top["evidence"]["own_wait_ms"] < top["evidence"]["peer_wait_ms"]
+    assert [f["ranks"] for f in document["findings"]] == [[6]], "nobody else is blamed"
+
+
+def test_hang_names_the_rank_that_stopped_not_the_waiters(tmp_path):
+    document = simulate(tmp_path, world_size=8, tp=2, pp=2, steps=50, faults=Faults(hang_rank=5, hang_at=30))
+    assert len(document["findings"]) == 1
+    hang = document["findings"][0]
+    assert (hang["kind"], hang["ranks"], hang["nodes"]) == ("hang", [5], ["sim-node-1"])
+    assert hang["evidence"]["waiting_ranks"] == [0, 1, 2, 3, 4, 6, 7]
+    assert hang["confidence"] >= 0.9
+
+
+def test_rank_stuck_inside_a_collective_is_told_apart_from_waiting(tmp_path):
+    document = simulate(tmp_path, world_size=4, tp=4, steps=50, faults=Faults(stuck_rank=2, stuck_at=12))
+    [hang] = document["findings"]
+    assert hang["kind"] == "hang" and hang["evidence"]["stuck"] is True
+    assert 2 in hang["ranks"] and hang["confidence"] < 0.5, "without GPU timing the stuck member is not singled out"
+
+
+def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
+    run(Simulation(world_size=4, tp=2, steps=10, compute_us=500, faults=Faults(hang_rank=1, hang_at=8)), tmp_path)
+    (tmp_path / "rankwatch-garbage-1.ring").write_bytes(b"not a ring at all" * 300)
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "analyze", "--log-path", str(tmp_path), "--json", str(out)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "warning:" in result.stdout and "not a rankwatch ring" in result.stdout
+    assert "HANG" in result.stdout and "rank 1" in result.stdout
+    document = json.loads(out.read_text())
+    assert document["schema"] == 1 and document["healthy"] is False
+    assert document["findings"][0]["ranks"] == [1]
+
+
+def test_bad_arguments_are_clear(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rankwatch", "analyze", str(tmp_path / "nothing")],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2 and "no such file or directory" in result.stderr
+    with pytest.raises(ValueError, match="--test-type must be one of"):
+        analyze(Trace(np.zeros(0, CALL_DTYPE), {}, {}), "everything")
