@@ -22,9 +22,13 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
     findings: list[Finding] = []
     if test_type in ("all", "hang"):
         findings += detect_hangs(trace, stall_seconds)
+    problems = list(trace.problems)
     if test_type == "slow" or (test_type == "all" and not findings):
-        findings += detect_stragglers(trace)
-    return report(findings, trace.problems)
+        if trace.has_returns:
+            findings += detect_stragglers(trace)
+        else:
+            problems.append("these logs carry only call times: straggler detection needs rankwatch rings")
+    return report(findings, problems)
 
 
 def summary_text(document: dict[str, Any], trace: Trace) -> str:

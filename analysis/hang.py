@@ -31,7 +31,12 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     if not len(calls):
         return []
     end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
-    stalled = calls[(calls["t_return"] == 0) & (end - calls["t_call"] >= stall_seconds * 1e9)]
+    if trace.has_returns:
+        pending = calls["t_return"] == 0
+    else:  # only call times: a rank's last call is where it stopped (or finished)
+        pending = np.zeros(len(calls), bool)
+        pending[np.flatnonzero(np.diff(calls["rank"], append=np.int64(2**40)))] = True
+    stalled = calls[pending & (end - calls["t_call"] >= stall_seconds * 1e9)]
     if not len(stalled):
         return []
 
@@ -43,6 +48,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
             entered[(int(comm_id), int(seq))] = set(mine[mine["seq"] == seq]["rank"].tolist())
 
     waits_for: dict[int, set[int]] = {}  # waiting rank -> ranks it waits for
+    unknown_peer: set[int] = set()
     stuck: dict[tuple[int, int], np.ndarray] = {}  # collectives everyone entered and nobody left
     for row in stalled:
         rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
@@ -51,6 +57,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         if int(row["op"]) in (Op.SEND, Op.RECV):
             peer = comm.members.get(int(row["peer"])) if comm else None
             if peer is None:
+                unknown_peer.add(rank)  # waits for someone the trace does not name
                 continue
             matching = Op.RECV if int(row["op"]) == Op.SEND else Op.SEND
             peer_calls = calls[(calls["rank"] == peer) & (calls["comm"] == comm_id) & (calls["op"] == matching)]
@@ -60,7 +67,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         missing = members - entered.get((comm_id, seq), set())
         if missing:
             waits_for.setdefault(rank, set()).update(missing)
-        else:
+        elif trace.has_returns:  # without return times a finished job looks the same: say nothing
             stuck[(comm_id, seq)] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
 
     waiting = set(stalled["rank"].tolist())
@@ -72,10 +79,13 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
             if rank in seen:
                 continue
             seen.add(rank)
-            if rank in waiting:
-                frontier.extend(waits_for.get(rank, ()))  # it waits too: follow its wait
-            else:
-                roots.setdefault(rank, set()).add(start)
+            if rank in waits_for:
+                frontier.extend(waits_for[rank])  # it waits too: follow its wait
+            elif rank in unknown_peer:
+                continue  # waits in a send/receive whose peer the source did not log
+            elif rank not in waiting or not trace.has_returns:
+                roots.setdefault(rank, set()).add(start)  # waits for nothing: it stopped
+            # else: it is inside a collective everyone entered: reported as stuck below
 
     findings = []
     for culprit, waiters in sorted(roots.items()):
@@ -86,7 +96,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         own = calls[calls["rank"] == culprit]
         last = own[-1] if len(own) else None
         if last is not None:
-            idle = (end - int(last["t_return"] or last["t_call"])) / 1e9
+            idle = (end - int(max(last["t_return"], last["t_call"]))) / 1e9
             last_text = f"its last NCCL call was {_describe_call(last)}, {idle:.1f} s ago"
         else:
             last_text = "it recorded no NCCL call at all"
@@ -97,7 +107,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 ranks=[culprit],
                 nodes=[trace.node_of(culprit)],
                 communicator=comm_label(comm_id),
-                confidence=0.95 if last is not None else 0.8,
+                # call times alone (Megatrace) cannot show the waiters are still inside their calls
+                confidence=(0.95 if trace.has_returns else 0.8) if last is not None else 0.7,
                 summary=(
                     f"rank {culprit} on node {trace.node_of(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
                     f"rank {int(first['rank'])} waits in {_describe_call(first)} of communicator "

@@ -3,19 +3,23 @@
 In a collective every member leaves together, so the member that arrives last waits least: its
 wait (return minus call time) is short while its peers' waits grow by its delay. Within one
 instance (communicator, sequence number) the waits of the members are compared with each other,
-which needs no clock alignment across nodes. Per rank and communicator the deficit is
-``median(peer waits) - own wait``; a straggler has a deficit that is positive in most instances and
-large against the spread of the communicator's waits (a median/MAD score). Communicators are scored
-separately (TP peers do the same work; a pipeline stage is only compared with its own peers), and
-a rank is reported once, with the communicator that shows it most clearly.
+which needs no clock alignment across nodes. A straggler is the last arriver (least wait) in far
+more instances than chance allows (binomial tail against 1/size), by a typical margin
+(``median(peer waits) - own wait``) above a floor. Communicators are judged separately (TP peers do
+the same work), and when many members of one communicator are "late" together that is the job's
+structure (a pipeline stage reaching a world collective), not a fault. A rank is reported once,
+with the communicator that shows it most clearly.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from numpy.lib.recfunctions import repack_fields
 
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace
 
 MIN_INSTANCES = 8
 
@@ -25,7 +29,7 @@ def _comm_waits(calls: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray] |
     ranks = np.unique(calls["rank"])
     if len(ranks) != size or size < 2:
         return None
-    seqs, seq_index = np.unique(calls["seq"], return_inverse=True)
+    seqs, seq_index = np.unique(calls["seq"], return_inverse=True)  # instances, in order
     rank_index = np.searchsorted(ranks, calls["rank"])
     waits = np.full((len(seqs), size), np.nan)
     waits[seq_index, rank_index] = (calls["t_return"] - calls["t_call"]).astype(np.float64)
@@ -35,10 +39,18 @@ def _comm_waits(calls: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray] |
     return ranks, waits[complete]
 
 
-def detect_stragglers(trace: Trace, min_score: float = 4.0, min_share: float = 0.7) -> list[Finding]:
+def _binomial_tail(successes: int, trials: int, p: float) -> float:
+    """P(X >= successes) for X ~ Binomial(trials, p)."""
+    return float(sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)))
+
+
+def detect_stragglers(
+    trace: Trace, min_share: float = 0.5, max_p_value: float = 1e-4, min_delay_ns: float = 100_000
+) -> list[Finding]:
     calls = trace.calls
     done = calls[np.isin(calls["op"], COLLECTIVE_OPS) & (calls["t_return"] > 0)]
     best: dict[int, Finding] = {}
+    flagged_in: dict[int, set[int]] = {}  # rank -> communicators it was flagged in
     for comm_id in np.unique(done["comm"]):
         comm = trace.comms.get(int(comm_id))
         mine = done[done["comm"] == comm_id]
@@ -46,23 +58,30 @@ def detect_stragglers(trace: Trace, min_score: float = 4.0, min_share: float = 0
         if result is None:
             continue
         ranks, waits = result
-        size = len(ranks)
-        # deficit[i, r]: how much less rank r waited than its peers' median in instance i
+        instances, size = waits.shape
         if size <= 16:
             peer_median = np.stack([np.median(np.delete(waits, r, axis=1), axis=1) for r in range(size)], axis=1)
         else:  # one member hardly moves the median of many: skip the per-member exclusion
             peer_median = np.repeat(np.median(waits, axis=1, keepdims=True), size, axis=1)
-        deficit = peer_median - waits
-        spread = np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))
-        scale = 1.4826 * spread + 1e3  # + 1 µs: a perfectly quiet communicator must not divide by zero
-        typical = np.median(deficit, axis=0)
-        score = typical / scale
-        share = (deficit > 0).mean(axis=0) if size > 2 else (waits == waits.min(axis=1, keepdims=True)).mean(axis=0)
-        for position in np.flatnonzero((score >= min_score) & (share >= min_share)):
+        deficit = peer_median - waits  # how much less each member waited than its peers
+        delay = np.median(deficit, axis=0)
+        last = np.bincount(np.argmin(waits, axis=1), minlength=size)  # who arrived last, per instance
+        share = last / instances
+        flagged = [
+            position
+            for position in range(size)
+            if share[position] >= min_share
+            and delay[position] >= min_delay_ns
+            and _binomial_tail(int(last[position]), instances, 1 / size) <= max_p_value
+        ]
+        if len(flagged) > max(1, size // 4):
+            continue  # many members "late" together is the job's structure (e.g. a pipeline stage), not a fault
+        spread = 1.4826 * np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True))) + 1e3
+        for position in flagged:
             rank = int(ranks[position])
-            confidence = float(min(1.0, share[position] * min(1.0, score[position] / (2 * min_score))))
             own_wait = float(np.median(waits[:, position]))
             peers_wait = float(np.median(peer_median[:, position]))
+            confidence = float(share[position] * min(1.0, delay[position] / (4 * min_delay_ns)))
             finding = Finding(
                 kind="straggler",
                 ranks=[rank],
@@ -72,19 +91,66 @@ def detect_stragglers(trace: Trace, min_score: float = 4.0, min_share: float = 0
                 summary=(
                     f"rank {rank} on node {trace.node_of(rank)} arrives last at the collectives of communicator "
                     f"{comm_label(int(comm_id))} ({size} ranks): it waits {own_wait / 1e6:.2f} ms vs its peers' "
-                    f"{peers_wait / 1e6:.2f} ms (median over {len(waits)} collectives; last in "
+                    f"{peers_wait / 1e6:.2f} ms (median over {instances} collectives; last in "
                     f"{share[position]:.0%} of them)"
                 ),
                 evidence={
                     "own_wait_ms": round(own_wait / 1e6, 4),
                     "peer_wait_ms": round(peers_wait / 1e6, 4),
-                    "delay_ms": round(float(typical[position]) / 1e6, 4),
-                    "score": round(float(score[position]), 2),
+                    "delay_ms": round(float(delay[position]) / 1e6, 4),
+                    "score": round(float(delay[position] / spread), 2),
                     "last_share": round(float(share[position]), 3),
-                    "collectives": len(waits),
+                    "collectives": instances,
                     "communicator_size": size,
                 },
             )
-            if rank not in best or finding.confidence > best[rank].confidence:
+            flagged_in.setdefault(rank, set()).add(int(comm_id))
+            if rank not in best or _strength(finding) > _strength(best[rank]):
                 best[rank] = finding
-    return list(best.values())
+    return [best[rank] for rank in _root_causes(trace, best, flagged_in)]
+
+
+def _strength(finding: Finding) -> tuple[int, float]:
+    """Evidence from a larger communicator (more peers doing the same work) beats a pair."""
+    return finding.evidence["communicator_size"], finding.confidence
+
+
+def _root_causes(trace: Trace, best: dict[int, Finding], flagged_in: dict[int, set[int]]) -> list[int]:
+    """Drop ranks whose lateness another flagged rank explains.
+
+    A late rank makes others late: its TP peers wait for it and then reach the next collective late
+    too, and the pipeline stage that receives its activations starts late. So a flagged rank
+    related to a stronger accepted (or already explained) one is explained: related means
+    send/receive partners, or members of one communicator in which one of the two was flagged.
+    """
+    calls = trace.calls
+    p2p = calls[np.isin(calls["op"], P2P_OPS)]
+    partners: dict[int, set[int]] = {}
+    for rank, comm_id, peer in np.unique(repack_fields(p2p[["rank", "comm", "peer"]])).tolist():
+        comm = trace.comms.get(int(comm_id))
+        other = comm.members.get(int(peer)) if comm else None
+        if other is not None:
+            partners.setdefault(int(rank), set()).add(other)
+    members = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
+
+    def related(x: int, y: int) -> bool:
+        if y in partners.get(x, ()) or x in partners.get(y, ()):
+            return True
+        return any(y in members.get(c, ()) for c in flagged_in.get(x, ())) or any(
+            x in members.get(c, ()) for c in flagged_in.get(y, ())
+        )
+
+    pending = sorted(best, key=lambda rank: _strength(best[rank]), reverse=True)
+    accepted: list[int] = []
+    explained: set[int] = set()
+    while pending:
+        accepted.append(pending.pop(0))
+        changed = True
+        while changed:
+            changed = False
+            for rank in list(pending):
+                if any(related(rank, other) for other in (*accepted, *explained)):
+                    pending.remove(rank)
+                    explained.add(rank)
+                    changed = True
+    return accepted

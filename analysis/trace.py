@@ -64,6 +64,7 @@ class Trace:
     ranks: dict[int, RankSource]
     comms: dict[int, Communicator]
     problems: list[str] = field(default_factory=list)
+    has_returns: bool = True  # False for sources that log only call times (Megatrace)
 
     @property
     def end_ns(self) -> int:
@@ -136,13 +137,18 @@ def load_rings(paths: Iterable[str | Path]) -> Trace:
 
 
 def load_path(path: str | Path) -> Trace:
-    """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), or one ring."""
+    """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`) or of Megatrace
+    logs (rank_<R>.log), or one ring file."""
     path = Path(path)
     if path.is_dir():
         rings = sorted(path.glob("*.ring"))
-        if not rings:
-            raise FileNotFoundError(f"{path}: no *.ring files")
-        return load_rings(rings)
+        if rings:
+            return load_rings(rings)
+        if any(path.glob("rank_*.log")):
+            from rankwatch.analysis.megatrace import read_logs
+
+            return read_logs(path)
+        raise FileNotFoundError(f"{path}: no *.ring files and no Megatrace rank_*.log files")
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     return load_rings([path])

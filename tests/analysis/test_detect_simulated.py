@@ -71,3 +71,16 @@ def test_bad_arguments_are_clear(tmp_path):
     assert result.returncode == 2 and "no such file or directory" in result.stderr
     with pytest.raises(ValueError, match="--test-type must be one of"):
         analyze(Trace(np.zeros(0, CALL_DTYPE), {}, {}), "everything")
+
+
+def test_hang_found_from_megatrace_logs_of_the_same_run(tmp_path):
+    """A run written out in Megatrace's format (call times only) still names the culprit."""
+    from rankwatch.analysis.megatrace import read_logs, write_logs
+
+    run(Simulation(world_size=8, tp=2, pp=2, steps=50, compute_us=1000, faults=Faults(hang_rank=5, hang_at=30)),
+        tmp_path / "rings")  # fmt: skip
+    write_logs(load_path(tmp_path / "rings"), tmp_path / "megatrace")
+    document = analyze(read_logs(tmp_path / "megatrace"))
+    assert [f["ranks"] for f in document["findings"]] == [[5]]
+    slow = analyze(read_logs(tmp_path / "megatrace"), "slow")
+    assert "straggler detection needs rankwatch rings" in slow["problems"][0]
