@@ -46,39 +46,137 @@ class MegatraceError(ValueError):
     """A log line that is not in Megatrace's format; the message names file and line."""
 
 
+def _digits(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Decimal numbers in buf[starts[i]:ends[i]] (at most 20 digits): Horner's rule, column by column."""
+    lengths = ends - starts
+    value = np.zeros(len(starts), np.uint64)
+    last = len(buf) - 1
+    for offset in range(int(lengths.max()) if len(lengths) else 0):
+        inside = offset < lengths
+        digit = buf[np.minimum(starts + offset, last)].astype(np.int64) - 48
+        if ((digit < 0) | (digit > 9))[inside].any():
+            raise ValueError("non-digit")
+        value = np.where(inside, value * np.uint64(10) + digit.astype(np.uint64), value)
+    return value
+
+
+def _op_key(length: np.ndarray, first: np.ndarray, fourth: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """Operation names differ in length, first, fourth or last letter (case ignored: | 0x20)."""
+    lower = np.int64(0x20)
+    return (
+        (length.astype(np.int64) << 24)
+        | ((first.astype(np.int64) | lower) << 16)
+        | ((fourth.astype(np.int64) | lower) << 8)
+        | (last.astype(np.int64) | lower)
+    )
+
+
+_OP_KEYS = {
+    int(_op_key(np.array([len(n)]), np.array([n[0]]), np.array([n[min(3, len(n) - 1)]]), np.array([n[-1]]))[0]): code
+    for n, code in OPS.items()
+}
+
+
 def _parse(path: Path) -> np.ndarray:
+    """Tokenise the whole file with numpy (no per-line Python); any malformed line names itself."""
     data = path.read_bytes()
-    rows = LINE.findall(data)
-    lines = data.split(b"\n")
-    if len(rows) != len(lines) - lines.count(b""):
-        for number, line in enumerate(data.splitlines(), 1):
-            if line.strip() and not LINE.match(line):
-                raise MegatraceError(f"{path}:{number}: not a Megatrace line: {line[:120]!r}")
-    calls = np.zeros(len(rows), CALL_DTYPE)
-    if not rows:
-        return calls
-    columns = list(zip(*rows, strict=True))
-    calls["rank"] = np.array(columns[3], dtype=np.int64)
-    ops = [OPS.get(name.lower()) for name in columns[4]]
-    if None in ops:
-        bad = columns[4][ops.index(None)]
-        raise MegatraceError(f"{path}: unknown operation {bad.decode(errors='replace')!r}")
-    calls["op"] = np.array(ops, dtype=np.uint8)
-    calls["count"] = np.array(columns[5], dtype=np.uint64)
-    calls["seq"] = np.array(columns[7], dtype=np.uint64) + 1  # opCount counts from 0; seq from 1
-    calls["t_call"] = np.array(columns[1], dtype=np.int64) * 1_000_000_000 + np.array(columns[2], dtype=np.int64)
-    group = np.array([int(g) if g else 0 for g in columns[8]], dtype=np.int64).view(np.uint64)
-    streams = np.array([int(s, 16) if s.startswith(b"0x") else 0 for s in columns[6]], dtype=np.uint64)
-    # no groupHash: a per-rank stream key (never equal across ranks, so never compared across them)
-    fallback = (streams * np.uint64(0x9E3779B97F4A7C15)) ^ calls["rank"].astype(np.uint64)
-    calls["comm"] = np.where(group != 0, group, fallback)
+    if not data.endswith(b"\n"):
+        data += b"\n"
+    buf = np.frombuffer(data, np.uint8)
+    separator = (buf == 32) | (buf == 10) | (buf == 9) | (buf == 13)
+    token = ~separator
+    starts = np.flatnonzero(token & np.r_[True, separator[:-1]])
+    ends = np.flatnonzero(token & np.r_[separator[1:], True]) + 1
+    # a token opens a line when the byte before it is a newline (or it is the first)
+    opens_line = np.r_[True, buf[starts[1:] - 1] == 10] if len(starts) else np.zeros(0, bool)
+    line_of = np.cumsum(opens_line) - 1
+    counts = np.bincount(line_of) if len(starts) else np.zeros(0, np.int64)
+    first = np.flatnonzero(opens_line)
+    lines = np.arange(len(first))
+
+    def field(k: int) -> tuple[np.ndarray, np.ndarray]:
+        return starts[first + k], ends[first + k]
+
+    bad = ~np.isin(counts, (13, 15))
+    if not bad.any():
+        for k, letter in ((0, b"["), (3, b"["), (5, b"F"), (7, b"D"), (9, b"s"), (11, b"o")):
+            bad |= buf[field(k)[0]] != letter[0]
+    if bad.any():
+        at = int(starts[first[np.argmax(bad)]])
+        number = data.count(b"\n", 0, at) + 1
+        text = data[data.rfind(b"\n", 0, at) + 1 : data.find(b"\n", at)]
+        raise MegatraceError(f"{path}:{number}: not a Megatrace line: {text[:120]!r}")
+
+    calls = np.zeros(len(lines), CALL_DTYPE)
+    try:
+        s, e = field(4)
+        calls["rank"] = _digits(buf, s, e - 1).astype(np.int64)
+        s, e = field(2)  # [sec.nsec] with nine nanosecond digits
+        calls["t_call"] = (_digits(buf, s + 1, e - 11) * np.uint64(10**9) + _digits(buf, e - 10, e - 1)).astype(
+            np.int64
+        )
+        calls["count"] = _digits(buf, *field(8))
+        calls["seq"] = _digits(buf, *field(12)) + np.uint64(1)  # opCount counts from 0; seq from 1
+    except ValueError:
+        return _parse_slowly(path, data)
+    s, e = field(6)
+    length = e - s
+    keys = _op_key(length, buf[s], buf[s + np.minimum(3, length - 1)], buf[e - 1])
+    known = np.array(list(_OP_KEYS)), np.array(list(_OP_KEYS.values()), dtype=np.uint8)
+    position = np.searchsorted(known[0], keys, sorter=np.argsort(known[0]))
+    order = np.argsort(known[0])
+    position = np.minimum(position, len(order) - 1)
+    matched = known[0][order][position] == keys
+    if not matched.all():
+        line = int(np.argmax(~matched))
+        name = data[int(s[line]) : int(e[line])].decode(errors="replace")
+        number = data.count(b"\n", 0, int(s[line])) + 1
+        raise MegatraceError(f"{path}:{number}: unknown operation {name!r}")
+    calls["op"] = known[1][order][position]
+
+    has_hash = counts == 15
+    group = np.zeros(len(lines), np.uint64)
+    if has_hash.any():
+        rows = np.flatnonzero(has_hash)
+        s, e = starts[first[rows] + 14], ends[first[rows] + 14]
+        negative = buf[s] == ord("-")
+        magnitude = _digits(buf, s + negative, e)
+        group[rows] = np.where(negative, (~magnitude) + np.uint64(1), magnitude)  # two's complement
+    if not has_hash.all():
+        # no groupHash: a per-rank stream key (never equal across ranks, so never compared across them)
+        rows = np.flatnonzero(~has_hash)
+        s, e = field(10)
+        streams = [data[int(a) : int(b)] for a, b in zip(s[rows], e[rows], strict=True)]
+        values = np.array([int(x, 16) if x.startswith(b"0x") else 0 for x in streams], dtype=np.uint64)
+        group[rows] = (values * np.uint64(0x9E3779B97F4A7C15)) ^ calls["rank"][rows].astype(np.uint64)
+    calls["comm"] = group
+    return _finish(calls)
+
+
+def _parse_slowly(path: Path, data: bytes) -> np.ndarray:
+    """Line-by-line fallback that names the first line the fast path could not read."""
+    for number, line in enumerate(data.splitlines(), 1):
+        if line.strip() and not LINE.match(line):
+            raise MegatraceError(f"{path}:{number}: not a Megatrace line: {line[:120]!r}")
+    raise MegatraceError(f"{path}: a number does not fit in 64 bits")
+
+
+def _finish(calls: np.ndarray) -> np.ndarray:
     calls["peer"] = -1
     calls["comm_rank"] = -1
     calls["comm_size"] = -1
     calls["t_return"] = -1  # unknown, not pending
-    # Overlapping dumps repeat lines: keep each call once.
-    _, first = np.unique(calls[["comm", "seq", "op", "t_call"]].copy(), return_index=True)
-    return calls[np.sort(first)]
+    # Overlapping dumps repeat lines: keep each call once (first occurrence, file order).
+    order = np.lexsort((np.arange(len(calls)), calls["t_call"], calls["op"], calls["seq"], calls["comm"]))
+    keys = calls[order]
+    repeat = np.zeros(len(calls), bool)
+    repeat[1:] = (
+        (keys["comm"][1:] == keys["comm"][:-1])
+        & (keys["seq"][1:] == keys["seq"][:-1])
+        & (keys["op"][1:] == keys["op"][:-1])
+        & (keys["t_call"][1:] == keys["t_call"][:-1])
+    )
+    return calls[np.sort(order[~repeat])]
 
 
 def read_logs(directory: str | Path) -> Trace:

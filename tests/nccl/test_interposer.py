@@ -226,6 +226,21 @@ def test_gpu_timing_fills_gpu_times_and_skips_graph_capture(run_ranks, tmp_path)
         assert (captured["gpu_start_ns"] == 0).all() and (captured["state"] == State.RETURNED).all()
 
 
+def test_misuse_returns_nccl_error_codes_and_is_recorded_as_failed(run_ranks, tmp_path):
+    seen = run_ranks("misuse", 2, trace_dir=tmp_path)
+    invalid_argument, invalid_usage = 4, 5
+    for result in seen:
+        assert result["root_out_of_range"] == invalid_argument
+        assert result["send_to_self"] == invalid_usage
+        assert result["bad_datatype"] == invalid_argument
+        assert result["group_end_without_start"] == invalid_usage
+        assert result["use_after_destroy"] == invalid_argument
+    for records in rings_by_rank(tmp_path).values():
+        failed = records[records["state"] == State.FAILED]
+        assert sorted(failed["result"].tolist()) == [4, 4, 4, 5]
+        assert Op.SEND in failed["op"].tolist() and Op.BROADCAST in failed["op"].tolist()
+
+
 def test_without_the_interposer_nothing_is_written(run_ranks, tmp_path):
     seen = run_ranks("basic", 4, trace_dir=tmp_path, preload=False)
     assert seen[3]["allreduce"] == [10.0] * 4 and not list(tmp_path.glob("*.ring"))

@@ -152,5 +152,26 @@ def gpu():
     return {}
 
 
-scenarios = {"basic": basic, "threads": threads, "many": lambda: many(300), "gpu": gpu, "few": lambda: many(5)}
+def misuse():
+    """Misuse gets NCCL's error codes, and the tracer records the failed calls as failed."""
+    world = init("world", WORLD, RANK)
+    codes = {
+        "root_out_of_range": lib.tl_call(BROADCAST, world, floats([1.0]), floats([1.0]), 1, FLOAT32, SUM, 99, 0),
+        "send_to_self": lib.tl_call(SEND, world, floats([1.0]), None, 1, FLOAT32, SUM, RANK, 0),
+        "bad_datatype": lib.tl_call(ALLREDUCE, world, floats([1.0]), floats([1.0]), 1, 42, SUM, 0, 0),
+        "group_end_without_start": lib.tl_group_end(),
+    }
+    check(lib.tl_destroy(world), "destroy")
+    codes["use_after_destroy"] = lib.tl_call(ALLREDUCE, world, floats([1.0]), floats([1.0]), 1, FLOAT32, SUM, 0, 0)
+    return codes
+
+
+scenarios = {
+    "misuse": misuse,
+    "basic": basic,
+    "threads": threads,
+    "many": lambda: many(300),
+    "gpu": gpu,
+    "few": lambda: many(5),
+}
 print(json.dumps(scenarios[SCENARIO]()), flush=True)
