@@ -25,8 +25,8 @@ def main() -> None:
         directory = Path(scratch)
         for rank in range(args.ranks):
             lines = [
-                f"[save_count 1] [1700000000.{i * 1000 % 10**9:09d}] [Rank {rank}] Fun {OPS[i % 5]} Data {1024 + i % 7} "
-                f"stream 0x7f3a2c000000 opCount {i} groupHash {-(10**18) + i % 4}\n"
+                f"[save_count 1] [1700000000.{i * 1000 % 10**9:09d}] [Rank {rank}] Fun {OPS[i % 5]} "
+                f"Data {1024 + i % 7} stream 0x7f3a2c000000 opCount {i} groupHash {-(10**18) + i % 4}\n"
                 for i in range(per_rank)
             ]
             (directory / f"rank_{rank}.log").write_text("".join(lines))
