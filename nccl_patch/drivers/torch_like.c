@@ -34,6 +34,7 @@ int tl_call(int op, ncclComm_t comm, const void* send, void* recv, size_t count,
 
 int tl_unique_id(ncclUniqueId* id) { return ncclGetUniqueId(id); }
 int tl_init(ncclComm_t* comm, int nranks, const ncclUniqueId* id, int rank) { return ncclCommInitRank(comm, nranks, *id, rank); }
+int tl_init_all(ncclComm_t* comms, int ndev) { return ncclCommInitAll(comms, ndev, NULL); }
 int tl_split(ncclComm_t comm, int color, int key, ncclComm_t* out) { return ncclCommSplit(comm, color, key, out, NULL); }
 int tl_shrink(ncclComm_t comm, int* excluded, int count, ncclComm_t* out) {
   return ncclCommShrink(comm, excluded, count, out, NULL, 0);

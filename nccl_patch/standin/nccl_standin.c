@@ -117,7 +117,7 @@ static void backoff_wait(backoff* state) {
 }
 
 /* ---- attaching to a communicator's segment -------------------------------------------------------- */
-static ncclResult_t attach(ncclComm_t comm) {
+static ncclResult_t map_segment(ncclComm_t comm) {
   size_t bytes = shm_size(comm->nranks);
   int fd = shm_open(comm->shm_name, O_CREAT | O_RDWR, 0600);
   if (fd < 0) {
@@ -144,8 +144,13 @@ static ncclResult_t attach(ncclComm_t comm) {
   comm->slots = (unsigned char*)base + (bytes - n * SLOT_BYTES);
   comm->sends = calloc(n, sizeof(uint32_t));
   comm->receives = calloc(n, sizeof(uint32_t));
-  if (!comm->sends || !comm->receives) return ncclSystemError;
+  return comm->sends && comm->receives ? ncclSuccess : ncclSystemError;
+}
 
+/* Attach and wait until every member has (the init barrier). */
+static ncclResult_t attach(ncclComm_t comm) {
+  ncclResult_t result = map_segment(comm);
+  if (result != ncclSuccess) return result;
   comm->global_ranks[comm->rank] = my_global_rank();
   atomic_fetch_add(&comm->shm->attached, 1);
   backoff wait = {0, 0};
@@ -481,25 +486,10 @@ API(ncclResult_t, ncclCommInitAll, ncclComm_t* comms, int ndev, const int* devli
     comms[rank] = comm;
   }
   for (int rank = 0; rank < ndev; rank++) {
-    ncclComm_t comm = comms[rank];
-    size_t bytes = shm_size(ndev);
-    int fd = shm_open(comm->shm_name, O_CREAT | O_RDWR, 0600);
-    if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) return ncclSystemError;
-    void* base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (base == MAP_FAILED) return ncclSystemError;
-    comm->shm = base;
-    comm->shm_bytes = bytes;
-    size_t n = (size_t)ndev;
-    comm->global_ranks = (int32_t*)((unsigned char*)base + sizeof(shm_header));
-    comm->split_color = comm->global_ranks + n;
-    comm->split_key = comm->split_color + n;
-    comm->mailboxes = (mailbox*)(comm->split_key + n);
-    comm->slots = (unsigned char*)base + (bytes - n * SLOT_BYTES);
-    comm->sends = calloc(n, sizeof(uint32_t));
-    comm->receives = calloc(n, sizeof(uint32_t));
-    comm->global_ranks[rank] = -1;
-    atomic_fetch_add(&comm->shm->attached, 1);
+    ncclResult_t mapped = map_segment(comms[rank]);
+    if (mapped != ncclSuccess) return mapped;
+    comms[rank]->global_ranks[rank] = -1;
+    atomic_fetch_add(&comms[rank]->shm->attached, 1);
   }
   return ncclSuccess;
 }

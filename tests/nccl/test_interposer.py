@@ -226,6 +226,17 @@ def test_gpu_timing_fills_gpu_times_and_skips_graph_capture(run_ranks, tmp_path)
         assert (captured["gpu_start_ns"] == 0).all() and (captured["state"] == State.RETURNED).all()
 
 
+def test_single_process_clique_from_comm_init_all(run_ranks, tmp_path):
+    [seen] = run_ranks("init_all", 1, trace_dir=tmp_path)
+    assert seen["sums"] == [[3.0], [3.0]]
+    [records] = rings_by_rank(tmp_path).values()
+    inits = records[records["op"] == Op.COMM_INIT]
+    assert len(inits) == 2 and inits["comm_id"][0] == inits["comm_id"][1]
+    calls = records[records["op"] == Op.ALLREDUCE]
+    assert sorted(calls["rank"].tolist()) == [0, 1] and (calls["seq"] == 1).all()
+    assert calls["group_id"][0] == calls["group_id"][1] != 0
+
+
 def test_misuse_returns_nccl_error_codes_and_is_recorded_as_failed(run_ranks, tmp_path):
     seen = run_ranks("misuse", 2, trace_dir=tmp_path)
     invalid_argument, invalid_usage = 4, 5

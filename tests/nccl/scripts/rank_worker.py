@@ -28,6 +28,9 @@ lib.tl_call.argtypes = [
     ctypes.c_int,
     ctypes.c_size_t,
 ]
+lib.tl_destroy.argtypes = [ctypes.c_void_p]
+lib.tl_split.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+lib.tl_shrink.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
 ALLREDUCE, BROADCAST, REDUCE, ALLGATHER, REDUCESCATTER, ALLTOALL, GATHER, SCATTER, SEND, RECV, BCAST = range(1, 12)
 FLOAT32, SUM = 7, 0
 IdBuffer = ctypes.c_char * 128
@@ -98,9 +101,10 @@ def basic():
     call(SCATTER, world, floats([float(i) for i in range(WORLD)]), floats([0.0]), 1, root=3)
     # ring exchange inside one group: deadlocks unless grouped calls are progressed together
     right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    outgoing, incoming = floats([1.0] * 8), floats([0.0] * 8)  # alive until the group ends
     check(lib.tl_group_start(), "group start")
-    call(SEND, world, floats([1.0] * 8), None, 8, root=right)
-    call(RECV, world, None, floats([0.0] * 8), 8, root=left)
+    call(SEND, world, outgoing, None, 8, root=right)
+    call(RECV, world, None, incoming, 8, root=left)
     check(lib.tl_group_end(), "group end")
     half = ctypes.c_void_p()
     check(lib.tl_split(world, RANK // 2, RANK, ctypes.byref(half)), "split")
@@ -152,6 +156,21 @@ def gpu():
     return {}
 
 
+def init_all():
+    """One process, two devices: NCCL's single-process clique, driven from one thread by a group."""
+    comms = (ctypes.c_void_p * 2)()
+    check(lib.tl_init_all(comms, 2), "ncclCommInitAll")
+    results = [floats([0.0]), floats([0.0])]
+    inputs = [floats([1.0]), floats([2.0])]  # alive until the group ends: NCCL reads them then
+    check(lib.tl_group_start(), "group start")
+    for device in range(2):
+        call(ALLREDUCE, comms[device], inputs[device], results[device], 1)
+    check(lib.tl_group_end(), "group end")
+    for device in range(2):
+        check(lib.tl_destroy(comms[device]), "destroy")
+    return {"sums": [list(r) for r in results]}
+
+
 def misuse():
     """Misuse gets NCCL's error codes, and the tracer records the failed calls as failed."""
     world = init("world", WORLD, RANK)
@@ -167,6 +186,7 @@ def misuse():
 
 
 scenarios = {
+    "init_all": init_all,
     "misuse": misuse,
     "basic": basic,
     "threads": threads,
