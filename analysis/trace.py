@@ -7,6 +7,7 @@ cannot be read are listed in ``Trace.problems`` with the reason; the other ranks
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,8 +138,8 @@ def load_rings(paths: Iterable[str | Path]) -> Trace:
 
 
 def load_path(path: str | Path) -> Trace:
-    """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`) or of Megatrace
-    logs (rank_<R>.log), or one ring file."""
+    """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), of Megatrace
+    logs (rank_<R>.log) or of PyTorch flight-recorder dumps (<prefix>rank_<R>), or one ring file."""
     path = Path(path)
     if path.is_dir():
         rings = sorted(path.glob("*.ring"))
@@ -148,7 +149,14 @@ def load_path(path: str | Path) -> Trace:
             from rankwatch.analysis.megatrace import read_logs
 
             return read_logs(path)
-        raise FileNotFoundError(f"{path}: no *.ring files and no Megatrace rank_*.log files")
+        dumps = [p for p in path.iterdir() if p.is_file() and re.search(r"rank_\d+(\.\w+)?$", p.name)]
+        if dumps:
+            from rankwatch.analysis.flight_recorder import read_dumps
+
+            return read_dumps(dumps)
+        raise FileNotFoundError(
+            f"{path}: no *.ring files, Megatrace rank_<R>.log files or flight-recorder *rank_<R> dumps"
+        )
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
     return load_rings([path])
