@@ -354,7 +354,9 @@ void rw_complete(uint64_t index, rw_record* record, ncclResult_t result, int64_t
     atomic_fetch_add_explicit((_Atomic uint32_t*)&ring->lost_updates, 1, memory_order_relaxed);
     return;
   }
-  record->t_return_ns = now;
+  /* Stamps of one call may come from two CPUs or straddle a re-anchor of the TSC clock: a few ns of
+   * disagreement must never make a call end before it began. */
+  record->t_return_ns = now > record->t_call_ns ? now : record->t_call_ns;
   record->result = (int32_t)result;
   if (result == ncclInProgress) record->flags |= RW_FLAG_IN_PROGRESS;
   uint8_t state = (result == ncclSuccess || result == ncclInProgress) ? RW_STATE_RETURNED : RW_STATE_FAILED;
