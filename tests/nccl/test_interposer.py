@@ -150,7 +150,8 @@ def test_timestamps_are_the_realtime_clock(run_ranks, tmp_path, clock):
         calls = records[records["op"] == Op.ALLREDUCE]
         assert (calls["t_call_ns"] >= seen[rank]["before_ns"] - 200_000).all()
         assert (calls["t_return_ns"] <= seen[rank]["after_ns"] + 200_000).all()
-        assert (np.diff(calls["t_call_ns"]) >= 0).all(), "a thread's calls are in time order"
+        # rdtsc is not serialising: consecutive stamps may disagree by a few ns, never by a microsecond
+        assert (np.diff(calls["t_call_ns"]) > -1000).all(), "a thread's calls are in time order"
 
 
 def test_disabled_tracing_is_pure_pass_through(run_ranks, tmp_path):
