@@ -10,6 +10,7 @@ from typing import Any
 from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.straggler import detect_stragglers
+from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import Trace, load_path
 
 TEST_TYPES = ("all", "hang", "slow")
@@ -42,9 +43,19 @@ def summary_text(document: dict[str, Any], trace: Trace) -> str:
     return "\n".join(lines)
 
 
-def main(path: str, test_type: str, stall_seconds: float, json_out: str | None) -> int:
+def main(
+    path: str,
+    test_type: str,
+    stall_seconds: float,
+    json_out: str | None,
+    layout: Layout | None = None,
+    ranks_per_node: int | None = None,
+) -> int:
     try:
         trace = load_path(path)
+        trace.layout, trace.ranks_per_node = layout, ranks_per_node
+        if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
+            raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")
         document = analyze(trace, test_type, stall_seconds)
     except (FileNotFoundError, ValueError) as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)

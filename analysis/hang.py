@@ -110,9 +110,9 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 # call times alone (Megatrace) cannot show the waiters are still inside their calls
                 confidence=(0.95 if trace.has_returns else 0.8) if last is not None else 0.7,
                 summary=(
-                    f"rank {culprit} on node {trace.node_of(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
-                    f"rank {int(first['rank'])} waits in {_describe_call(first)} of communicator "
-                    f"{comm_label(comm_id)}, which rank {culprit} {verb}; {last_text}"
+                    f"{trace.label(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
+                    f"rank {int(first['rank'])} waits in {_describe_call(first)} of {trace.comm_name(comm_id)}, "
+                    f"which rank {culprit} {verb}; {last_text}"
                 ),
                 evidence={
                     "seq": int(first["seq"]),
@@ -142,8 +142,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 communicator=comm_label(comm_id),
                 confidence=confidence,
                 summary=(
-                    f"{_describe_call(rows[0])} of communicator {comm_label(comm_id)} never completed: "
-                    f"rank(s) {', '.join(map(str, culprits))} stuck inside it ({why})"
+                    f"{_describe_call(rows[0])} of {trace.comm_name(comm_id)} never completed: "
+                    f"{'; '.join(trace.label(r) for r in culprits)} stuck inside it ({why})"
                 ),
                 evidence={"seq": seq, "members_inside": sorted(rows["rank"].tolist()), "stuck": True},
             )

@@ -89,8 +89,8 @@ def detect_stragglers(
                 communicator=comm_label(int(comm_id)),
                 confidence=round(confidence, 3),
                 summary=(
-                    f"rank {rank} on node {trace.node_of(rank)} arrives last at the collectives of communicator "
-                    f"{comm_label(int(comm_id))} ({size} ranks): it waits {own_wait / 1e6:.2f} ms vs its peers' "
+                    f"{trace.label(rank)} arrives last at the collectives of {trace.comm_name(int(comm_id))} "
+                    f"({size} ranks): it waits {own_wait / 1e6:.2f} ms vs its peers' "
                     f"{peers_wait / 1e6:.2f} ms (median over {instances} collectives; last in "
                     f"{share[position]:.0%} of them)"
                 ),

@@ -16,6 +16,7 @@ import numpy as np
 from numpy.lib.recfunctions import repack_fields
 
 from rankwatch.analysis.ring import Op, RingError, RingReader
+from rankwatch.analysis.topology import Layout
 
 CALL_DTYPE = np.dtype(
     [
@@ -66,6 +67,8 @@ class Trace:
     comms: dict[int, Communicator]
     problems: list[str] = field(default_factory=list)
     has_returns: bool = True  # False for sources that log only call times (Megatrace)
+    layout: Layout | None = None  # Megatron layout, when given
+    ranks_per_node: int | None = None  # names nodes node-<rank // n> when sources do not
 
     @property
     def end_ns(self) -> int:
@@ -76,7 +79,26 @@ class Trace:
 
     def node_of(self, rank: int) -> str:
         source = self.ranks.get(rank)
-        return source.node if source else "unknown"
+        if source and source.node != "unknown":
+            return source.node
+        return f"node-{rank // self.ranks_per_node}" if self.ranks_per_node else "unknown"
+
+    def label(self, rank: int) -> str:
+        """'rank 13 (tp 5, dp 1, pp 0) on node gpu-node-1', as much as is known."""
+        where = f" ({self.layout.describe(rank)})" if self.layout else ""
+        return f"rank {rank}{where} on node {self.node_of(rank)}"
+
+    def comm_name(self, comm_id: int) -> str:
+        """'TP group 00ab…' when the layout tells what the members are, else 'communicator 00ab…'."""
+        label = f"{comm_id:016x}"
+        comm = self.comms.get(comm_id)
+        if self.layout and comm:
+            kind = self.layout.group_kind(set(comm.members.values()))
+            if kind in ("TP", "DP", "PP"):
+                return f"{kind} group {label}"
+            if kind == "world":
+                return f"world communicator {label}"
+        return f"communicator {label}"
 
 
 def _calls_from_ring(records: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:

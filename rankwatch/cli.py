@@ -85,7 +85,20 @@ def _analyze(args: argparse.Namespace) -> int:
     if not path:
         print("rankwatch analyze: give a PATH (or --log-path)", file=sys.stderr)
         return 2
-    return main(path, args.test_type, args.stall_seconds, args.json)
+    from rankwatch.analysis.topology import Layout, LayoutError, load_config
+
+    try:
+        layout = None
+        if args.config_path:
+            layout = load_config(args.config_path)
+        elif args.tp or args.pp:
+            if not args.world_size:
+                raise LayoutError("--tp/--pp need --world-size")
+            layout = Layout(args.tp or 1, args.pp or 1, args.world_size)
+    except LayoutError as error:
+        print(f"rankwatch analyze: {error}", file=sys.stderr)
+        return 2
+    return main(path, args.test_type, args.stall_seconds, args.json, layout, args.ranks_per_node)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
     )
     analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON")
+    analyze.add_argument("--tp", type=int, help="tensor-parallel size (Megatron order: tp fastest, then dp, pp)")
+    analyze.add_argument("--pp", type=int, help="pipeline-parallel size")
+    analyze.add_argument("--world-size", type=int)
+    analyze.add_argument("--config-path", help="Megatrace's config.yaml with TP, PP, world_size")
+    analyze.add_argument("--ranks-per-node", type=int, help="name nodes when the traces do not")
     analyze.set_defaults(handler=_analyze)
     return parser
 

@@ -65,6 +65,20 @@ def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
     assert document["findings"][0]["ranks"] == [1]
 
 
+def test_layout_names_the_group_and_coordinates(tmp_path):
+    run(Simulation(world_size=16, tp=4, pp=2, steps=15, compute_us=1000, ranks_per_node=4,
+                   faults=Faults(slow_rank=6, slowdown=0.3)), tmp_path)  # fmt: skip
+    (tmp_path / "config.yaml").write_text("TP: 4\nPP: 2\nworld_size: 16\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "analyze", str(tmp_path), "--config-path", str(tmp_path / "config.yaml")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert "rank 6 (tp 2, dp 1, pp 0) on node sim-node-1 arrives last at the collectives of TP group" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "rankwatch", "analyze", str(tmp_path), "--tp", "4"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "--tp/--pp need --world-size" in bad.stderr
+
+
 def test_bad_arguments_are_clear(tmp_path):
     result = subprocess.run([sys.executable, "-m", "rankwatch", "analyze", str(tmp_path / "nothing")],
                             capture_output=True, text=True)  # fmt: skip
