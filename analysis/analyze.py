@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.straggler import detect_stragglers
@@ -50,6 +51,7 @@ def main(
     json_out: str | None,
     layout: Layout | None = None,
     ranks_per_node: int | None = None,
+    chrome_out: str | None = None,
 ) -> int:
     try:
         trace = load_path(path)
@@ -63,4 +65,6 @@ def main(
     print(summary_text(document, trace))
     if json_out:
         Path(json_out).write_text(json.dumps(document, indent=2))
+    if chrome_out:
+        write_chrome_trace(trace, document["findings"], chrome_out)
     return 0

@@ -98,7 +98,7 @@ def _analyze(args: argparse.Namespace) -> int:
     except LayoutError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
-    return main(path, args.test_type, args.stall_seconds, args.json, layout, args.ranks_per_node)
+    return main(path, args.test_type, args.stall_seconds, args.json, layout, args.ranks_per_node, args.chrome_trace)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
     )
     analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON")
+    analyze.add_argument("--chrome-trace", metavar="OUT", help="write a Perfetto / chrome://tracing timeline")
     analyze.add_argument("--tp", type=int, help="tensor-parallel size (Megatron order: tp fastest, then dp, pp)")
     analyze.add_argument("--pp", type=int, help="pipeline-parallel size")
     analyze.add_argument("--world-size", type=int)

@@ -53,8 +53,10 @@ def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
     run(Simulation(world_size=4, tp=2, steps=10, compute_us=500, faults=Faults(hang_rank=1, hang_at=8)), tmp_path)
     (tmp_path / "rankwatch-garbage-1.ring").write_bytes(b"not a ring at all" * 300)
     out = tmp_path / "report.json"
+    timeline = tmp_path / "timeline.json"
     result = subprocess.run(
-        [sys.executable, "-m", "rankwatch", "analyze", "--log-path", str(tmp_path), "--json", str(out)],
+        [sys.executable, "-m", "rankwatch", "analyze", "--log-path", str(tmp_path), "--json", str(out),
+         "--chrome-trace", str(timeline)],
         capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -63,6 +65,12 @@ def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
     document = json.loads(out.read_text())
     assert document["schema"] == 1 and document["healthy"] is False
     assert document["findings"][0]["ranks"] == [1]
+    events = json.loads(timeline.read_text())["traceEvents"]
+    slices = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == {0, 1, 2, 3} and all(e["dur"] >= 0 for e in slices)
+    assert any(e["args"]["pending"] for e in slices if e["pid"] == 0), "the waiters' last calls are open"
+    markers = [e for e in events if e["ph"] == "i"]
+    assert [m["pid"] for m in markers] == [1] and markers[0]["name"].startswith("HANG: rank 1")
 
 
 def test_layout_names_the_group_and_coordinates(tmp_path):
