@@ -10,6 +10,7 @@ from typing import Any
 from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
+from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import Trace, load_path
@@ -27,9 +28,11 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
     problems = list(trace.problems)
     if test_type == "slow" or (test_type == "all" and not findings):
         if trace.has_returns:
-            findings += detect_stragglers(trace)
+            links = detect_slow_links(trace)
+            endpoints = frozenset(rank for link in links for rank in link.ranks)
+            findings += links + detect_stragglers(trace, explained_by_links=endpoints)
         else:
-            problems.append("these logs carry only call times: straggler detection needs rankwatch rings")
+            problems.append("these logs carry only call times: straggler and slow-link detection need rankwatch rings")
     return report(findings, problems)
 
 
@@ -38,7 +41,7 @@ def summary_text(document: dict[str, Any], trace: Trace) -> str:
     for problem in document["problems"]:
         lines.append(f"warning: {problem}")
     if document["healthy"]:
-        lines.append("healthy: no hang, no straggler")
+        lines.append("healthy: no hang, no straggler, no slow link")
     for finding in document["findings"]:
         lines.append(f"{finding['kind'].upper()} (confidence {finding['confidence']:.2f}): {finding['summary']}")
     return "\n".join(lines)

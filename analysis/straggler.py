@@ -45,8 +45,13 @@ def _binomial_tail(successes: int, trials: int, p: float) -> float:
 
 
 def detect_stragglers(
-    trace: Trace, min_share: float = 0.5, max_p_value: float = 1e-4, min_delay_ns: float = 100_000
+    trace: Trace,
+    min_share: float = 0.5,
+    max_p_value: float = 1e-4,
+    min_delay_ns: float = 100_000,
+    explained_by_links: frozenset[int] = frozenset(),
 ) -> list[Finding]:
+    """``explained_by_links``: endpoints of slow links; lateness they pass on is not a straggler."""
     calls = trace.calls
     done = calls[np.isin(calls["op"], COLLECTIVE_OPS) & (calls["t_return"] > 0)]
     best: dict[int, Finding] = {}
@@ -107,7 +112,7 @@ def detect_stragglers(
             flagged_in.setdefault(rank, set()).add(int(comm_id))
             if rank not in best or _strength(finding) > _strength(best[rank]):
                 best[rank] = finding
-    return [best[rank] for rank in _root_causes(trace, best, flagged_in)]
+    return [best[rank] for rank in _root_causes(trace, best, flagged_in, explained_by_links)]
 
 
 def _strength(finding: Finding) -> tuple[int, float]:
@@ -115,13 +120,16 @@ def _strength(finding: Finding) -> tuple[int, float]:
     return finding.evidence["communicator_size"], finding.confidence
 
 
-def _root_causes(trace: Trace, best: dict[int, Finding], flagged_in: dict[int, set[int]]) -> list[int]:
+def _root_causes(
+    trace: Trace, best: dict[int, Finding], flagged_in: dict[int, set[int]], known_causes: frozenset[int]
+) -> list[int]:
     """Drop ranks whose lateness another flagged rank explains.
 
     A late rank makes others late: its TP peers wait for it and then reach the next collective late
     too, and the pipeline stage that receives its activations starts late. So a flagged rank
-    related to a stronger accepted (or already explained) one is explained: related means
-    send/receive partners, or members of one communicator in which one of the two was flagged.
+    related to a stronger accepted (or already explained) one, or to a known cause such as a slow
+    link's endpoint, is explained: related means send/receive partners, or members of one
+    communicator in which one of the two was flagged.
     """
     calls = trace.calls
     p2p = calls[np.isin(calls["op"], P2P_OPS)]
@@ -140,11 +148,11 @@ def _root_causes(trace: Trace, best: dict[int, Finding], flagged_in: dict[int, s
             x in members.get(c, ()) for c in flagged_in.get(y, ())
         )
 
-    pending = sorted(best, key=lambda rank: _strength(best[rank]), reverse=True)
+    explained: set[int] = set(known_causes)
+    pending = [rank for rank in sorted(best, key=lambda r: _strength(best[r]), reverse=True) if rank not in explained]
     accepted: list[int] = []
-    explained: set[int] = set()
-    while pending:
-        accepted.append(pending.pop(0))
+
+    def explain_what_follows() -> None:
         changed = True
         while changed:
             changed = False
@@ -153,4 +161,9 @@ def _root_causes(trace: Trace, best: dict[int, Finding], flagged_in: dict[int, s
                     pending.remove(rank)
                     explained.add(rank)
                     changed = True
+
+    explain_what_follows()  # first what the known causes (slow links) explain
+    while pending:
+        accepted.append(pending.pop(0))
+        explain_what_follows()
     return accepted

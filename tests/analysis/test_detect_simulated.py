@@ -33,6 +33,15 @@ def test_straggler_is_named_with_its_node(tmp_path):
     assert [f["ranks"] for f in document["findings"]] == [[6]], "nobody else is blamed"
 
 
+def test_slow_link_names_the_pair_and_blames_no_straggler(tmp_path):
+    document = simulate(
+        tmp_path, world_size=8, tp=2, pp=4, steps=6, faults=Faults(slow_link=(2, 4), link_latency_us=20000)
+    )
+    [link] = document["findings"]
+    assert link["kind"] == "slow_link" and sorted(link["ranks"]) == [2, 4]
+    assert link["evidence"]["median_transfer_ms"] > 10 * link["evidence"]["typical_transfer_ms"]
+
+
 def test_hang_names_the_rank_that_stopped_not_the_waiters(tmp_path):
     document = simulate(tmp_path, world_size=8, tp=2, pp=2, steps=50, faults=Faults(hang_rank=5, hang_at=30))
     assert len(document["findings"]) == 1
@@ -105,4 +114,4 @@ def test_hang_found_from_megatrace_logs_of_the_same_run(tmp_path):
     document = analyze(read_logs(tmp_path / "megatrace"))
     assert [f["ranks"] for f in document["findings"]] == [[5]]
     slow = analyze(read_logs(tmp_path / "megatrace"), "slow")
-    assert "straggler detection needs rankwatch rings" in slow["problems"][0]
+    assert "straggler and slow-link detection need rankwatch rings" in slow["problems"][0]
