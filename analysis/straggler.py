@@ -128,8 +128,8 @@ def _root_causes(
     A late rank makes others late: its TP peers wait for it and then reach the next collective late
     too, and the pipeline stage that receives its activations starts late. So a flagged rank
     related to a stronger accepted (or already explained) one, or to a known cause such as a slow
-    link's endpoint, is explained: related means send/receive partners, or members of one
-    communicator in which one of the two was flagged.
+    link's endpoint, is explained: related means within two hops of each other over send/receive
+    partners and the members of communicators in which one of the two was flagged.
     """
     calls = trace.calls
     p2p = calls[np.isin(calls["op"], P2P_OPS)]
@@ -141,12 +141,19 @@ def _root_causes(
             partners.setdefault(int(rank), set()).add(other)
     members = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
 
+    neighbourhoods: dict[int, set[int]] = {}
+
+    def neighbourhood(rank: int) -> set[int]:
+        """Who a late ``rank`` delays: its partners, its peers where it was flagged, and their partners."""
+        if rank not in neighbourhoods:
+            near = {rank} | partners.get(rank, set())
+            for comm_id in flagged_in.get(rank, ()):
+                near |= members.get(comm_id, set())
+            neighbourhoods[rank] = near.union(*(partners.get(other, set()) for other in near))
+        return neighbourhoods[rank]
+
     def related(x: int, y: int) -> bool:
-        if y in partners.get(x, ()) or x in partners.get(y, ()):
-            return True
-        return any(y in members.get(c, ()) for c in flagged_in.get(x, ())) or any(
-            x in members.get(c, ()) for c in flagged_in.get(y, ())
-        )
+        return x in neighbourhood(y) or y in neighbourhood(x)
 
     explained: set[int] = set(known_causes)
     pending = [rank for rank in sorted(best, key=lambda r: _strength(best[r]), reverse=True) if rank not in explained]

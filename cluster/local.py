@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import ssl
@@ -192,11 +193,13 @@ class LocalCluster:
             kubeconfig.write(self._component_kubeconfig(stem), server, self.pki, stem)
 
         deadline = time.monotonic() + timeout
+        started = {}
         for name in ORDER:
             if processes.is_running(state.pids.get(name), paths[name]):
                 continue
             log(f"starting {name}")
-            state.pids[name] = processes.start(self._argv(name, state, paths), self.logs / f"{name}.log")
+            started[name] = processes.start(self._argv(name, state, paths), self.logs / f"{name}.log")
+            state.pids[name] = started[name].pid
             state.save(self.state_path)  # recorded at once so `down` can always find it
             if name == "etcd":
                 self._wait(lambda: _tcp_open(state.ports["etcd"]), "etcd", deadline)
@@ -204,7 +207,9 @@ class LocalCluster:
                 self._wait(lambda: self._healthy(state, "/readyz"), "kube-apiserver", deadline)
         for name in ORDER:
             if not processes.is_running(state.pids.get(name), paths[name]):
-                raise ClusterError(f"{name} exited at start:\n{processes.log_tail(self.logs / f'{name}.log')}")
+                how = f" with code {started[name].poll()}" if name in started else " since the last `up`"
+                tail = processes.log_tail(self.logs / f"{name}.log")
+                raise ClusterError(f"{name} exited{how}:\n{tail}")
         self._reconcile_nodes(state, nodes, log, deadline)
         self._wait(
             lambda: self._request(state, "GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
@@ -308,15 +313,25 @@ class LocalCluster:
 
 
 def _free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free loopback ports, chosen once and then kept in state.json."""
-    sockets, ports = [], {}
-    for name in names:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sockets.append(sock)
-        ports[name] = sock.getsockname()[1]
-    for sock in sockets:
-        sock.close()
+    """Distinct free loopback ports below the kernel's ephemeral range, chosen once and kept in
+    state.json: a port from bind(0) can be handed to some outgoing connection before the component
+    binds it, one below the range cannot."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports: dict[str, int] = {}
+    for candidate in random.sample(range(20000, max(low, 20000 + 4 * len(names))), k=200):
+        if len(ports) == len(names):
+            break
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+        ports[names[len(ports)]] = candidate
+    if len(ports) < len(names):
+        raise ClusterError("could not find free loopback ports below the ephemeral range")
     return ports
 
 

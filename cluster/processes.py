@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 
-def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``argv`` in its own session (so it outlives us and can be stopped as a group)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -22,7 +22,7 @@ def start(argv: list[str], log_path: Path, env: dict[str, str] | None = None) ->
             start_new_session=True,
             env=env,
         )
-    return process.pid
+    return process
 
 
 def is_running(pid: int | None, executable: str | os.PathLike[str]) -> bool:

@@ -14,9 +14,9 @@ from rankwatch.analysis.trace import CALL_DTYPE, Trace, load_path
 from rankwatch.simulate import Faults, Simulation, run
 
 
-def simulate(tmp_path, **kwargs) -> dict:
+def simulate(tmp_path, compute_us: int = 1000, **kwargs) -> dict:
     faults = kwargs.pop("faults", Faults())
-    run(Simulation(compute_us=1000, ranks_per_node=4, faults=faults, **kwargs), tmp_path)
+    run(Simulation(compute_us=compute_us, ranks_per_node=4, faults=faults, **kwargs), tmp_path)
     return analyze(load_path(tmp_path))
 
 
@@ -26,7 +26,8 @@ def test_healthy_run_has_no_finding(tmp_path):
 
 
 def test_straggler_is_named_with_its_node(tmp_path):
-    document = simulate(tmp_path, world_size=16, tp=4, pp=2, steps=15, faults=Faults(slow_rank=6, slowdown=0.3))
+    # 16 processes share two cores: compute long enough that a 30% slowdown stands above the noise
+    document = simulate(tmp_path, 3000, world_size=16, tp=4, pp=2, steps=12, faults=Faults(slow_rank=6, slowdown=0.3))
     top = document["findings"][0]
     assert (top["kind"], top["ranks"], top["nodes"]) == ("straggler", [6], ["sim-node-1"])
     assert top["evidence"]["own_wait_ms"] < top["evidence"]["peer_wait_ms"]
@@ -83,7 +84,7 @@ def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
 
 
 def test_layout_names_the_group_and_coordinates(tmp_path):
-    run(Simulation(world_size=16, tp=4, pp=2, steps=15, compute_us=1000, ranks_per_node=4,
+    run(Simulation(world_size=16, tp=4, pp=2, steps=12, compute_us=3000, ranks_per_node=4,
                    faults=Faults(slow_rank=6, slowdown=0.3)), tmp_path)  # fmt: skip
     (tmp_path / "config.yaml").write_text("TP: 4\nPP: 2\nworld_size: 16\n")
     result = subprocess.run(
