@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rankwatch.analysis.chrome_trace import write_chrome_trace
+from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.slow_link import detect_slow_links
@@ -31,9 +32,20 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
             links = detect_slow_links(trace)
             endpoints = frozenset(rank for link in links for rank in link.ranks)
             findings += links + detect_stragglers(trace, explained_by_links=endpoints)
+            findings += fail_slow_with_culprits(trace, endpoints)
         else:
             problems.append("these logs carry only call times: straggler and slow-link detection need rankwatch rings")
     return report(findings, problems)
+
+
+def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Finding]:
+    """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
+    [finding] = detect_fail_slow(trace) or [None]
+    if finding is None:
+        return []
+    after = trace.calls[trace.calls["t_call"] >= finding.evidence["onset_time_ns"]]
+    later = Trace(after, trace.ranks, trace.comms, layout=trace.layout, ranks_per_node=trace.ranks_per_node)
+    return detect_fail_slow(trace, detect_stragglers(later, explained_by_links=explained))
 
 
 def summary_text(document: dict[str, Any], trace: Trace) -> str:
@@ -41,7 +53,7 @@ def summary_text(document: dict[str, Any], trace: Trace) -> str:
     for problem in document["problems"]:
         lines.append(f"warning: {problem}")
     if document["healthy"]:
-        lines.append("healthy: no hang, no straggler, no slow link")
+        lines.append("healthy: no hang, no straggler, no slow link, no fail-slow")
     for finding in document["findings"]:
         lines.append(f"{finding['kind'].upper()} (confidence {finding['confidence']:.2f}): {finding['summary']}")
     return "\n".join(lines)

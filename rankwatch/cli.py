@@ -60,6 +60,7 @@ def _simulate(args: argparse.Namespace) -> int:
         faults=Faults(
             slow_rank=args.slow_rank,
             slowdown=args.slowdown,
+            slow_from_call=args.slow_from_call,
             hang_rank=args.hang_rank,
             hang_at=args.hang_at,
             stuck_rank=args.stuck_rank,
@@ -136,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--gpu-timing", action="store_true", help="GPU timing via the stand-in libcuda")
     simulate.add_argument("--slow-rank", type=int)
     simulate.add_argument("--slowdown", type=float, default=0.0, help="e.g. 0.2: compute 20%% slower")
+    simulate.add_argument("--slow-from-call", type=int, default=0, help="the slowdown starts at this NCCL call")
     simulate.add_argument("--hang-rank", type=int)
     simulate.add_argument("--hang-at", type=int, default=0, help="the rank never makes its N-th NCCL call")
     simulate.add_argument("--stuck-rank", type=int)

@@ -29,6 +29,7 @@ class SimulationError(RuntimeError):
 class Faults:
     slow_rank: int | None = None
     slowdown: float = 0.0
+    slow_from_call: int = 0  # the slowdown starts after this many NCCL calls (fail-slow onset)
     hang_rank: int | None = None
     hang_at: int = 0
     stuck_rank: int | None = None
@@ -40,6 +41,7 @@ class Faults:
         env: dict[str, str] = {}
         if self.slow_rank == rank and self.slowdown > 0:
             env["RANKWATCH_STANDIN_SLOWDOWN"] = str(self.slowdown)
+            env["RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL"] = str(self.slow_from_call)
         if self.hang_rank == rank and self.hang_at > 0:
             env["RANKWATCH_STANDIN_HANG_BEFORE_CALL"] = str(self.hang_at)
         if self.stuck_rank == rank and self.stuck_at > 0:

@@ -35,7 +35,7 @@
   } while (0)
 
 static int rank = -1;
-static uint64_t calls;
+static uint64_t calls; /* NCCL calls made so far */
 
 static void before_call(void) {
   uint64_t hang_at = rw_faults_get()->hang_before_call;
@@ -45,8 +45,12 @@ static void before_call(void) {
   }
 }
 
-/* A slow GPU (RANKWATCH_STANDIN_SLOWDOWN) takes longer for the same work. */
-static void compute(int64_t us) { rw_sleep_ns((int64_t)((double)us * 1000 * (1.0 + rw_faults_get()->slowdown))); }
+/* A slow GPU (RANKWATCH_STANDIN_SLOWDOWN, from RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL on) takes longer. */
+static void compute(int64_t us) {
+  const rw_faults* faults = rw_faults_get();
+  double factor = calls >= faults->slowdown_from_call ? 1.0 + faults->slowdown : 1.0;
+  rw_sleep_ns((int64_t)((double)us * 1000 * factor));
+}
 
 /* Rank `leader` of a group writes a fresh unique id to DIR/name; the others wait for it. */
 static ncclUniqueId exchange_id(const char* dir, const char* name, int leader) {

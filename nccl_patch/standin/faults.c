@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static rw_faults faults = {0.0, -1, 0, 0, 0};
+static rw_faults faults = {0.0, 0, -1, 0, 0, 0};
 static pthread_once_t faults_once = PTHREAD_ONCE_INIT;
 
 static int parse_u64(const char* name, uint64_t* out) {
@@ -35,6 +35,7 @@ static void load(void) {
       faults.slowdown = value;
   }
   uint64_t value;
+  parse_u64("RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL", &faults.slowdown_from_call);
   if (parse_u64("RANKWATCH_STANDIN_LINK_PEER", &value)) faults.link_peer = (int)value;
   if (parse_u64("RANKWATCH_STANDIN_LINK_LATENCY_US", &value)) faults.link_latency_ns = (int64_t)value * 1000;
   parse_u64("RANKWATCH_STANDIN_HANG_BEFORE_CALL", &faults.hang_before_call);

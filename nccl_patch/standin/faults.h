@@ -3,6 +3,7 @@
  * driver (the application computes; a tracer must see the call late, not a slow call), the link and
  * stuck-call faults inside the stand-in NCCL:
  *   RANKWATCH_STANDIN_SLOWDOWN=0.2          compute before each NCCL call takes 20% longer
+ *   RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL=N  ... only once N NCCL calls were made (a GPU that degrades)
  *   RANKWATCH_STANDIN_LINK_PEER=R           with RANKWATCH_STANDIN_LINK_LATENCY_US=U: every send to
  *                                           and receive from global rank R is U microseconds late
  *   RANKWATCH_STANDIN_HANG_BEFORE_CALL=N    the driver stops before its N-th NCCL call (never calls)
@@ -16,6 +17,7 @@
 
 typedef struct rw_faults {
   double slowdown;
+  uint64_t slowdown_from_call; /* the slowdown starts after this many NCCL calls (fail-slow onset) */
   int link_peer;
   int64_t link_latency_ns;
   uint64_t hang_before_call;
