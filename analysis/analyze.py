@@ -11,6 +11,7 @@ from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
+from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.topology import Layout
@@ -67,6 +68,7 @@ def main(
     layout: Layout | None = None,
     ranks_per_node: int | None = None,
     chrome_out: str | None = None,
+    html_out: str | None = None,
 ) -> int:
     try:
         trace = load_path(path)
@@ -82,4 +84,6 @@ def main(
         Path(json_out).write_text(json.dumps(document, indent=2))
     if chrome_out:
         write_chrome_trace(trace, document["findings"], chrome_out)
+    if html_out:
+        write_html_report(trace, document, html_out)
     return 0

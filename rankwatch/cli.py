@@ -99,7 +99,9 @@ def _analyze(args: argparse.Namespace) -> int:
     except LayoutError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
-    return main(path, args.test_type, args.stall_seconds, args.json, layout, args.ranks_per_node, args.chrome_trace)
+    return main(
+        path, args.test_type, args.stall_seconds, args.json, layout, args.ranks_per_node, args.chrome_trace, args.html
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON")
     analyze.add_argument("--chrome-trace", metavar="OUT", help="write a Perfetto / chrome://tracing timeline")
+    analyze.add_argument("--html", metavar="OUT", help="write a self-contained HTML report with plots")
     analyze.add_argument("--tp", type=int, help="tensor-parallel size (Megatron order: tp fastest, then dp, pp)")
     analyze.add_argument("--pp", type=int, help="pipeline-parallel size")
     analyze.add_argument("--world-size", type=int)

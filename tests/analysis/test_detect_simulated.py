@@ -44,6 +44,28 @@ def test_fail_slow_reports_onset_degradation_and_the_rank_behind_it(tmp_path):
     assert fail_slow["ranks"] == [2]
     assert {f["kind"] for f in document["findings"]} <= {"fail_slow", "straggler"}
 
+    from html.parser import HTMLParser
+
+    from rankwatch.analysis.html_report import html_report
+
+    class Shapes(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags: list[tuple[str, dict]] = []
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append((tag, dict(attrs)))
+
+    page = html_report(load_path(tmp_path), document)
+    shapes = Shapes()
+    shapes.feed(page)
+    [line] = [attrs for tag, attrs in shapes.tags if tag == "polyline"]
+    assert len(line["points"].split()) == 39, "one point per step interval"
+    assert any(tag == "line" and attrs.get("stroke") == "red" for tag, attrs in shapes.tags), "onset marked"
+    cells = [attrs for tag, attrs in shapes.tags if tag == "rect"]
+    assert len({attrs["y"] for attrs in cells}) == 8, "one heatmap row per rank"
+    assert "FAIL_SLOW" in page and "<script" not in page
+
 
 def test_slow_link_names_the_pair_and_blames_no_straggler(tmp_path):
     document = simulate(
