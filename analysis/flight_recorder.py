@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
@@ -136,7 +137,10 @@ def _convert(path: Path, dump: dict[str, Any], rank: int, comms: dict[int, Commu
 
 def read_dumps(paths: list[Path]) -> Trace:
     parts, ranks, comms, problems = [], {}, {}, []
-    for path in sorted(paths):
+    paths = sorted(paths)
+    progress = Progress(len(paths), "reading flight-recorder dumps")
+    for path in paths:
+        progress.advance()
         try:
             dump = _load(path)
             rank = _rank_of(path, dump)
@@ -146,6 +150,7 @@ def read_dumps(paths: list[Path]) -> Trace:
             continue
         ranks[rank] = RankSource(rank, str(dump.get("hostname", "unknown")), int(dump.get("pid", -1) or -1), str(path))
         parts.append(calls)
+    progress.close()
     calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
     calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
     return Trace(calls, ranks, comms, problems)

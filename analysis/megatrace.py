@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
@@ -185,7 +186,9 @@ def read_logs(directory: str | Path) -> Trace:
     if not files:
         raise FileNotFoundError(f"{directory}: no rank_*.log files")
     parts, ranks, problems = [], {}, []
+    progress = Progress(len(files), "reading Megatrace logs")
     for path in files:
+        progress.advance()
         try:
             calls = _parse(path)
         except (MegatraceError, OSError) as error:
@@ -196,6 +199,7 @@ def read_logs(directory: str | Path) -> Trace:
         rank = int(calls["rank"][0])
         ranks[rank] = RankSource(rank, "unknown", -1, str(path))
         parts.append(calls)
+    progress.close()
     calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
     calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
     comms: dict[int, Communicator] = {}

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.recfunctions import repack_fields
 
+from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op, RingError, RingReader
 from rankwatch.analysis.topology import Layout
 
@@ -125,7 +126,10 @@ def _calls_from_ring(records: np.ndarray, rank: int) -> tuple[np.ndarray, np.nda
 def load_rings(paths: Iterable[str | Path]) -> Trace:
     """Read ring files (one per process); unreadable ones become problems, not failures."""
     parts, ranks, comms, problems = [], {}, {}, []
-    for path in sorted(map(Path, paths)):
+    paths = sorted(map(Path, paths))
+    progress = Progress(len(paths), "reading rings")
+    for path in paths:
+        progress.advance()
         try:
             with RingReader(path) as reader:
                 snapshot = reader.read()
@@ -149,6 +153,7 @@ def load_rings(paths: Iterable[str | Path]) -> Trace:
             comm = comms.setdefault(int(record["comm_id"]), Communicator(int(record["comm_id"]), int(record["nranks"])))
             comm.members[int(record["rank"])] = rank
             comm.parent = int(record["aux"])
+    progress.close()
     calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
     calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
     # Communicators whose creation fell out of a wrapped ring: members from the calls themselves.

@@ -82,3 +82,29 @@ def test_truncated_and_empty_files_are_refused(tmp_path):
     (tmp_path / "empty.ring").write_bytes(b"")
     with pytest.raises(RingError, match=r"cannot map|shorter than a ring header"):
         read_ring(tmp_path / "empty.ring")
+
+
+def test_progress_line_only_on_a_terminal_and_only_when_slow():
+    import io
+
+    from rankwatch.analysis.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    quiet = io.StringIO()
+    progress = Progress(3, "reading", stream=quiet, delay=0)
+    progress.advance()
+    progress.close()
+    assert quiet.getvalue() == "", "not a terminal: no progress line"
+    screen = Terminal()
+    progress = Progress(2, "reading rings", stream=screen, delay=0)
+    progress.advance()
+    progress.advance()
+    progress.close()
+    assert screen.getvalue().endswith("reading rings [" + "#" * 30 + "] 2/2\n")
+    fast = Terminal()
+    progress = Progress(2, "reading", stream=fast, delay=60)
+    progress.advance()
+    assert fast.getvalue() == "", "reads that take less than the delay show nothing"
