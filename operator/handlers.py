@@ -107,6 +107,7 @@ def create_workers(
 # Event handlers (unlike kopf timers) need no finalizer, so a job stays deletable without the
 # operator. Bursts of pod events for one job collapse into one sync after a short delay.
 _scheduled: dict[tuple[str, str], asyncio.Task[None]] = {}
+SYNC_RETRY_SECONDS = 5.0
 
 
 def _schedule_sync(namespace: str, name: str, index: kopf.Index) -> None:
@@ -122,8 +123,10 @@ async def _sync_later(namespace: str, name: str, index: kopf.Index) -> None:
     pods = list(index.get((namespace, name), []))
     try:
         await asyncio.to_thread(sync_status, namespace, name, pods)
-    except Exception:  # a failed sync is retried on the next event; never kill the loop
-        logging.getLogger(__name__).exception("status sync of TrainingJob %s/%s failed", namespace, name)
+    except Exception:  # never kill the loop; try again shortly even if no new event comes
+        logging.getLogger(__name__).exception("status sync of TrainingJob %s/%s failed; retrying", namespace, name)
+        await asyncio.sleep(SYNC_RETRY_SECONDS)
+        _schedule_sync(namespace, name, index)
 
 
 @kopf.on.event("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
