@@ -31,6 +31,13 @@ DEFAULT_NODES = 4
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.1/16"
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+LISTENS_ON = {
+    "etcd": ("etcd", "etcd-peer"),
+    "kube-apiserver": ("kube-apiserver",),
+    "kube-controller-manager": ("kube-controller-manager",),
+    "kube-scheduler": ("kube-scheduler",),
+    "kwok": ("kwok",),
+}
 
 
 class ClusterError(RuntimeError):
@@ -198,6 +205,9 @@ class LocalCluster:
             if processes.is_running(state.pids.get(name), paths[name]):
                 continue
             log(f"starting {name}")
+            # A component killed a moment ago may still hold its port while it exits.
+            for port_name in LISTENS_ON[name]:
+                self._wait(lambda p=state.ports[port_name]: _port_free(p), f"port {state.ports[port_name]}", deadline)
             started[name] = processes.start(self._argv(name, state, paths), self.logs / f"{name}.log")
             state.pids[name] = started[name].pid
             state.save(self.state_path)  # recorded at once so `down` can always find it
@@ -333,6 +343,16 @@ def _free_ports(names: list[str]) -> dict[str, int]:
     if len(ports) < len(names):
         raise ClusterError("could not find free loopback ports below the ephemeral range")
     return ports
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the Go servers bind
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _tcp_open(port: int) -> bool:

@@ -73,14 +73,14 @@ def _leaf(
     ca_key: ec.EllipticCurvePrivateKey,
     ca_cert: x509.Certificate,
     subject: x509.Name,
-    usage: x509.ObjectIdentifier,
+    usage: x509.ObjectIdentifier | list[x509.ObjectIdentifier],
     sans: list[x509.GeneralName] | None = None,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
     builder = (
         _builder(subject, ca_cert.subject, key.public_key())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usage if isinstance(usage, list) else [usage]), critical=False)
     )
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -128,9 +128,11 @@ def generate(directory: Path) -> None:
     _write_key(directory / "apiserver.key", key)
     _write_cert(directory / "apiserver.crt", cert)
 
-    # etcd serves TLS and accepts only clients with a certificate of this CA (the API server's).
+    # etcd serves TLS and accepts only clients with a certificate of this CA (the API server's). Its
+    # own certificate is also a client one: etcd's gRPC gateway dials the server with it (as kubeadm's).
     etcd_sans: list[x509.GeneralName] = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    key, cert = _leaf(ca_key, ca_cert, _name("etcd"), ExtendedKeyUsageOID.SERVER_AUTH, etcd_sans)
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    key, cert = _leaf(ca_key, ca_cert, _name("etcd"), usages, etcd_sans)
     _write_key(directory / "etcd-server.key", key)
     _write_cert(directory / "etcd-server.crt", cert)
     key, cert = _leaf(ca_key, ca_cert, _name("kube-apiserver-etcd-client"), ExtendedKeyUsageOID.CLIENT_AUTH)
