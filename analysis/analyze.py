@@ -41,12 +41,13 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
 
 def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Finding]:
     """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
-    [finding] = detect_fail_slow(trace) or [None]
-    if finding is None:
-        return []
-    after = trace.calls[trace.calls["t_call"] >= finding.evidence["onset_time_ns"]]
-    later = Trace(after, trace.ranks, trace.comms, layout=trace.layout, ranks_per_node=trace.ranks_per_node)
-    return detect_fail_slow(trace, detect_stragglers(later, explained_by_links=explained))
+
+    def stragglers_after(onset_ns: int) -> list[int]:
+        after = trace.calls[trace.calls["t_call"] >= onset_ns]
+        later = Trace(after, trace.ranks, trace.comms, layout=trace.layout, ranks_per_node=trace.ranks_per_node)
+        return sorted({rank for f in detect_stragglers(later, explained_by_links=explained) for rank in f.ranks})
+
+    return detect_fail_slow(trace, stragglers_after)
 
 
 def summary_text(document: dict[str, Any], trace: Trace) -> str:

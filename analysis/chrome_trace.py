@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.analysis.findings import comm_label
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
 
@@ -33,11 +34,11 @@ def chrome_trace(trace: Trace, findings: list[dict[str, Any]]) -> dict[str, Any]
             {
                 "ph": "X",
                 "pid": rank,
-                "tid": f"{comm:016x}",
+                "tid": comm_label(comm),
                 "name": f"{names[op]} #{seq}",
                 "ts": (row[9] - origin) / 1e3,
                 "dur": max(stop - row[9], 0) / 1e3,
-                "args": {"communicator": f"{comm:016x}", "count": count, "pending": not done},
+                "args": {"communicator": comm_label(comm), "count": count, "pending": not done},
             }
         )
     for finding in findings:

@@ -12,6 +12,8 @@ the steps after the onset.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
@@ -51,7 +53,8 @@ def step_times(trace: Trace) -> tuple[np.ndarray, np.ndarray, int] | None:
     return best[1], best[2], best[3]
 
 
-def detect_fail_slow(trace: Trace, stragglers_after: list[Finding] | None = None) -> list[Finding]:
+def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:
+    """``culprits_after(onset_ns)``: the ranks behind a rise, asked for only when there is one."""
     series = step_times(trace)
     if series is None:
         return []
@@ -66,7 +69,7 @@ def detect_fail_slow(trace: Trace, stragglers_after: list[Finding] | None = None
     onset = int(np.argmax(runs))
     after = float(np.median(durations[onset:]))
     rise = after / baseline - 1
-    ranks = sorted({r for f in (stragglers_after or []) for r in f.ranks})
+    ranks = sorted(culprits_after(int(starts[onset]))) if culprits_after else []
     who = f"; ranks behind it: {', '.join(trace.label(r) for r in ranks)}" if ranks else ""
     return [
         Finding(

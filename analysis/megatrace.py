@@ -76,6 +76,8 @@ _OP_KEYS = {
     int(_op_key(np.array([len(n)]), np.array([n[0]]), np.array([n[min(3, len(n) - 1)]]), np.array([n[-1]]))[0]): code
     for n, code in OPS.items()
 }
+_SORTED_KEYS = np.array(sorted(_OP_KEYS), dtype=np.int64)
+_SORTED_CODES = np.array([_OP_KEYS[key] for key in _SORTED_KEYS.tolist()], dtype=np.uint8)
 
 
 def _parse(path: Path) -> np.ndarray:
@@ -123,17 +125,14 @@ def _parse(path: Path) -> np.ndarray:
     s, e = field(6)
     length = e - s
     keys = _op_key(length, buf[s], buf[s + np.minimum(3, length - 1)], buf[e - 1])
-    known = np.array(list(_OP_KEYS)), np.array(list(_OP_KEYS.values()), dtype=np.uint8)
-    position = np.searchsorted(known[0], keys, sorter=np.argsort(known[0]))
-    order = np.argsort(known[0])
-    position = np.minimum(position, len(order) - 1)
-    matched = known[0][order][position] == keys
+    position = np.minimum(np.searchsorted(_SORTED_KEYS, keys), len(_SORTED_KEYS) - 1)
+    matched = _SORTED_KEYS[position] == keys
     if not matched.all():
         line = int(np.argmax(~matched))
         name = data[int(s[line]) : int(e[line])].decode(errors="replace")
         number = data.count(b"\n", 0, int(s[line])) + 1
         raise MegatraceError(f"{path}:{number}: unknown operation {name!r}")
-    calls["op"] = known[1][order][position]
+    calls["op"] = _SORTED_CODES[position]
 
     has_hash = counts == 15
     group = np.zeros(len(lines), np.uint64)

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib.recfunctions import repack_fields
 
+from rankwatch.analysis.findings import comm_label
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op, RingError, RingReader
 from rankwatch.analysis.topology import Layout
@@ -91,7 +92,7 @@ class Trace:
 
     def comm_name(self, comm_id: int) -> str:
         """'TP group 00ab…' when the layout tells what the members are, else 'communicator 00ab…'."""
-        label = f"{comm_id:016x}"
+        label = comm_label(comm_id)
         comm = self.comms.get(comm_id)
         if self.layout and comm:
             kind = self.layout.group_kind(set(comm.members.values()))
