@@ -20,6 +20,7 @@ together as ``[instances, members]`` arrays: a 16k-rank trace is a few array pas
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -174,75 +175,81 @@ def _comm_sizes(trace: Trace, instances: Instances) -> np.ndarray:
     return np.where(sizes > 0, sizes, instances.sizes)
 
 
-def _typical_gap(trace: Trace, rows: np.ndarray) -> float:
-    """Median time the members spent outside NCCL before these calls (their compute)."""
+def _gaps(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Time each call's rank spent outside NCCL before it (its compute): since the previous call
+    ended (on the GPU when timed), NaN where unknown. Same shape as ``rows``."""
     calls = trace.calls
-    rows = rows.reshape(-1)
-    rows = rows[rows > 0]
-    same_rank = calls["rank"][rows - 1] == calls["rank"][rows]
-    previous_end = calls["t_return"][rows - 1] if trace.has_returns else calls["t_call"][rows - 1]
-    gaps = (calls["t_call"][rows] - previous_end)[same_rank & (previous_end > 0)]
-    return float(np.median(gaps)) if len(gaps) else 0.0
+    flat = rows.reshape(-1)
+    previous = np.maximum(flat - 1, 0)
+    if trace.has_returns:
+        timed = (calls["gpu_start"][flat] > 0) & (calls["gpu_end"][previous] > 0)
+        start = np.where(timed, calls["gpu_start"][flat], calls["t_call"][flat])
+        end = np.where(timed, calls["gpu_end"][previous], calls["t_return"][previous])
+    else:
+        start, end = calls["t_call"][flat], calls["t_call"][previous]
+    known = (flat > 0) & (calls["rank"][previous] == calls["rank"][flat]) & (end > 0)
+    return np.where(known, (start - end).astype(np.float64), np.nan).reshape(rows.shape)
 
 
 def _findings(
     trace: Trace, candidates: list[_Candidate], min_delay_ns: float, explained_by_links: frozenset[int]
 ) -> list[Finding]:
-    by_comm: dict[int, list[tuple[_Candidate, float, float, float]]] = {}
-    for candidate in candidates:
-        waits, size = candidate.waits, candidate.waits.shape[1]
-        own = waits[:, candidate.position]
-        if size <= 16:
-            peer_median = np.median(np.delete(waits, candidate.position, axis=1), axis=1)
-        else:  # one member hardly moves the median of many
-            peer_median = np.median(waits, axis=1)
-        delay = float(np.median(peer_median - own))
-        floor = max(min_delay_ns, RELATIVE_DELAY * _typical_gap(trace, candidate.rows))
-        if delay >= floor:
-            by_comm.setdefault(candidate.comm, []).append(
-                (candidate, delay, float(np.median(own)), float(np.median(peer_median)))
-            )
     best: dict[int, Finding] = {}
     flagged_in: dict[int, set[int]] = {}  # rank -> communicators it was flagged in
-    for comm_id, flagged in by_comm.items():
-        size = flagged[0][0].waits.shape[1]
-        for candidate, delay, own_wait, peers_wait in flagged:
-            rank = int(candidate.ranks[candidate.position])
-            instances = len(candidate.waits)
-            waits = candidate.waits
-            spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3
-            confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns))
-            what = "waits" if trace.has_returns else "arrives later: it waits"
-            finding = Finding(
-                kind="straggler",
-                ranks=[rank],
-                nodes=[trace.node_of(rank)],
-                communicator=comm_label(comm_id),
-                confidence=round(float(confidence), 3),
-                summary=(
-                    f"{trace.label(rank)} arrives last at the collectives of {trace.comm_name(comm_id)} "
-                    f"({size} ranks): it {what} {own_wait / 1e6:.2f} ms vs its peers' {peers_wait / 1e6:.2f} ms "
-                    f"(median over {instances} collectives; last in {candidate.last_share:.0%} of them)"
-                ),
-                evidence={
-                    "own_wait_ms": round(own_wait / 1e6, 4),
-                    "peer_wait_ms": round(peers_wait / 1e6, 4),
-                    "delay_ms": round(delay / 1e6, 4),
-                    "score": round(delay / spread, 2),
-                    "last_share": round(candidate.last_share, 3),
-                    "collectives": instances,
-                    "communicator_size": size,
-                },
-            )
-            flagged_in.setdefault(rank, set()).add(comm_id)
-            if rank not in best or _strength(finding) > _strength(best[rank]):
-                best[rank] = finding
+    for candidate in candidates:
+        waits, size, position = candidate.waits, candidate.waits.shape[1], candidate.position
+        own = waits[:, position]
+        others = np.delete(waits, position, axis=1) if size <= 16 else waits  # one hardly moves the median of many
+        peer_median = np.median(others, axis=1)
+        delay = float(np.median(peer_median - own))
+        gaps = _gaps(trace, candidate.rows)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: no previous call known
+            typical_gap = float(np.nanmedian(gaps)) if np.isfinite(gaps).any() else 0.0
+            excess = float(np.nanmedian(gaps[:, position] - np.nanmedian(np.delete(gaps, position, axis=1), axis=1)))
+        if delay < max(min_delay_ns, RELATIVE_DELAY * typical_gap):
+            continue
+        # Lateness passed on by someone else (a pipeline partner) comes with normal compute; the
+        # straggler's own compute is longer. Call times alone cannot tell the two apart.
+        own_compute = not trace.has_returns or not np.isfinite(excess) or excess >= 0.5 * delay
+        rank = int(candidate.ranks[position])
+        spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3
+        confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns)) * (1.0 if own_compute else 0.5)
+        what = "waits" if trace.has_returns else "arrives later: it waits"
+        own_wait, peers_wait = float(np.median(own)), float(np.median(peer_median))
+        finding = Finding(
+            kind="straggler",
+            ranks=[rank],
+            nodes=[trace.node_of(rank)],
+            communicator=comm_label(candidate.comm),
+            confidence=round(float(confidence), 3),
+            summary=(
+                f"{trace.label(rank)} arrives last at the collectives of {trace.comm_name(candidate.comm)} "
+                f"({size} ranks): it {what} {own_wait / 1e6:.2f} ms vs its peers' {peers_wait / 1e6:.2f} ms "
+                f"(median over {len(waits)} collectives; last in {candidate.last_share:.0%} of them)"
+            ),
+            evidence={
+                "own_wait_ms": round(own_wait / 1e6, 4),
+                "peer_wait_ms": round(peers_wait / 1e6, 4),
+                "delay_ms": round(delay / 1e6, 4),
+                "compute_excess_ms": round(excess / 1e6, 4) if np.isfinite(excess) else None,
+                "own_compute": own_compute,
+                "score": round(delay / spread, 2),
+                "last_share": round(candidate.last_share, 3),
+                "collectives": len(waits),
+                "communicator_size": size,
+            },
+        )
+        flagged_in.setdefault(rank, set()).add(candidate.comm)
+        if rank not in best or _strength(finding) > _strength(best[rank]):
+            best[rank] = finding
     return [best[rank] for rank in _root_causes(trace, best, flagged_in, explained_by_links)]
 
 
-def _strength(finding: Finding) -> tuple[int, float]:
-    """Evidence from a larger communicator (more peers doing the same work) beats a pair."""
-    return finding.evidence["communicator_size"], finding.confidence
+def _strength(finding: Finding) -> tuple[bool, int, float]:
+    """A rank slow in its own compute explains the lateness it passes on; then evidence from a larger
+    communicator (more peers doing the same work) beats a pair."""
+    return finding.evidence["own_compute"], finding.evidence["communicator_size"], finding.confidence
 
 
 def _root_causes(

@@ -72,6 +72,11 @@ class Trace:
     layout: Layout | None = None  # Megatron layout, when given
     ranks_per_node: int | None = None  # names nodes node-<rank // n> when sources do not
 
+    def rows_of(self, rank: int) -> slice:
+        """The calls of one rank (calls are sorted by rank): a slice, found by bisection."""
+        ranks = self.calls["rank"]
+        return slice(int(np.searchsorted(ranks, rank, "left")), int(np.searchsorted(ranks, rank, "right")))
+
     @property
     def end_ns(self) -> int:
         """The latest time any rank recorded: "now" for an offline trace."""

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser("analyze", help="find the rank behind a hang or a slowdown in traces")
     analyze.add_argument("path", nargs="?", help="a directory of *.ring files, or one ring")
     analyze.add_argument("--log-path", help="same as PATH (Megatrace's spelling)")
-    analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow"])
+    analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow", "parallel"])
     analyze.add_argument(
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
     )
