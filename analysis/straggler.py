@@ -24,10 +24,9 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.recfunctions import repack_fields
 
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.instances import Instances, group_instances
+from rankwatch.analysis.instances import Instances, group_instances, grouped_median
 from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace
 
 MIN_INSTANCES = 8
@@ -82,9 +81,9 @@ def _arrival_waits(trace: Trace, instances: Instances, complete: np.ndarray) -> 
         for _ in range(2):  # lateness against the instance median, per rank, then per node
             aligned = t - offset[node_of_rank[rank]]
             late = aligned - _segment_median(aligned, instances.starts)[instance_of]
-            per_rank = _grouped_median(late[usable], rank[usable], n_ranks)
+            per_rank = grouped_median(late[usable], rank[usable], n_ranks)
             seen = np.flatnonzero(np.isfinite(per_rank))
-            offset += np.nan_to_num(_grouped_median(per_rank[seen], node_of_rank[seen], len(offset)))
+            offset += np.nan_to_num(grouped_median(per_rank[seen], node_of_rank[seen], len(offset)))
         t = t - offset[node_of_rank[rank]]
     last = np.maximum.reduceat(t, instances.starts[:-1])
     return last[instance_of] - t
@@ -96,17 +95,6 @@ def _segment_median(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     for size in np.unique(sizes).tolist():
         which = np.flatnonzero(sizes == size)
         out[which] = np.median(values[starts[which][:, None] + np.arange(size)], axis=1)
-    return out
-
-
-def _grouped_median(values: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
-    order = np.lexsort((values, groups))
-    groups, values = groups[order], values[order]
-    bounds = np.searchsorted(groups, np.arange(count + 1))
-    out = np.full(count, np.nan)
-    have = np.flatnonzero(np.diff(bounds) > 0)
-    lo, hi = bounds[have], bounds[have + 1] - 1
-    out[have] = (values[(lo + hi) // 2] + values[(lo + hi + 1) // 2]) / 2
     return out
 
 
@@ -265,14 +253,21 @@ def _root_causes(
     """
     if not best:
         return []
-    calls = trace.calls
-    p2p = calls[np.isin(calls["op"], P2P_OPS)]
-    partners: dict[int, set[int]] = {}
-    for rank, comm_id, peer in np.unique(repack_fields(p2p[["rank", "comm", "peer"]])).tolist():
-        comm = trace.comms.get(int(comm_id))
-        other = comm.members.get(int(peer)) if comm else None
-        if other is not None:
-            partners.setdefault(int(rank), set()).add(other)
+    partners_of: dict[int, set[int]] = {}
+
+    def partners(rank: int) -> set[int]:
+        """The ranks this one sends to or receives from."""
+        if rank not in partners_of:
+            own = trace.calls[trace.rows_of(rank)]
+            own = own[np.isin(own["op"], P2P_OPS)]
+            found = set()
+            for comm_id, peer in set(zip(own["comm"].tolist(), own["peer"].tolist(), strict=True)):
+                comm = trace.comms.get(comm_id)
+                if comm and peer in comm.members:
+                    found.add(comm.members[peer])
+            partners_of[rank] = found
+        return partners_of[rank]
+
     members = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
 
     neighbourhoods: dict[int, set[int]] = {}
@@ -280,10 +275,10 @@ def _root_causes(
     def neighbourhood(rank: int) -> set[int]:
         """Who a late ``rank`` delays: its partners, its peers where it was flagged, and their partners."""
         if rank not in neighbourhoods:
-            near = {rank} | partners.get(rank, set())
+            near = {rank} | partners(rank)
             for comm_id in flagged_in.get(rank, ()):
                 near |= members.get(comm_id, set())
-            neighbourhoods[rank] = near.union(*(partners.get(other, set()) for other in near))
+            neighbourhoods[rank] = near.union(*(partners(other) for other in near))
         return neighbourhoods[rank]
 
     def related(x: int, y: int) -> bool:

@@ -71,11 +71,19 @@ class Trace:
     has_returns: bool = True  # False for sources that log only call times (Megatrace)
     layout: Layout | None = None  # Megatron layout, when given
     ranks_per_node: int | None = None  # names nodes node-<rank // n> when sources do not
+    _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:
-        """The calls of one rank (calls are sorted by rank): a slice, found by bisection."""
-        ranks = self.calls["rank"]
-        return slice(int(np.searchsorted(ranks, rank, "left")), int(np.searchsorted(ranks, rank, "right")))
+        """The calls of one rank (calls are sorted by rank): a slice."""
+        if self._bounds is None or self._bounds[0] is not self.calls:
+            ranks = np.ascontiguousarray(self.calls["rank"])
+            starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]]) if len(ranks) else np.zeros(0, np.int64)
+            self._bounds = (self.calls, ranks[starts], np.r_[starts, len(ranks)])
+        _, ranks, starts = self._bounds
+        index = int(np.searchsorted(ranks, rank))
+        if index == len(ranks) or ranks[index] != rank:
+            return slice(0, 0)
+        return slice(int(starts[index]), int(starts[index + 1]))
 
     @property
     def end_ns(self) -> int:
