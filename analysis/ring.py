@@ -209,14 +209,19 @@ class RingReader:
         if first >= claimed:
             empty = np.empty(0, RECORD_DTYPE)
             return RingSnapshot(header, empty, first, 0, max(0, claimed - self.capacity - since))
-        indices = np.arange(first, claimed, dtype=np.uint64)
-        slots = self._slots[(indices % np.uint64(self.capacity)).astype(np.int64)].copy()
+        # the window is at most two contiguous runs of slots: copy them, no per-record indexing
+        start, count = first % self.capacity, claimed - first
+        head = min(count, self.capacity - start)
+        slots = np.concatenate([self._slots[start : start + head], self._slots[: count - head]])
         # A record copied while being rewritten is caught by re-reading its stamp after the copy.
-        stamps_after = self._slots["stamp"][(indices % np.uint64(self.capacity)).astype(np.int64)]
-        expected = indices * np.uint64(2) + np.uint64(2)
+        stamps_after = np.concatenate(
+            [self._slots["stamp"][start : start + head], self._slots["stamp"][: count - head]]
+        )
+        expected = np.arange(first, claimed, dtype=np.uint64) * np.uint64(2) + np.uint64(2)
         valid = (slots["stamp"] == expected) & (stamps_after == expected)
         overwritten = max(0, claimed - self.capacity - since) if since < claimed - self.capacity else 0
-        return RingSnapshot(header, slots[valid], first, int((~valid).sum()), overwritten)
+        torn = count - int(np.count_nonzero(valid))
+        return RingSnapshot(header, slots if not torn else slots[valid], first, torn, overwritten)
 
     def close(self) -> None:
         self._slots = None  # type: ignore[assignment]

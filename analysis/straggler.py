@@ -31,7 +31,7 @@ from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace
 
 MIN_INSTANCES = 8
 MIN_DELAY_NS = 20_000  # below this nobody would act on a "straggler"
-RELATIVE_DELAY = 0.02  # ... nor on a delay below 2% of the compute between calls
+RELATIVE_DELAY = 0.03  # ... nor on a delay below 3% of the compute between calls
 
 
 @dataclass(frozen=True)

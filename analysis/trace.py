@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.recfunctions import repack_fields
 
 from rankwatch.analysis.findings import comm_label
 from rankwatch.analysis.progress import Progress
@@ -116,33 +115,74 @@ class Trace:
         return f"communicator {label}"
 
 
-def _calls_from_ring(records: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    lifecycle = records[records["op"] >= Op.COMM_INIT]
-    traced = records[(records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT)]
-    calls = np.zeros(len(traced), CALL_DTYPE)
-    calls["rank"] = rank
-    calls["comm"] = traced["comm_id"]
-    calls["seq"] = traced["seq"]
-    calls["op"] = traced["op"]
-    calls["count"] = traced["count"]
-    calls["dtype"] = traced["dtype"]
-    calls["peer"] = traced["peer"]
-    calls["comm_rank"] = traced["rank"]
-    calls["comm_size"] = traced["nranks"]
-    calls["t_call"] = traced["t_call_ns"]
-    calls["t_return"] = traced["t_return_ns"]
-    calls["gpu_start"] = traced["gpu_start_ns"]
-    calls["gpu_end"] = traced["gpu_end_ns"]
-    calls["group"] = traced["group_id"]
-    return calls, lifecycle
+_FIELDS = (("comm", "comm_id"), ("seq", "seq"), ("op", "op"), ("count", "count"), ("dtype", "dtype"),
+           ("peer", "peer"), ("comm_rank", "rank"), ("comm_size", "nranks"), ("t_call", "t_call_ns"),
+           ("t_return", "t_return_ns"), ("gpu_start", "gpu_start_ns"), ("gpu_end", "gpu_end_ns"),
+           ("group", "group_id"))  # fmt: skip
+BATCH_RECORDS = 1 << 19  # records converted together: per-ring numpy calls would dominate at 16k ranks
+
+
+def _header_of(path: Path) -> tuple[int, int] | str:
+    """(global rank, records the ring can hold) or the reason it cannot be read."""
+    try:
+        with RingReader(path) as reader:
+            header = reader.header()
+    except RingError as error:
+        return str(error)
+    if header.global_rank < 0:
+        return f"{path}: the ring does not say its global rank (RANK was unset); skipped"
+    return header.global_rank, min(header.claimed, header.capacity)
 
 
 def load_rings(paths: Iterable[str | Path]) -> Trace:
-    """Read ring files (one per process); unreadable ones become problems, not failures."""
-    parts, ranks, comms, problems = [], {}, {}, []
-    paths = sorted(map(Path, paths))
-    progress = Progress(len(paths), "reading rings")
-    for path in paths:
+    """Read ring files (one per process); unreadable ones become problems, not failures.
+
+    Rings are read in rank order into one preallocated array, converted in batches, so memory is
+    the calls themselves plus one batch."""
+    ranks: dict[int, RankSource] = {}
+    comms: dict[int, Communicator] = {}
+    problems: list[str] = []
+    chosen: list[tuple[int, Path]] = []
+    first_path: dict[int, Path] = {}
+    upper = 0
+    for path in sorted(map(Path, paths)):
+        found = _header_of(path)
+        if isinstance(found, str):
+            problems.append(found)
+        elif found[0] in first_path:
+            problems.append(f"{path}: rank {found[0]} also comes from {first_path[found[0]]}; kept the first")
+        else:
+            first_path[found[0]] = path
+            chosen.append((found[0], path))
+            upper += found[1]
+    calls = np.empty(upper, CALL_DTYPE)
+    filled = 0
+    batch: list[np.ndarray] = []
+    batch_ranks: list[int] = []
+
+    def flush() -> None:
+        nonlocal filled
+        if not batch:
+            return
+        records = np.concatenate(batch)
+        traced = (records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT)
+        rank_of = np.repeat(np.array(batch_ranks, np.int32), [len(part) for part in batch])
+        _learn_communicators(records[~traced], rank_of[~traced], comms)
+        records, rank_of = records[traced], rank_of[traced]
+        if ((np.diff(records["t_call_ns"]) < 0) & (rank_of[1:] == rank_of[:-1])).any():  # threads interleaved
+            order = np.lexsort((records["t_call_ns"], rank_of))
+            records, rank_of = records[order], rank_of[order]
+        out = calls[filled : filled + len(records)]
+        out["rank"] = rank_of
+        for target, source in _FIELDS:
+            out[target] = records[source]
+        filled += len(records)
+        batch.clear()
+        batch_ranks.clear()
+
+    progress = Progress(len(chosen), "reading rings")
+    pending = 0
+    for rank, path in sorted(chosen):
         progress.advance()
         try:
             with RingReader(path) as reader:
@@ -151,31 +191,45 @@ def load_rings(paths: Iterable[str | Path]) -> Trace:
             problems.append(str(error))
             continue
         header = snapshot.header
-        rank = header.global_rank
-        if rank < 0:
-            problems.append(f"{path}: the ring does not say its global rank (RANK was unset); skipped")
-            continue
-        if rank in ranks:
-            problems.append(f"{path}: rank {rank} also comes from {ranks[rank].path}; kept the first")
-            continue
         ranks[rank] = RankSource(rank, header.hostname, header.pid, str(path))
         if snapshot.torn:
             problems.append(f"{path}: {snapshot.torn} torn or in-flight records skipped")
-        calls, lifecycle = _calls_from_ring(snapshot.records, rank)
-        parts.append(calls)
-        for record in lifecycle[lifecycle["op"] <= Op.COMM_SHRINK]:
-            comm = comms.setdefault(int(record["comm_id"]), Communicator(int(record["comm_id"]), int(record["nranks"])))
-            comm.members[int(record["rank"])] = rank
-            comm.parent = int(record["aux"])
+        batch.append(snapshot.records)
+        _members_from_calls(snapshot.records, rank, comms)
+        batch_ranks.append(rank)
+        pending += len(snapshot.records)
+        if pending >= BATCH_RECORDS:
+            flush()
+            pending = 0
+    flush()
     progress.close()
-    calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
-    calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
-    # Communicators whose creation fell out of a wrapped ring: members from the calls themselves.
-    membership = repack_fields(calls[["comm", "comm_rank", "comm_size", "rank"]])
-    for comm_id, comm_rank, size, rank in np.unique(membership).tolist():
-        comm = comms.setdefault(int(comm_id), Communicator(int(comm_id), int(size)))
-        comm.members.setdefault(int(comm_rank), int(rank))
+    calls = calls[:filled]
     return Trace(calls, ranks, comms, problems)
+
+
+def _learn_communicators(lifecycle: np.ndarray, rank_of: np.ndarray, comms: dict[int, Communicator]) -> None:
+    """Members and parents from the creation records (init, split, shrink) rings still hold."""
+    created = lifecycle["op"] <= Op.COMM_SHRINK
+    for comm_id, comm_rank, size, parent, rank in zip(
+        lifecycle["comm_id"][created].tolist(), lifecycle["rank"][created].tolist(),
+        lifecycle["nranks"][created].tolist(), lifecycle["aux"][created].tolist(), rank_of[created].tolist(),
+        strict=True,
+    ):  # fmt: skip
+        comm = comms.setdefault(comm_id, Communicator(comm_id, size))
+        comm.members[comm_rank] = rank
+        comm.parent = parent
+
+
+def _members_from_calls(records: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
+    """Communicators whose creation fell out of a wrapped ring: a rank's place in each communicator
+    from its calls there (one place per communicator, so its first call tells it)."""
+    rows = np.flatnonzero((records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT))
+    _, first = np.unique(records["comm_id"][rows], return_index=True)
+    for comm_id, comm_rank, size in zip(records["comm_id"][rows[first]].tolist(),
+                                        records["rank"][rows[first]].tolist(),
+                                        records["nranks"][rows[first]].tolist(), strict=True):  # fmt: skip
+        comm = comms.setdefault(comm_id, Communicator(comm_id, size))
+        comm.members.setdefault(comm_rank, rank)
 
 
 def load_path(path: str | Path) -> Trace:

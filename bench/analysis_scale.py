@@ -61,8 +61,9 @@ def main() -> None:
     straggler = args.world_size // 3
     if not any(directory.glob("*.ring")):
         started = time.perf_counter()
-        run = generate(Scenario(args.world_size, tp=args.tp, pp=args.pp, steps=args.steps,
-                                microbatches=args.microbatches, stragglers=((straggler, 0.2),), clock_skew_us=2000))  # fmt: skip
+        scenario = Scenario(args.world_size, tp=args.tp, pp=args.pp, steps=args.steps, microbatches=args.microbatches,
+                            stragglers=((straggler, 0.2),), clock_skew_us=2000)  # fmt: skip
+        run = generate(scenario)
         generated = time.perf_counter()
         write_rings(run.trace, directory, parents=run.parents)
         print(f"generated {len(run.trace.calls):,} calls in {generated - started:.1f} s, "

@@ -22,7 +22,7 @@ def simulate(tmp_path, compute_us: int = 1000, **kwargs) -> dict:
 
 def test_healthy_run_has_no_finding(tmp_path):
     document = simulate(tmp_path, world_size=8, tp=2, pp=2, steps=15)
-    assert document["healthy"] is True and document["findings"] == []
+    assert document["healthy"] is True and document["findings"] == [], document["findings"]
 
 
 def test_straggler_is_named_with_its_node(tmp_path):
