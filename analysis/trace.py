@@ -16,7 +16,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import comm_label
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import Op, RingError, RingReader
+from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, peek_header
 from rankwatch.analysis.topology import Layout
 
 CALL_DTYPE = np.dtype(
@@ -115,23 +115,28 @@ class Trace:
         return f"communicator {label}"
 
 
-_FIELDS = (("comm", "comm_id"), ("seq", "seq"), ("op", "op"), ("count", "count"), ("dtype", "dtype"),
-           ("peer", "peer"), ("comm_rank", "rank"), ("comm_size", "nranks"), ("t_call", "t_call_ns"),
-           ("t_return", "t_return_ns"), ("gpu_start", "gpu_start_ns"), ("gpu_end", "gpu_end_ns"),
-           ("group", "group_id"))  # fmt: skip
-BATCH_RECORDS = 1 << 19  # records converted together: per-ring numpy calls would dominate at 16k ranks
+# The calls' fields where a ring record keeps them: converting a record is one structured copy.
+_RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
+                   "t_return_ns", "gpu_start_ns", "gpu_end_ns", "group_id")  # fmt: skip
+_RECORD_AS_CALL = np.dtype(
+    {
+        "names": list(CALL_DTYPE.names),
+        "formats": [CALL_DTYPE[name] for name in CALL_DTYPE.names],
+        "offsets": [RECORD_DTYPE.fields[source][1] for source in _RECORD_SOURCES],
+        "itemsize": RECORD_DTYPE.itemsize,
+    }
+)
 
 
 def _header_of(path: Path) -> tuple[int, int] | str:
-    """(global rank, records the ring can hold) or the reason it cannot be read."""
+    """(global rank, records the ring holds) or the reason it cannot be read."""
     try:
-        with RingReader(path) as reader:
-            header = reader.header()
+        rank, held = peek_header(path)
     except RingError as error:
         return str(error)
-    if header.global_rank < 0:
+    if rank < 0:
         return f"{path}: the ring does not say its global rank (RANK was unset); skipped"
-    return header.global_rank, min(header.claimed, header.capacity)
+    return rank, held
 
 
 def load_rings(paths: Iterable[str | Path]) -> Trace:
@@ -157,63 +162,46 @@ def load_rings(paths: Iterable[str | Path]) -> Trace:
             upper += found[1]
     calls = np.empty(upper, CALL_DTYPE)
     filled = 0
-    batch: list[np.ndarray] = []
-    batch_ranks: list[int] = []
-
-    def flush() -> None:
-        nonlocal filled
-        if not batch:
-            return
-        records = np.concatenate(batch)
-        traced = (records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT)
-        rank_of = np.repeat(np.array(batch_ranks, np.int32), [len(part) for part in batch])
-        _learn_communicators(records[~traced], rank_of[~traced], comms)
-        records, rank_of = records[traced], rank_of[traced]
-        if ((np.diff(records["t_call_ns"]) < 0) & (rank_of[1:] == rank_of[:-1])).any():  # threads interleaved
-            order = np.lexsort((records["t_call_ns"], rank_of))
-            records, rank_of = records[order], rank_of[order]
-        out = calls[filled : filled + len(records)]
-        out["rank"] = rank_of
-        for target, source in _FIELDS:
-            out[target] = records[source]
-        filled += len(records)
-        batch.clear()
-        batch_ranks.clear()
-
     progress = Progress(len(chosen), "reading rings")
-    pending = 0
     for rank, path in sorted(chosen):
         progress.advance()
         try:
-            with RingReader(path) as reader:
+            with RingReader(path, load=True) as reader:
                 snapshot = reader.read()
         except RingError as error:
             problems.append(str(error))
             continue
-        header = snapshot.header
+        header, records = snapshot.header, snapshot.records
         ranks[rank] = RankSource(rank, header.hostname, header.pid, str(path))
         if snapshot.torn:
             problems.append(f"{path}: {snapshot.torn} torn or in-flight records skipped")
-        batch.append(snapshot.records)
-        _members_from_calls(snapshot.records, rank, comms)
-        batch_ranks.append(rank)
-        pending += len(snapshot.records)
-        if pending >= BATCH_RECORDS:
-            flush()
-            pending = 0
-    flush()
+        op = records["op"]
+        traced = (op > Op.NONE) & (op < Op.COMM_INIT)
+        lifecycle = np.flatnonzero(~traced)
+        if len(lifecycle):
+            _learn_communicators(records[lifecycle], rank, comms)
+            if lifecycle[-1] == len(lifecycle) - 1:  # creations first, as usual: a slice, no copy
+                records = records[len(lifecycle) :]
+            else:
+                records = records.view(RAW_RECORD)[traced].view(RECORD_DTYPE)
+        _members_from_calls(records, rank, comms)
+        if len(records) > 1 and (np.diff(records["t_call_ns"]) < 0).any():  # threads interleaved
+            records = records[np.argsort(records["t_call_ns"], kind="stable")]
+        out = calls[filled : filled + len(records)]
+        out[:] = records.view(_RECORD_AS_CALL)
+        out["rank"] = rank  # the header's word, as for the communicators
+        filled += len(records)
     progress.close()
     calls = calls[:filled]
     return Trace(calls, ranks, comms, problems)
 
 
-def _learn_communicators(lifecycle: np.ndarray, rank_of: np.ndarray, comms: dict[int, Communicator]) -> None:
+def _learn_communicators(lifecycle: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
     """Members and parents from the creation records (init, split, shrink) rings still hold."""
     created = lifecycle["op"] <= Op.COMM_SHRINK
-    for comm_id, comm_rank, size, parent, rank in zip(
+    for comm_id, comm_rank, size, parent in zip(
         lifecycle["comm_id"][created].tolist(), lifecycle["rank"][created].tolist(),
-        lifecycle["nranks"][created].tolist(), lifecycle["aux"][created].tolist(), rank_of[created].tolist(),
-        strict=True,
+        lifecycle["nranks"][created].tolist(), lifecycle["aux"][created].tolist(), strict=True,
     ):  # fmt: skip
         comm = comms.setdefault(comm_id, Communicator(comm_id, size))
         comm.members[comm_rank] = rank
@@ -223,13 +211,14 @@ def _learn_communicators(lifecycle: np.ndarray, rank_of: np.ndarray, comms: dict
 def _members_from_calls(records: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
     """Communicators whose creation fell out of a wrapped ring: a rank's place in each communicator
     from its calls there (one place per communicator, so its first call tells it)."""
-    rows = np.flatnonzero((records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT))
-    _, first = np.unique(records["comm_id"][rows], return_index=True)
-    for comm_id, comm_rank, size in zip(records["comm_id"][rows[first]].tolist(),
-                                        records["rank"][rows[first]].tolist(),
-                                        records["nranks"][rows[first]].tolist(), strict=True):  # fmt: skip
-        comm = comms.setdefault(comm_id, Communicator(comm_id, size))
-        comm.members.setdefault(comm_rank, rank)
+    ids = records["comm_id"]
+    for comm_id in np.unique(ids).tolist():
+        comm = comms.get(comm_id)
+        if comm is not None and rank in comm.members.values():
+            continue  # its creation record said it
+        first = records[int(np.argmax(ids == comm_id))]
+        comm = comms.setdefault(comm_id, Communicator(comm_id, int(first["nranks"])))
+        comm.members.setdefault(int(first["rank"]), rank)
 
 
 def load_path(path: str | Path) -> Trace:
