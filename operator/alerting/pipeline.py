@@ -392,14 +392,13 @@ class AlertPipeline:
 
     async def _deliver(self, name: str, message: Message, alerts: tuple[Alert, ...]) -> bool:
         level = message.level.value
-        now = self._clock()
-        paused = self._paused.get(name)
-        if paused is not None and paused[0] > now:
-            for alert in alerts:
-                self.metrics.failed.labels(alert.level.value, name, "paused").inc()
-            log.debug("receiver %s paused until its config is fixed: %s", name, paused[1])
-            return False
         async with self._limits[name]:
+            paused = self._paused.get(name)  # checked after the wait: a request before us may have paused it
+            if paused is not None and paused[0] > self._clock():
+                for alert in alerts:
+                    self.metrics.failed.labels(alert.level.value, name, "paused").inc()
+                log.debug("receiver %s paused until its config is fixed: %s", name, paused[1])
+                return False
             try:
                 await deliver(self.receivers[name], message, self._require_session(), self.config.delivery)
             except DeliveryError as error:
