@@ -194,7 +194,8 @@ class AlertPipeline:
         for key in group_keys(self.config.route, alert):
             group = self._groups.get(key.key)
             if group is None:
-                group = self._groups[key.key] = _Group(key, next_flush=max(now, alert.starts_at) + key.route.group_wait)
+                # From when we first saw it, not its startsAt: a sender's clock may be ahead of ours.
+                group = self._groups[key.key] = _Group(key, next_flush=now + key.route.group_wait)
                 if (key.key, key.receiver) in self._nlog:
                     group.next_flush = now  # known group after a restart: compare with the log at once
             group.alerts[fp] = alert
