@@ -96,10 +96,17 @@ class AlertPipeline:
             raise RuntimeError("AlertPipeline: call start() first")
         return self._store
 
-    async def start(self) -> None:
-        """Open the store, rebuild groups from the alerts it holds, start evaluating."""
+    async def start(self, evaluate: bool = True) -> None:
+        """Open the store, rebuild groups from the alerts it holds, start evaluating.
+
+        ``evaluate=False`` only opens the store and an HTTP session: on-demand reports and tests
+        (the CLI beside a running operator) without notifying anything of the operator's alerts.
+        """
         if self._store is None:
             self._store = AlertStore(self.config.store.path)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.delivery.timeout))
+        if not evaluate:
+            return
         now = self._clock()
         self._nlog = self.store.load_notify_log()
         self._silences = self._config_silences() + self.store.load_silences(now)
@@ -111,7 +118,6 @@ class AlertPipeline:
             del self._nlog[key]
         self.store.forget_groups(stale)
         self.store.prune(now - self.config.store.retention)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.delivery.timeout))
         self._loop_task = asyncio.create_task(self._run(), name="rankwatch-alerting")
         log.info(
             "alerting started: %d receivers, %d active alerts restored, store %s",

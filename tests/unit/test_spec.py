@@ -70,5 +70,5 @@ def test_every_level_field_is_in_the_crd_and_every_finding_kind_has_a_level():
 def test_from_manifest_reads_alerting_levels_and_refuses_unknown_kinds():
     spec = TrainingJobSpec.from_manifest({"template": {}, "alerting": {"route": "llm", "levels": {"straggler": "P0"}}})
     assert spec.alerting == Alerting(route="llm", levels=AlertLevels(straggler="P0"))
-    with pytest.raises(InvalidSpec, match="spec.alerting.*stall"):
+    with pytest.raises(InvalidSpec, match=r"spec\.alerting.*stall"):
         TrainingJobSpec.from_manifest({"template": {}, "alerting": {"levels": {"stall": "P0"}}})
