@@ -62,6 +62,8 @@ class FakeFeishu:
         self.uncallable: set[str] = set()
         """Users the urgent call reports in ``invalid_user_id_list``."""
         self.received: list[Received] = []
+        self.accepted = 0
+        """Bot messages accepted (cheap to poll, unlike ``cards()``)."""
         self.calls: list[tuple[str, str]] = []
         """(message id, user id) for every urgent phone call made."""
         self.messages: dict[str, dict[str, Any]] = {}
@@ -184,6 +186,7 @@ class FakeFeishu:
             if not isinstance(card, dict) or not isinstance(card.get("elements"), list):
                 return web.json_response({"code": 11246, "data": {}, "msg": "card content is invalid"})
         body["_accepted"] = True
+        self.accepted += 1
         return web.json_response(OK)
 
     async def _token(self, request: web.Request) -> web.Response:

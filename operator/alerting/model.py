@@ -13,6 +13,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 
@@ -64,7 +65,7 @@ class Alert:
     source: str = "rankwatch"
     """Where it came from, ``rankwatch`` (a job finding) or ``alertmanager``; a bounded metrics label."""
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
         return fingerprint(self.labels)
 

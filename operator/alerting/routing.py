@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from rankwatch.operator.alerting.config import ALL_LABELS, RouteConfig
 from rankwatch.operator.alerting.matchers import matches_all
@@ -23,7 +24,7 @@ class GroupKey:
     labels: tuple[tuple[str, str], ...]
     """The group_by labels and their values, sorted."""
 
-    @property
+    @cached_property
     def key(self) -> str:
         """Stable across restarts and config reloads that keep the route where it is."""
         digest = hashlib.sha256(json.dumps([self.route.path, self.labels]).encode()).hexdigest()[:16]
