@@ -342,18 +342,21 @@ class AlertPipeline:
         now = self._clock()
         records, retired = [], []
         for notification in notifications:
+            group = self._groups.get(notification.group_key)
+            if group is None:
+                continue  # every alert of it was retired meanwhile (a storm summary can be that late)
             record = NotifyRecord(
                 notification.group_key,
                 notification.receiver,
-                frozenset(a.fingerprint for a in notification.firing),
+                # Only what the group still holds: a fingerprint logged for an alert retired meanwhile
+                # would make the same alert firing again look already told.
+                frozenset(a.fingerprint for a in notification.firing if a.fingerprint in group.alerts),
                 frozenset(a.fingerprint for a in notification.resolved),
                 now,
             )
             self._nlog[(record.group_key, record.receiver)] = record
             records.append(record)
-            group = self._groups.get(notification.group_key)
-            if group is not None:
-                retired += self._drop(group, [a for a in notification.resolved if group.alerts.get(a.fingerprint) == a])
+            retired += self._drop(group, [a for a in notification.resolved if group.alerts.get(a.fingerprint) == a])
         self.store.record_notified(records, retired)
         self._forget_empty_groups(notification.group_key for notification in notifications)
 

@@ -113,6 +113,7 @@ async def test_silences_mute_until_they_expire(feishu, pipelines):
     await wait_for(lambda: len(feishu.cards()) == 2, what="the alert once the silence expired")
     assert titles(feishu)[1] == "[P1] TrainingJobStraggler · ml/llama-70b"
     assert pipeline.silences() == []
+    assert metric(pipelines.registry, "rankwatch_alerts_suppressed_total", level="P1", reason="silenced") == 1
 
 
 async def test_a_silence_from_the_config_applies_and_a_runtime_one_can_be_expired(feishu, pipelines):
