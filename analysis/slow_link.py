@@ -2,21 +2,25 @@
 
 The n-th Send a->b is matched with the n-th Recv b<-a of the same communicator (the ring's per-peer
 sequence numbers). A transfer's own time is from the moment both sides had arrived until the first
-side was released: ``min(returns) - max(calls)``, which excludes either side's lateness (that is a
-straggler, not a link). Pairs are compared with each other by their median transfer time; a pair far
-above the rest (median/MAD score and an absolute floor) is reported with both endpoints.
+side was released, ``min(returns) - max(calls)`` on host clocks aligned across nodes (clocks.py);
+it excludes either side's lateness (that is a straggler, not a link), and a grouped partner's other
+transfers (which hold back only that side's return). Pairs are
+compared with each other by their median transfer time; a pair far above the rest (median/MAD score
+and an absolute floor) is reported with both endpoints.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rankwatch.analysis.clocks import aligned, node_offsets
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import grouped_median
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
 
 MIN_TRANSFERS = 5
+MAX_CLOCK_ERROR_NS = 100_000  # what node clock alignment leaves
 
 
 def _keys(comm: np.ndarray, sender: np.ndarray, receiver: np.ndarray, seq: np.ndarray) -> np.ndarray:
@@ -42,22 +46,31 @@ def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np
 
 def detect_slow_links(trace: Trace, min_score: float = 6.0, min_excess_ns: float = 200_000) -> list[Finding]:
     calls = trace.calls
-    done = calls["t_return"] > 0
-    sends = np.flatnonzero(done & (calls["op"] == Op.SEND))
-    recvs = np.flatnonzero(done & (calls["op"] == Op.RECV))
+    p2p = np.flatnonzero((calls["t_return"] > 0) & ((calls["op"] == Op.SEND) | (calls["op"] == Op.RECV)))
+    if not len(p2p):
+        return []
+    columns = {name: calls[name][p2p] for name in ("op", "comm", "comm_rank", "peer", "seq", "rank")}
+    shift = aligned(trace, node_offsets(trace), columns["rank"])
+    t_call, t_return = calls["t_call"][p2p] - shift, calls["t_return"][p2p] - shift
+    send = columns["op"] == Op.SEND
+    sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
     if not len(sends) or not len(recvs):
         return []
+    comm, me, peer, seq = columns["comm"], columns["comm_rank"], columns["peer"], columns["seq"]
     # the n-th Send i->j of a communicator meets the n-th Recv j<-i: no global rank needed to match
-    send_keys = _keys(calls["comm"][sends], calls["comm_rank"][sends], calls["peer"][sends], calls["seq"][sends])
-    recv_keys = _keys(calls["comm"][recvs], calls["peer"][recvs], calls["comm_rank"][recvs], calls["seq"][recvs])
+    send_keys = _keys(comm[sends], me[sends], peer[sends], seq[sends])
+    recv_keys = _keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
     s_index, r_index = _match(send_keys, recv_keys)
     if not len(s_index):
         return []
     s, r = sends[s_index], recvs[r_index]
-    transfer = np.minimum(calls["t_return"][s], calls["t_return"][r]) - np.maximum(
-        calls["t_call"][s], calls["t_call"][r]
-    )
-    pair_key = calls["rank"][s].astype(np.int64) << 32 | calls["rank"][r].astype(np.int64)
+    transfer = np.minimum(t_return[s], t_return[r]) - np.maximum(t_call[s], t_call[r])
+    # Both sides inside the call at once, or the match is wrong (dumps that start at different points
+    # number their sends and receives from different origins): such a pair tells nothing.
+    overlapping = transfer > -MAX_CLOCK_ERROR_NS
+    s, r, transfer = s[overlapping], r[overlapping], transfer[overlapping]
+    rank = columns["rank"]
+    pair_key = rank[s].astype(np.int64) << 32 | rank[r].astype(np.int64)
     unique_keys, pair_index = np.unique(pair_key, return_inverse=True)
     unique_pairs = np.stack([unique_keys >> 32, unique_keys & 0xFFFFFFFF], axis=1)
     pair_index = pair_index.reshape(-1)
@@ -75,7 +88,7 @@ def detect_slow_links(trace: Trace, min_score: float = 6.0, min_excess_ns: float
         if excess < min_excess_ns or excess / spread < min_score:
             continue
         sender, receiver = (int(x) for x in unique_pairs[position])
-        comm_id = int(calls["comm"][s[np.argmax(pair_index == position)]])
+        comm_id = int(comm[s[np.argmax(pair_index == position)]])
         link = frozenset((sender, receiver))
         finding = Finding(
             kind="slow_link",

@@ -27,7 +27,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import Instances, group_instances, grouped_median
-from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace
+from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace, durations
 
 MIN_INSTANCES = 8
 MIN_DELAY_NS = 20_000  # below this nobody would act on a "straggler"
@@ -45,10 +45,9 @@ class _Candidate:
 
 
 def _waits(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    calls = trace.calls
-    gpu = (calls["gpu_start"][rows] > 0) & (calls["gpu_end"][rows] > 0)
-    host = (calls["t_return"][rows] - calls["t_call"][rows]).astype(np.float64)
-    return np.where(gpu, (calls["gpu_end"][rows] - calls["gpu_start"][rows]).astype(np.float64), host)
+    """Per row, the time inside the call (computed in trace order, then gathered once: gathers from
+    the wide call records are what costs at 16k ranks)."""
+    return durations(trace.calls)[rows].astype(np.float64)
 
 
 def _sign_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
@@ -258,10 +257,11 @@ def _root_causes(
     def partners(rank: int) -> set[int]:
         """The ranks this one sends to or receives from."""
         if rank not in partners_of:
-            own = trace.calls[trace.rows_of(rank)]
-            own = own[np.isin(own["op"], P2P_OPS)]
+            rows = trace.rows_of(rank)
+            p2p = np.flatnonzero(np.isin(trace.calls["op"][rows], P2P_OPS)) + rows.start
             found = set()
-            for comm_id, peer in set(zip(own["comm"].tolist(), own["peer"].tolist(), strict=True)):
+            for comm_id, peer in set(zip(trace.calls["comm"][p2p].tolist(), trace.calls["peer"][p2p].tolist(),
+                                         strict=True)):  # fmt: skip
                 comm = trace.comms.get(comm_id)
                 if comm and peer in comm.members:
                     found.add(comm.members[peer])

@@ -128,6 +128,14 @@ _RECORD_AS_CALL = np.dtype(
 )
 
 
+def durations(calls: np.ndarray) -> np.ndarray:
+    """Time inside each call, ns: on the GPU when timed (a real NCCL call returns to the host at once),
+    else return minus call time. Clock-skew free: both ends are one rank's clock."""
+    gpu_start, gpu_end = calls["gpu_start"], calls["gpu_end"]
+    host = calls["t_return"] - calls["t_call"]
+    return np.where((gpu_start > 0) & (gpu_end > 0), gpu_end - gpu_start, host)
+
+
 def _header_of(path: Path) -> tuple[int, int] | str:
     """(global rank, records the ring holds) or the reason it cannot be read."""
     try:

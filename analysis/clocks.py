@@ -1,0 +1,46 @@
+"""Per-node host clock offsets, from the moments collectives release their members.
+
+Every member of a collective leaves it at the same instant, so on an instance the members' return
+times differ only by their nodes' clock offsets (plus a few microseconds). The largest communicator
+(the world, usually) spans the most nodes: each node's offset is the median, over its ranks and that
+communicator's completed instances, of its return time minus the instance's median return time.
+Needed wherever host times of two nodes are compared (a send on one, its receive on another).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+
+
+def node_offsets(trace: Trace) -> dict[str, float]:
+    """node -> ns to subtract from its host times; nodes the estimate cannot reach get 0."""
+    if not trace.comms or not trace.has_returns:
+        return {}
+    largest = max(trace.comms.values(), key=lambda comm: comm.size)
+    calls = trace.calls
+    rows = np.flatnonzero((calls["comm"] == largest.id) & (calls["t_return"] > 0))
+    rows = rows[np.isin(calls["op"][rows], COLLECTIVE_OPS)]
+    if not len(rows):
+        return {}
+    seq, returned, rank = calls["seq"][rows], calls["t_return"][rows].astype(np.float64), calls["rank"][rows]
+    instances, index, sizes = np.unique(seq, return_inverse=True, return_counts=True)
+    complete = (sizes == largest.size)[index]
+    if not complete.any():
+        return {}
+    seq_order = np.lexsort((returned, index))
+    bounds = np.searchsorted(index[seq_order], np.arange(len(instances) + 1))
+    middle = returned[seq_order][(bounds[:-1] + bounds[1:] - 1) // 2]
+    late = (returned - middle[index])[complete]
+    nodes = np.array([trace.node_of(int(r)) for r in rank[complete]])
+    return {str(node): float(np.median(late[nodes == node])) for node in np.unique(nodes)}
+
+
+def aligned(trace: Trace, offsets: dict[str, float], ranks: np.ndarray) -> np.ndarray:
+    """ns to subtract from the host times of ``ranks`` (one value per element)."""
+    if not offsets:
+        return np.zeros(len(ranks))
+    distinct, index = np.unique(ranks, return_inverse=True)
+    per_rank = np.array([offsets.get(trace.node_of(int(r)), 0.0) for r in distinct])
+    return per_rank[index.reshape(-1)]
