@@ -132,6 +132,7 @@ class RingHeader:
     gpu_timing: bool
     lost_updates: int
     gpu_skipped: int
+    start_monotonic_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,27 @@ class RingReader:
             gpu_timing=bool(int(h["flags"]) & 1),
             lost_updates=int(h["lost_updates"]),
             gpu_skipped=int(h["gpu_skipped"]),
+            start_monotonic_ns=int(h["start_monotonic_ns"]),
         )
+
+    @property
+    def claimed(self) -> int:
+        """Records ever claimed by the writer (the header's ``next``), read without building a header."""
+        return int(self._header["next"][0])
+
+    def header_bytes(self) -> bytes:
+        """A copy of the whole 4096-byte header, as the writer left it."""
+        return bytes(self._map[:HEADER_SIZE])
+
+    def records_at(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the slots of claims ``indices`` (uint64) and a mask of those that hold exactly that
+        claim, complete, before and after the copy (the rest are being written, overwritten or torn)."""
+        slots_of = (indices % np.uint64(self.capacity)).astype(np.int64)
+        slots = self._slots[slots_of]  # fancy indexing: one copy of just these slots
+        # A record copied while being rewritten is caught by re-reading its stamp after the copy.
+        stamps_after = self._slots["stamp"][slots_of]
+        expected = indices * np.uint64(2) + np.uint64(2)
+        return slots, (slots["stamp"] == expected) & (stamps_after == expected)
 
     def read(self, since: int = 0) -> RingSnapshot:
         """Valid records with claim index >= ``since``, oldest first (vectorised, one copy)."""
@@ -209,12 +230,7 @@ class RingReader:
         if first >= claimed:
             empty = np.empty(0, RECORD_DTYPE)
             return RingSnapshot(header, empty, first, 0, max(0, claimed - self.capacity - since))
-        indices = np.arange(first, claimed, dtype=np.uint64)
-        slots = self._slots[(indices % np.uint64(self.capacity)).astype(np.int64)].copy()
-        # A record copied while being rewritten is caught by re-reading its stamp after the copy.
-        stamps_after = self._slots["stamp"][(indices % np.uint64(self.capacity)).astype(np.int64)]
-        expected = indices * np.uint64(2) + np.uint64(2)
-        valid = (slots["stamp"] == expected) & (stamps_after == expected)
+        slots, valid = self.records_at(np.arange(first, claimed, dtype=np.uint64))
         overwritten = max(0, claimed - self.capacity - since) if since < claimed - self.capacity else 0
         return RingSnapshot(header, slots[valid], first, int((~valid).sum()), overwritten)
 
