@@ -31,6 +31,7 @@ class SidecarConfig:
     port: int
     poll_s: float
     queue_size: int
+    post_timeout_s: float
     shutdown_grace_s: float
 
 
@@ -51,6 +52,7 @@ SETTINGS: dict[str, tuple[str, str | None, type, object]] = {
     "port": ("--port", "RANKWATCH_METRICS_PORT", int, 9400),
     "poll_s": ("--poll-seconds", None, float, 0.5),
     "queue_size": ("--queue-size", None, int, 120),
+    "post_timeout_s": ("--post-timeout-seconds", None, float, 10.0),
     "shutdown_grace_s": ("--shutdown-grace-seconds", None, float, 5.0),
 }
 

@@ -48,7 +48,14 @@ class Sidecar:
         self.windows = WindowBuilder(self.identity, time.time_ns())
         self.watch = StallWatch(self.identity, config.trace_dir, config.sensitivity_s)
         self.shipper = (
-            Shipper(config.collector_url, config.namespace, config.job, self.token, queue_size=config.queue_size)
+            Shipper(
+                config.collector_url,
+                config.namespace,
+                config.job,
+                self.token,
+                queue_size=config.queue_size,
+                timeout=config.post_timeout_s,
+            )
             if config.collector_url
             else None
         )
