@@ -31,6 +31,7 @@ SUMMARIES_PATH = "/v1/jobs/{namespace}/{name}/summaries"
 STALLS_PATH = "/v1/jobs/{namespace}/{name}/stalls"
 CONTENT_TYPE = "application/json"
 CONTENT_ENCODING = "gzip"
+GZIP_MAGIC = b"\x1f\x8b"
 MAX_BODY_BYTES = 1 << 20
 """Largest request body a collector accepts (compressed, as sent)."""
 MAX_DECODED_BYTES = 16 << 20
@@ -190,15 +191,21 @@ def encode(message: Message) -> bytes:
     return gzip.compress(json.dumps(asdict(message), separators=(",", ":")).encode(), compresslevel=5)
 
 
-def decode_body(body: bytes, content_encoding: str | None) -> bytes:
-    """The JSON bytes of a request body, refusing oversized ones (before and after decompression)."""
-    if len(body) > MAX_BODY_BYTES:
-        raise ProtocolError(f"body of {len(body)} bytes is over the limit of {MAX_BODY_BYTES}")
+def decode_body(body: bytes, content_encoding: str | None = None) -> bytes:
+    """The JSON bytes of a request body, refusing oversized ones (before and after decompression).
+
+    Servers such as aiohttp decompress gzip request bodies themselves (their ``client_max_size`` then
+    bounds the decompressed size: set it to MAX_DECODED_BYTES), so a body is recognised as gzip by
+    its magic bytes, not by the header alone."""
     encoding = (content_encoding or "identity").strip().lower()
-    if encoding == "identity":
-        return body
-    if encoding != CONTENT_ENCODING:
+    if encoding not in ("identity", CONTENT_ENCODING):
         raise ProtocolError(f"Content-Encoding {content_encoding!r}: send gzip or identity")
+    if body[:2] != GZIP_MAGIC:
+        if len(body) > MAX_DECODED_BYTES:
+            raise ProtocolError(f"body of {len(body)} bytes is over the limit of {MAX_DECODED_BYTES}")
+        return body
+    if len(body) > MAX_BODY_BYTES:
+        raise ProtocolError(f"compressed body of {len(body)} bytes is over the limit of {MAX_BODY_BYTES}")
     decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
     try:
         data = decompressor.decompress(body, MAX_DECODED_BYTES + 1)

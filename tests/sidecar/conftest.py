@@ -82,7 +82,7 @@ class Collector:
         return web.Response(status=status)
 
     async def start(self, port: int = 0) -> None:
-        app = web.Application(client_max_size=protocol.MAX_BODY_BYTES)
+        app = web.Application(client_max_size=protocol.MAX_DECODED_BYTES)
         app.router.add_post("/v1/jobs/{namespace}/{name}/{kind:summaries|stalls}", self._handle)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
