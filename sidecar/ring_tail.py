@@ -119,6 +119,7 @@ class RingTail:
         self.last_call_ns: int | None = None
         self._claimed_before = self.header.claimed
         self.grew = False  # the writer claimed records since the previous poll
+        self.claimed_when_gone: int | None = None  # records claimed when /proc first showed no writer
         self.polls = 0
         self.records_read = 0
         self.torn = 0
@@ -268,9 +269,13 @@ class RingSet:
                 del self.tails[name]
                 continue
             alive = self.probe.alive(tail.header)
-            if not alive and tail.grew:
-                self.probe.saw_growth_without_process(tail.path)
-                alive = True
+            if not alive:
+                # growth after a poll that found the process gone proves the writers are out of sight
+                if tail.claimed_when_gone is not None and tail.header.claimed > tail.claimed_when_gone:
+                    self.probe.saw_growth_without_process(tail.path)
+                    alive = True
+                else:
+                    tail.claimed_when_gone = tail.reader.claimed  # read after /proc said gone
             # a dead writer's ring ends at its second poll: the first read everything it holds
             ended = self._superseded(tail) or (not alive and not tail.grew and tail.polls > 1)
             polled.append(PolledRing(tail, batch, alive, ended))

@@ -10,6 +10,7 @@ import mmap
 import shutil
 import socket
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, Op, State
+from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, Op, State, read_ring
 from rankwatch.sidecar import protocol
 from rankwatch.sidecar.config import load
 from rankwatch.sidecar.main import Sidecar
@@ -47,6 +48,12 @@ def trace_dir(healthy_run: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def token() -> str:
+    """The job token the collector (and the sidecar's endpoints) accept."""
+    return TOKEN
+
+
+@pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "token"
     path.write_text(TOKEN + "\n")
@@ -61,15 +68,15 @@ class Collector:
         self.stalls: list[tuple[float, protocol.StallReport]] = []  # (time received, report)
         self.answers: list[int] = []
         self.script: list[int] = []  # statuses to answer first, one per request (then 204)
-        self.delay = 0.0
+        self.delays: list[float] = []  # seconds to wait before answering, one per request (then none)
         self.url = ""
         self.port = 0
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         status = self.script.pop(0) if self.script else 204
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        if self.delays:
+            await asyncio.sleep(self.delays.pop(0))
         if status == 204 and protocol.token_of(request.headers.get("Authorization")) != TOKEN:
             status = 401
         if status == 204:
@@ -216,3 +223,36 @@ def dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+@pytest.fixture
+def ring_calls() -> Callable[[Path], dict[tuple[int, str, str], int]]:
+    """(rank, communicator, op) -> calls, counted from the ring files of a directory."""
+
+    def count(directory: Path) -> dict[tuple[int, str, str], int]:
+        counts: Counter = Counter()
+        for path in directory.glob("*.ring"):
+            snapshot = read_ring(path)
+            records = snapshot.records
+            calls = records[(records["op"] >= Op.ALLREDUCE) & (records["op"] <= Op.RECV)]
+            for comm, op in zip(calls["comm_id"].tolist(), calls["op"].tolist(), strict=True):
+                counts[(snapshot.header.global_rank, f"{comm:016x}", protocol.OP_NAMES[op])] += 1
+        return dict(counts)
+
+    return count
+
+
+@pytest.fixture
+def summarised_calls() -> Callable[[list[protocol.WindowSummary]], dict[tuple[int, str, str], int]]:
+    """(rank, communicator, op) -> calls, summed over summaries (each window once, however often delivered)."""
+
+    def count(summaries: list[protocol.WindowSummary]) -> dict[tuple[int, str, str], int]:
+        counts: Counter = Counter()
+        for summary in {s.window: s for s in summaries}.values():
+            for rank in summary.ranks:
+                for comm in rank.comms:
+                    for op, n in comm.calls.items():
+                        counts[(rank.global_rank, comm.comm_id, op)] += n
+        return dict(counts)
+
+    return count

@@ -4,38 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
 from rankwatch.analysis.ring import Op, read_ring
-from rankwatch.sidecar.protocol import OP_NAMES
 from rankwatch.simulate import Simulation, run
 
 
-def ring_calls(directory: Path) -> dict[tuple[int, str, str], int]:
-    """(rank, communicator, op) -> calls, from the rings themselves."""
-    counts: Counter = Counter()
-    for path in directory.glob("*.ring"):
-        snapshot = read_ring(path)
-        calls = snapshot.records[(snapshot.records["op"] >= Op.ALLREDUCE) & (snapshot.records["op"] <= Op.RECV)]
-        for comm, op in zip(calls["comm_id"].tolist(), calls["op"].tolist(), strict=True):
-            counts[(snapshot.header.global_rank, f"{comm:016x}", OP_NAMES[op])] += 1
-    return dict(counts)
-
-
-def summarised_calls(summaries) -> dict[tuple[int, str, str], int]:
-    counts: Counter = Counter()
-    for summary in summaries:
-        for rank in summary.ranks:
-            for comm in rank.comms:
-                for op, n in comm.calls.items():
-                    counts[(rank.global_rank, comm.comm_id, op)] += n
-    return dict(counts)
-
-
-async def test_summaries_of_a_live_run_carry_the_rings_numbers(tmp_path, collector, make_sidecar):
+async def test_summaries_of_a_live_run_carry_the_rings_numbers(
+    tmp_path, collector, make_sidecar, ring_calls, summarised_calls
+):
     traces = tmp_path / "traces"
     traces.mkdir()
     sidecar = await make_sidecar(traces, collector.url, window_s=0.3, poll_s=0.1)
