@@ -88,6 +88,14 @@ RECORD_DTYPE = np.dtype(
     ]
 )
 assert RECORD_DTYPE.itemsize == RECORD_SIZE
+RECORD_ROW = np.dtype((np.void, RECORD_SIZE))  # one record as opaque bytes: copied whole, not field by field
+
+
+def take(records: np.ndarray, selector: np.ndarray) -> np.ndarray:
+    """``records[selector]`` (a mask or indices), copied as whole 128-byte rows: numpy copies structured
+    records field by field, 10-20x slower, which matters when a sidecar reads millions a second."""
+    return records.view(RECORD_ROW)[selector].view(RECORD_DTYPE)
+
 
 HEADER_DTYPE = np.dtype(
     [
@@ -216,7 +224,7 @@ class RingReader:
         """Copies of the slots of claims ``indices`` (uint64) and a mask of those that hold exactly that
         claim, complete, before and after the copy (the rest are being written, overwritten or torn)."""
         slots_of = (indices % np.uint64(self.capacity)).astype(np.int64)
-        slots = self._slots[slots_of]  # fancy indexing: one copy of just these slots
+        slots = take(self._slots, slots_of)  # one copy of just these slots
         # A record copied while being rewritten is caught by re-reading its stamp after the copy.
         stamps_after = self._slots["stamp"][slots_of]
         expected = indices * np.uint64(2) + np.uint64(2)
@@ -232,7 +240,7 @@ class RingReader:
             return RingSnapshot(header, empty, first, 0, max(0, claimed - self.capacity - since))
         slots, valid = self.records_at(np.arange(first, claimed, dtype=np.uint64))
         overwritten = max(0, claimed - self.capacity - since) if since < claimed - self.capacity else 0
-        return RingSnapshot(header, slots[valid], first, int((~valid).sum()), overwritten)
+        return RingSnapshot(header, take(slots, valid), first, int((~valid).sum()), overwritten)
 
     def close(self) -> None:
         self._slots = None  # type: ignore[assignment]

@@ -76,9 +76,9 @@ class Sidecar:
             progress = self.progress.get(name)
             if progress is None or progress.tail is not ring.tail:
                 progress = self.progress[name] = RankProgress(ring.tail)
-            progress.update(ring.batch)
-            self.windows.add(ring, progress)
-            self.metrics.observe(ring)
+            entered, finished = progress.update(ring.batch)
+            self.windows.add(ring, progress, entered, finished)
+            self.metrics.observe(ring, entered, finished)
             if ring.ended:
                 del self.progress[name]
                 self.alive.pop(name, None)

@@ -14,7 +14,8 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rankwatch.analysis.ring import Op, State
+from rankwatch.analysis.ring import Op
+from rankwatch.sidecar.progress import Entered, Finished
 from rankwatch.sidecar.protocol import OP_NAMES
 from rankwatch.sidecar.ring_tail import PolledRing
 
@@ -69,19 +70,19 @@ class SidecarMetrics(Collector):
             return "other"
         return label
 
-    def observe(self, ring: PolledRing) -> None:
+    def observe(self, ring: PolledRing, entered: Entered, finished: Finished) -> None:
         counters = self._ranks.setdefault(self._label(ring.tail.header.global_rank), RankCounters())
-        entered, finished = ring.batch.entered, ring.batch.finished
-        counters.records += len(entered)
+        counters.records += len(ring.batch.entered)
         counters.torn += ring.batch.torn
         counters.overwritten += ring.batch.overwritten
-        calls = entered["op"][(entered["op"] > 0) & (entered["op"] < OPS)]
-        counters.calls += np.bincount(calls, minlength=OPS)[:OPS]
-        done = finished[(finished["op"] > 0) & (finished["op"] < OPS) & (finished["state"] != State.FAILED)]
-        if len(done):
-            seconds = (done["t_return_ns"] - done["t_call_ns"]).astype(np.float64) / 1e9
-            np.add.at(counters.wait_buckets, (done["op"], np.searchsorted(WAIT_BUCKETS, seconds, side="left")), 1)
-            np.add.at(counters.wait_sum, done["op"], seconds)
+        counters.calls += np.bincount(entered.op, minlength=OPS)[:OPS]
+        returned = finished.wait >= 0
+        if returned.any():
+            ops, seconds = finished.op[returned], finished.wait[returned] / 1e9
+            buckets = np.searchsorted(WAIT_BUCKETS, seconds, side="left")
+            width = len(WAIT_BUCKETS) + 1
+            counters.wait_buckets += np.bincount(ops * width + buckets, minlength=OPS * width).reshape(OPS, width)
+            counters.wait_sum += np.bincount(ops, weights=seconds, minlength=OPS)
 
     def collect(self) -> Iterable[Metric]:
         calls = CounterMetricFamily("rankwatch_collective_calls", "NCCL calls entered", labels=["rank", "op"])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rankwatch.analysis.ring import HEADER_DTYPE, RECORD_DTYPE, Flag, RingError, RingHeader, RingReader, State
+from rankwatch.analysis.ring import HEADER_DTYPE, RECORD_DTYPE, Flag, RingError, RingHeader, RingReader, State, take
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +171,16 @@ class RingTail:
         torn = int((~valid & ~retry_now).sum())
 
         done = valid & finished(records)
-        entered = records[valid & first_seen]
+        seen_before = len(retry) + len(pending)
+        if not len(retry) and valid[seen_before:].all():
+            entered = records[seen_before:]  # the usual case: a view, no copy
+        else:
+            entered = take(records, valid & first_seen)
         unfinished = valid & ~done
-        self.pending = records[unfinished]
+        self.pending = take(records, unfinished)
         self._pending_claims = claims[unfinished]
         self._retry = claims[retry_now]
-        finished_now = records[done]
+        finished_now = records if done.all() else take(records, done)
 
         if len(entered):
             self.last_call_ns = max(self.last_call_ns or 0, int(entered["t_call_ns"].max()))

@@ -4,6 +4,7 @@ a restarted process's new ring kept apart from its old one."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -36,7 +37,9 @@ def test_a_live_ring_is_tailed_incrementally_and_calls_are_seen_to_finish(tmp_pa
     batch = tail.poll()
     progress.update(batch)
     assert batch.entered["seq"].tolist() == [1, 2] and batch.finished["seq"].tolist() == [1]
-    assert progress.comms[0xC0FFEE].last_entered == 2 and progress.comms[0xC0FFEE].last_completed == 1
+    [comm] = progress.position(time.time_ns(), True, None).comms
+    assert (comm.comm_id, comm.last_entered, comm.last_completed) == ("0000000000c0ffee", 2, 1)
+    assert (comm.in_flight, comm.oldest_in_flight_seq, comm.oldest_in_flight_op) == (1, 2, "AllReduce")
     assert len(tail.pending) == 1 and ProcessProbe().alive(tail.header)
 
     writer.call()
@@ -46,7 +49,8 @@ def test_a_live_ring_is_tailed_incrementally_and_calls_are_seen_to_finish(tmp_pa
     assert batch.entered["seq"].tolist() == [3], "only the new claim is first seen"
     assert sorted(batch.finished["seq"].tolist()) == [2, 3], "the open call finished, with its return time"
     assert int(batch.finished[batch.finished["seq"] == 2]["t_return_ns"][0]) > 0
-    assert progress.comms[0xC0FFEE].last_completed == 3 and len(tail.pending) == 0
+    [comm] = progress.position(time.time_ns(), True, None).comms
+    assert comm.last_completed == 3 and comm.in_flight == 0 and len(tail.pending) == 0
     assert len(tail.poll().entered) == 0
     writer.close()
 
