@@ -192,6 +192,14 @@ class RingTail:
         self.overwritten += overwritten
         return TailBatch(entered, finished_now, torn, overwritten)
 
+    def end(self) -> np.ndarray:
+        """The ring is over: calls that returned on the host but whose GPU end was never recorded
+        (the process exited first) count as finished; the rest stay unfinished."""
+        returned = self.pending["state"] >= State.RETURNED
+        done = take(self.pending, returned)
+        self.pending = take(self.pending, ~returned)
+        return done
+
     def close(self) -> None:
         self.reader.close()
 
@@ -282,6 +290,10 @@ class RingSet:
                     tail.claimed_when_gone = tail.reader.claimed  # read after /proc said gone
             # a dead writer's ring ends at its second poll: the first read everything it holds
             ended = self._superseded(tail) or (not alive and not tail.grew and tail.polls > 1)
+            if ended and len(returned := tail.end()):
+                batch = TailBatch(
+                    batch.entered, np.concatenate([batch.finished, returned]), batch.torn, batch.overwritten
+                )
             polled.append(PolledRing(tail, batch, alive, ended))
         for ring in polled:
             if ring.ended:

@@ -126,10 +126,19 @@ class Shipper:
             drops = self._unreported_drops if isinstance(message, WindowSummary) else 0
             outcome = await self._send(message, drops)
             if outcome == "retry":
+                if not attempt:
+                    log.warning(
+                        "the collector did not take a %s (%s); retrying with backoff, queueing at most %d summaries",
+                        type(message).__name__,
+                        f"HTTP {self.stats.last_status}" if self.stats.last_status else "unreachable",
+                        self._summaries.maxlen,
+                    )
                 self.stats.failures += 1
                 await asyncio.sleep(self._backoff.delay(attempt))
                 attempt += 1
                 continue
+            if attempt:
+                log.info("the collector took a message after %d failed attempts", attempt)
             attempt = 0
             if outcome == "sent" and isinstance(message, WindowSummary):
                 self._unreported_drops -= drops
@@ -175,5 +184,5 @@ class Shipper:
             log.error("the collector refused a %s for good (%d): %s", type(message).__name__, response.status, text)
             return "refused"
         if response.status in (401, 403):
-            log.warning("the collector refused the token (%d): %s; retrying", response.status, text)
+            log.debug("the collector refused the token (%d): %s", response.status, text)
         return "retry"

@@ -19,7 +19,7 @@ async def test_summaries_of_a_live_run_carry_the_rings_numbers(
     sidecar = await make_sidecar(traces, collector.url, window_s=0.3, poll_s=0.1)
     stop = asyncio.Event()
     running = asyncio.create_task(sidecar.run(stop))
-    simulation = Simulation(world_size=4, tp=2, pp=2, steps=40, compute_us=2000, ranks_per_node=4)
+    simulation = Simulation(world_size=4, tp=2, pp=2, steps=40, compute_us=2000, ranks_per_node=4, gpu_timing=True)
     await asyncio.to_thread(run, simulation, traces)
     await asyncio.sleep(0.4)  # the rings of the exited processes end at their next polls
     stop.set()
@@ -59,6 +59,8 @@ async def test_summaries_of_a_live_run_carry_the_rings_numbers(
             waits = (mine["t_return_ns"] - mine["t_call_ns"]) / 1e9
             assert max(c.wait.max for c in windows if c.wait) == float(np.round(waits.max(), 9))
             assert sum(c.gap.count for c in windows if c.gap) == len(mine) - 1, "a gap between each pair of calls"
+            timed = mine[mine["gpu_end_ns"] > 0]
+            assert len(timed) and sum(c.gpu.count for c in windows if c.gpu) == len(timed), "GPU times when present"
         steps = [r.step_time_s for s in summaries for r in s.ranks if r.global_rank == rank and r.step_time_s]
         assert steps and 0.005 < float(np.median(steps)) < 1.0, steps
 
