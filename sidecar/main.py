@@ -168,11 +168,15 @@ class Sidecar:
         loop = asyncio.get_running_loop()
         next_window = loop.time() + self.config.window_s
         while not stop.is_set():
-            report = self.poll()
-            if report is not None:
-                self._write_megatrace(report)
+            try:
+                report = self.poll()
+                if report is not None:
+                    self._write_megatrace(report)
+                if loop.time() >= next_window:
+                    self.close_window()
+            except Exception:  # a bug or a ring no check foresaw must not end the watch: log, go on
+                log.exception("sidecar step failed; continuing")
             if loop.time() >= next_window:
-                self.close_window()
                 while next_window <= loop.time():
                     next_window += self.config.window_s
             timeout = min(self.config.poll_s, max(0.0, next_window - loop.time()))

@@ -128,3 +128,36 @@ def test_a_ring_replaced_under_the_same_name_is_dropped_not_read(tmp_path, ring_
     writer.close()
     path.write_bytes(b"")  # truncated, as O_TRUNC by a new process with the same pid would
     assert rings.poll() == [] and rings.tails == {}
+
+
+async def test_records_full_of_garbage_do_not_stop_the_sidecar(trace_dir, make_sidecar, token):
+    """Records whose stamps are right but whose fields are random bytes (a writer gone mad)."""
+    import aiohttp
+
+    from rankwatch.analysis.ring import HEADER_DTYPE, RECORD_DTYPE
+
+    sidecar = await make_sidecar(trace_dir)
+    sidecar.poll()
+    path = sorted(trace_dir.glob("*.ring"))[0]
+    data = bytearray(path.read_bytes())
+    header = np.frombuffer(data, HEADER_DTYPE, count=1)
+    claimed, capacity = int(header["next"][0]), int(header["capacity"][0])
+    slots = np.frombuffer(data, RECORD_DTYPE, count=capacity, offset=HEADER_SIZE)
+    random = np.random.default_rng(7)
+    for index in range(claimed, claimed + 50):
+        slot = index % capacity
+        raw = random.integers(0, 256, RECORD_DTYPE.itemsize, dtype=np.uint8)
+        slots[slot : slot + 1] = raw.view(RECORD_DTYPE)
+        slots["stamp"][slot] = 2 * index + 2
+    slots["op"][claimed % capacity] = Op.ALLREDUCE  # at least one "call" with garbage fields
+    header["next"] = claimed + 50
+    with open(path, "r+b") as handle:  # in place: the sidecar's map sees it
+        handle.write(bytes(data))
+    sidecar.poll()
+    summary = sidecar.close_window()
+    [rank] = [r for r in summary.ranks if r.ring == path.name]
+    assert rank.records == claimed + 50, "the first window holds everything read so far"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+        for path_, headers in (("/metrics", {}), ("/dump", {"Accept": "application/json"}), ("/dump", {})):
+            async with session.get(f"http://127.0.0.1:{sidecar.port}{path_}", headers=headers) as response:
+                assert response.status == 200, path_
