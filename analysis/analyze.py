@@ -17,25 +17,32 @@ from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import Trace, load_path
 
-TEST_TYPES = ("all", "hang", "slow")
+TEST_TYPES = ("all", "hang", "slow", "parallel")
 
 
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
-    """Findings of the chosen detectors; a hung job is not also scored for stragglers."""
+    """Findings of the chosen detectors (Megatrace's test types: ``hang``; ``slow``, the job against
+    its own history and the ranks behind it; ``parallel``, ranks against their peers); a hung job is
+    not also scored for slowness."""
     if test_type not in TEST_TYPES:
         raise ValueError(f"--test-type must be one of {', '.join(TEST_TYPES)}, got {test_type!r}")
     findings: list[Finding] = []
+    problems = list(trace.problems)
     if test_type in ("all", "hang"):
         findings += detect_hangs(trace, stall_seconds)
-    problems = list(trace.problems)
-    if test_type == "slow" or (test_type == "all" and not findings):
+    if test_type in ("slow", "parallel") or (test_type == "all" and not findings):
+        links: list[Finding] = []
         if trace.has_returns:
             links = detect_slow_links(trace)
-            endpoints = frozenset(rank for link in links for rank in link.ranks)
-            findings += links + detect_stragglers(trace, explained_by_links=endpoints)
-            findings += fail_slow_with_culprits(trace, endpoints)
         else:
-            problems.append("these logs carry only call times: straggler and slow-link detection need rankwatch rings")
+            problems.append("these logs carry only call times: slow links need return times (rankwatch rings)")
+            if trace.ranks_per_node is None and all(source.node == "unknown" for source in trace.ranks.values()):
+                problems.append("host clocks taken as aligned across nodes; --ranks-per-node lets rankwatch remove "
+                                "each node's clock offset")  # fmt: skip
+        endpoints = frozenset(rank for link in links for rank in link.ranks)
+        findings += links + detect_stragglers(trace, explained_by_links=endpoints)
+        if test_type != "parallel":
+            findings += fail_slow_with_culprits(trace, endpoints)
     return report(findings, problems)
 
 
@@ -43,9 +50,8 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
     """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
 
     def stragglers_after(onset_ns: int) -> list[int]:
-        after = trace.calls[trace.calls["t_call"] >= onset_ns]
-        later = Trace(after, trace.ranks, trace.comms, layout=trace.layout, ranks_per_node=trace.ranks_per_node)
-        return sorted({rank for f in detect_stragglers(later, explained_by_links=explained) for rank in f.ranks})
+        later = detect_stragglers(trace, explained_by_links=explained, since_ns=onset_ns)
+        return sorted({rank for finding in later for rank in finding.ranks})
 
     return detect_fail_slow(trace, stragglers_after)
 

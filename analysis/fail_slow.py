@@ -25,32 +25,49 @@ K = 6.0
 MIN_RISE = 0.10
 
 
-def step_times(trace: Trace) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """(step start times, step durations in ns, marker communicator) or None without a period."""
-    calls = trace.calls[np.isin(trace.calls["op"], COLLECTIVE_OPS)]
-    if not len(calls) or not trace.ranks:
+def _marker_times(calls: np.ndarray) -> np.ndarray | None:
+    """Call times of one rank's step marker: of the collective signatures (communicator, op, count)
+    it repeats at least MIN_STEPS times, the one with the longest typical gap between its calls."""
+    calls = calls[np.isin(calls["op"], COLLECTIVE_OPS)]
+    if len(calls) < MIN_STEPS:
         return None
-    best: tuple[float, np.ndarray, np.ndarray, int] | None = None
-    for comm_id in np.unique(calls["comm"]):
-        mine = calls[calls["comm"] == comm_id]
-        for op in np.unique(mine["op"]):
-            same = mine[mine["op"] == op]
-            for count in np.unique(same["count"]):
-                marker = same[same["count"] == count]
-                ranks = np.unique(marker["rank"])
-                per_rank = np.bincount(np.searchsorted(ranks, marker["rank"]))
-                steps = int(per_rank.min())
-                if steps < MIN_STEPS or per_rank.max() != steps:
-                    continue
-                times = np.stack([np.sort(marker["t_call"][marker["rank"] == r])[:steps] for r in ranks])
-                starts = np.median(times, axis=0)
-                gaps = np.diff(starts)
-                typical = float(np.median(gaps))
-                if best is None or typical > best[0]:
-                    best = (typical, starts[1:], gaps, int(comm_id))
-    if best is None:
+    signature = (calls["comm"] * np.uint64(0x9E3779B97F4A7C15)) ^ (calls["op"].astype(np.uint64) << np.uint64(56))
+    signature ^= calls["count"]
+    _, index, counts = np.unique(signature, return_inverse=True, return_counts=True)
+    best: tuple[float, np.ndarray] | None = None
+    for position in np.flatnonzero(counts >= MIN_STEPS).tolist():
+        times = np.sort(calls["t_call"][index == position])
+        typical = float(np.median(np.diff(times)))
+        if best is None or typical > best[0]:
+            best = (typical, times)
+    return best[1] if best else None
+
+
+def step_times(trace: Trace, sample: int = 64) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """(step start times, step durations in ns, marker communicator) or None without a period.
+
+    Every rank takes part in every step, so a sample of ranks spread over the job (each with its own
+    marker: its DP group's AllReduce is another communicator than its neighbour's) gives the job's
+    step time; the series is the median over them, step by step, of the most recent common steps."""
+    ranks = sorted(trace.ranks) or np.unique(trace.calls["rank"]).tolist()
+    chosen = sorted({ranks[i] for i in np.linspace(0, len(ranks) - 1, min(sample, len(ranks))).astype(int)})
+    series, marker = [], 0
+    for rank in chosen:
+        own = trace.calls[trace.rows_of(rank)]
+        times = _marker_times(own)
+        if times is not None:
+            series.append(times)
+            if not marker:
+                marker = int(own["comm"][np.searchsorted(own["t_call"], times[0])])
+    if not series:
         return None
-    return best[1], best[2], best[3]
+    steps = min(len(times) for times in series)
+    if steps < MIN_STEPS:
+        return None
+    recent = np.stack([times[-steps:] for times in series])
+    durations = np.median(np.diff(recent, axis=1), axis=0)
+    starts = np.median(recent[:, 1:], axis=0)
+    return starts, durations, marker
 
 
 def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:

@@ -114,25 +114,44 @@ def _convert(path: Path, dump: dict[str, Any], rank: int, comms: dict[int, Commu
         state = entry.get("state", "")
         comm_id = _group_id(group_name)
         comm_rank = ranks.index(rank) if rank in ranks else -1
-        peer = -1
-        if p2p:
-            a, b = int(p2p.group(2)), int(p2p.group(3))
-            peer = b if kind == "send" else a
+        peer = int(p2p.group(3)) if p2p else -1  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
         seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id", 0) or 0
         completed = state == "completed"
+        started = int(entry.get("time_discovered_started_ns") or 0) if state in ("started", "completed") else 0
+        duration = entry.get("duration_ms")  # GPU time, with TORCH_NCCL_ENABLE_TIMING
+        if completed and started and isinstance(duration, int | float):
+            gpu_end = started + int(duration * 1e6)
+        else:
+            gpu_end = int(entry.get("time_discovered_completed_ns") or 0) if completed else 0
         rows.append(
             (
                 rank, comm_id, int(seq), int(op), int(count), 0, peer, comm_rank, len(ranks),
                 int(entry.get("time_created_ns") or 0),
                 int(entry.get("time_discovered_completed_ns") or entry.get("time_created_ns") or 0) if completed else 0,
-                int(entry.get("time_discovered_started_ns") or 0) if state in ("started", "completed") else 0,
-                int(entry.get("time_discovered_completed_ns") or 0) if completed else 0,
+                started,
+                gpu_end,
                 0,
             )
         )  # fmt: skip
         comm = comms.setdefault(comm_id, Communicator(comm_id, len(ranks), dict(enumerate(ranks))))
         comm.members.update(enumerate(ranks))
-    return np.array(rows, dtype=CALL_DTYPE) if rows else np.zeros(0, CALL_DTYPE)
+    calls = np.array(rows, dtype=CALL_DTYPE) if rows else np.zeros(0, CALL_DTYPE)
+    return _number_p2p_per_peer(calls)
+
+
+def _number_p2p_per_peer(calls: np.ndarray) -> np.ndarray:
+    """p2p_seq_id counts all of a group's sends and receives; the n-th send a->b must meet the n-th
+    receive b<-a, so sends and receives are numbered per (group, direction, peer) in call order."""
+    p2p = np.flatnonzero(np.isin(calls["op"], (Op.SEND, Op.RECV)))
+    if not len(p2p):
+        return calls
+    order = p2p[np.lexsort((calls["t_call"][p2p], calls["peer"][p2p], calls["op"][p2p], calls["comm"][p2p]))]
+    keys = np.stack([calls["comm"][order].astype(np.int64), calls["op"][order], calls["peer"][order]], axis=1)
+    new = np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]
+    starts = np.flatnonzero(new)
+    position = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    calls["seq"][order] = position + 1
+    return calls
 
 
 def read_dumps(paths: list[Path]) -> Trace:
@@ -154,3 +173,69 @@ def read_dumps(paths: list[Path]) -> Trace:
     calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
     calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
     return Trace(calls, ranks, comms, problems)
+
+
+PROFILING_NAMES = {Op.ALLREDUCE: "all_reduce", Op.BROADCAST: "broadcast", Op.REDUCE: "reduce",
+                   Op.ALLGATHER: "all_gather", Op.REDUCESCATTER: "reduce_scatter", Op.ALLTOALL: "all_to_all",
+                   Op.GATHER: "gather", Op.SCATTER: "scatter"}  # fmt: skip
+
+
+def write_dumps(
+    trace: Trace, directory: str | Path, as_pickle: bool = False, buffer_size: int | None = None
+) -> list[Path]:
+    """One ``nccl_trace_rank_<R>`` dump per rank, as PyTorch writes them with TORCH_NCCL_ENABLE_TIMING:
+    the last ``buffer_size`` entries (the recorder's ring), a started time once the kernel ran and the
+    GPU duration of completed entries."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    names = {comm_id: str(index) for index, comm_id in enumerate(sorted(trace.comms))}
+    pg_config = {
+        names[c.id]: {
+            "name": names[c.id],
+            "desc": trace.comm_name(c.id),
+            "ranks": [c.members[i] for i in sorted(c.members)],
+        }
+        for c in trace.comms.values()
+    }
+    calls = trace.calls
+    ranks = np.unique(calls["rank"])
+    bounds = np.searchsorted(calls["rank"], np.r_[ranks, ranks[-1] + 1] if len(ranks) else [0])
+    written = []
+    for index, rank in enumerate(ranks.tolist()):
+        mine = calls[bounds[index] : bounds[index + 1]]
+        collective_seq: dict[int, int] = {}
+        p2p_seq: dict[int, int] = {}
+        entries = []
+        for number, call in enumerate(mine.tolist()):
+            _, comm_id, seq, op, count, _, peer, comm_rank, _, t_call, t_return, gpu_start, gpu_end, _ = call
+            is_p2p = op in (Op.SEND, Op.RECV)
+            if is_p2p:
+                p2p_seq[comm_id] = p2p_seq.get(comm_id, 0) + 1
+                arrow = "->" if op == Op.SEND else "<-"
+                name = f"nccl:{'send' if op == Op.SEND else 'recv'} {comm_rank}{arrow}{peer}"
+            else:
+                collective_seq[comm_id] = seq
+                name = f"nccl:{PROFILING_NAMES[Op(op)]}"
+            state = "completed" if t_return > 0 else ("started" if gpu_start > 0 else "scheduled")
+            group = names.get(comm_id, "unknown")
+            entries.append({
+                "record_id": number, "pg_id": int(group) if group.isdigit() else -1,
+                "process_group": (group, pg_config.get(group, {}).get("desc", "")),
+                "collective_seq_id": collective_seq.get(comm_id, 0), "p2p_seq_id": p2p_seq.get(comm_id, 0),
+                "op_id": number + 1, "profiling_name": name, "input_sizes": [[count]], "input_dtypes": ["Float"],
+                "output_sizes": [[count]], "output_dtypes": ["Float"], "state": state, "time_created_ns": t_call,
+                "time_discovered_started_ns": gpu_start or None,
+                "time_discovered_completed_ns": t_return if state == "completed" else None,
+                "duration_ms": (gpu_end - gpu_start) / 1e6 if state == "completed" and gpu_end > 0 else None,
+                "timeout_ms": 600_000, "retired": state == "completed", "is_p2p": is_p2p, "frames": [],
+            })  # fmt: skip
+        if buffer_size is not None:
+            entries = entries[-buffer_size:]
+        source = trace.ranks.get(rank)
+        host = source.node if source else trace.node_of(rank)
+        dump = {"version": "2.10", "rank": rank, "hostname": host, "pid": source.pid if source else -1,
+                "pg_config": pg_config, "pg_status": {}, "entries": entries}  # fmt: skip
+        path = directory / f"nccl_trace_rank_{rank}"
+        path.write_bytes(pickle.dumps(dump) if as_pickle else json.dumps(dump).encode())
+        written.append(path)
+    return written

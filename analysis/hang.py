@@ -24,6 +24,76 @@ def _describe_call(row: np.void) -> str:
     return f"{Op(int(row['op'])).name.title().replace('_', '')} #{int(row['seq'])}"
 
 
+def _instance_keys(comm: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    return (comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ seq.astype(np.uint64)
+
+
+def _entered(trace: Trace, stalled: np.ndarray) -> dict[tuple[int, int], set[int]]:
+    """(communicator, sequence) of each stalled collective -> the ranks that entered it.
+
+    With return times only the calls that never returned can belong to an instance nobody left, so
+    only those are searched (a 16k-rank hang stays cheap); with call times alone, all collectives."""
+    calls = trace.calls
+    collective = ~np.isin(calls["op"], P2P_OPS)
+    candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if trace.has_returns else collective)
+    wanted = _instance_keys(stalled["comm"], stalled["seq"])
+    keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
+    rows = candidates[np.isin(keys, wanted)]
+    entered: dict[tuple[int, int], set[int]] = {
+        (int(c), int(q)): set() for c, q in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), strict=True)
+    }
+    for rank, comm_id, seq in zip(calls["rank"][rows].tolist(), calls["comm"][rows].tolist(),
+                                  calls["seq"][rows].tolist(), strict=True):  # fmt: skip
+        if (comm_id, seq) in entered:
+            entered[(comm_id, seq)].add(rank)
+    return entered
+
+
+def _roots_behind(waits_for: dict[int, set[int]], stopped: set[int]) -> dict[int, set[int]]:
+    """culprit -> the waiting ranks whose chain of waits ends at it (memoised: one pass for 16k ranks)."""
+    reaches: dict[int, frozenset[int]] = {rank: frozenset([rank]) for rank in stopped}
+    for start in waits_for:
+        stack, path = [start], []
+        while stack:  # iterative depth-first search; a rank on the current path counts as reaching nothing
+            rank = stack[-1]
+            if rank in reaches:
+                stack.pop()
+                continue
+            if rank not in path:
+                path.append(rank)
+                stack.extend(other for other in waits_for.get(rank, ()) if other not in reaches and other not in path)
+                continue
+            stack.pop()
+            path.remove(rank)
+            reaches[rank] = frozenset().union(*(reaches.get(other, frozenset()) for other in waits_for.get(rank, ())))
+    roots: dict[int, set[int]] = {}
+    for start in waits_for:
+        for culprit in reaches.get(start, ()):
+            roots.setdefault(culprit, set()).add(start)
+    return roots
+
+
+def _merge_stopped_together(
+    trace: Trace,
+    stalled: np.ndarray,
+    roots: dict[int, set[int]],
+    members_of: dict[int, set[int]],
+    stuck: dict[tuple[int, int], np.ndarray],
+) -> None:
+    """With call times only, the members of a collective that all stopped right after entering it
+    look like separate stopped ranks; they are one collective nobody left."""
+    last_calls: dict[tuple[int, int], list[int]] = {}
+    for culprit in roots:
+        own = trace.calls[trace.rows_of(culprit)]
+        if len(own) and int(own[-1]["op"]) not in (Op.SEND, Op.RECV):
+            last_calls.setdefault((int(own[-1]["comm"]), int(own[-1]["seq"])), []).append(culprit)
+    for (comm_id, seq), group in last_calls.items():
+        if len(group) > 1 and set(group) == members_of.get(comm_id):
+            stuck[(comm_id, seq)] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
+            for culprit in group:
+                roots.pop(culprit)
+
+
 def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = None) -> list[Finding]:
     """``now_ns``: the time the trace is judged at (default: the wall clock, so a live ring's
     in-flight calls are young and a dump of a dead job's calls are old)."""
@@ -40,52 +110,44 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     if not len(stalled):
         return []
 
-    entered: dict[tuple[int, int], set[int]] = {}  # (comm, seq) -> ranks that entered it (collectives)
-    collectives = calls[~np.isin(calls["op"], P2P_OPS)]
-    for comm_id in np.unique(stalled["comm"]):
-        mine = collectives[collectives["comm"] == comm_id]
-        for seq in np.unique(stalled[(stalled["comm"] == comm_id)]["seq"]):
-            entered[(int(comm_id), int(seq))] = set(mine[mine["seq"] == seq]["rank"].tolist())
-
+    entered = _entered(trace, stalled)
+    members_of = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
+    missing_in: dict[tuple[int, int], set[int]] = {}  # per instance: members that never entered it
     waits_for: dict[int, set[int]] = {}  # waiting rank -> ranks it waits for
     unknown_peer: set[int] = set()
     stuck: dict[tuple[int, int], np.ndarray] = {}  # collectives everyone entered and nobody left
     for row in stalled:
         rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
         comm = trace.comms.get(comm_id)
-        members = set(comm.members.values()) if comm else set()
         if int(row["op"]) in (Op.SEND, Op.RECV):
             peer = comm.members.get(int(row["peer"])) if comm else None
             if peer is None:
                 unknown_peer.add(rank)  # waits for someone the trace does not name
                 continue
             matching = Op.RECV if int(row["op"]) == Op.SEND else Op.SEND
-            peer_calls = calls[(calls["rank"] == peer) & (calls["comm"] == comm_id) & (calls["op"] == matching)]
+            peer_calls = calls[trace.rows_of(peer)]
+            peer_calls = peer_calls[(peer_calls["comm"] == comm_id) & (peer_calls["op"] == matching)]
             if not np.any(peer_calls["seq"][peer_calls["peer"] == row["comm_rank"]] >= seq):
                 waits_for.setdefault(rank, set()).add(peer)
             continue
-        missing = members - entered.get((comm_id, seq), set())
-        if missing:
-            waits_for.setdefault(rank, set()).update(missing)
-        elif trace.has_returns:  # without return times a finished job looks the same: say nothing
-            stuck[(comm_id, seq)] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
+        key = (comm_id, seq)
+        if key not in missing_in:
+            missing_in[key] = members_of.get(comm_id, set()) - entered.get(key, set())
+        if missing_in[key]:
+            waits_for.setdefault(rank, set()).update(missing_in[key])
+        elif trace.has_returns and key not in stuck:  # without return times a finished job looks the same
+            stuck[key] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
 
     waiting = set(stalled["rank"].tolist())
-    roots: dict[int, set[int]] = {}  # culprit -> ranks whose wait leads to it
-    for start in waits_for:
-        seen, frontier = {start}, list(waits_for[start])
-        while frontier:
-            rank = frontier.pop()
-            if rank in seen:
-                continue
-            seen.add(rank)
-            if rank in waits_for:
-                frontier.extend(waits_for[rank])  # it waits too: follow its wait
-            elif rank in unknown_peer:
-                continue  # waits in a send/receive whose peer the source did not log
-            elif rank not in waiting or not trace.has_returns:
-                roots.setdefault(rank, set()).add(start)  # waits for nothing: it stopped
-            # else: it is inside a collective everyone entered: reported as stuck below
+    stopped = {  # waits for nothing: it stopped outside NCCL
+        rank
+        for targets in waits_for.values()
+        for rank in targets
+        if rank not in waits_for and rank not in unknown_peer and (rank not in waiting or not trace.has_returns)
+    }  # (a rank inside a collective everyone entered is reported as stuck below)
+    roots = _roots_behind(waits_for, stopped)
+    if not trace.has_returns:
+        _merge_stopped_together(trace, stalled, roots, members_of, stuck)
 
     findings = []
     for culprit, waiters in sorted(roots.items()):
@@ -93,7 +155,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         blocked = stalled[np.isin(stalled["rank"], direct)]
         first = blocked[np.argmin(blocked["t_call"])]
         verb = "never matched" if int(first["op"]) in (Op.SEND, Op.RECV) else "never entered"
-        own = calls[calls["rank"] == culprit]
+        own = calls[trace.rows_of(culprit)]
         last = own[-1] if len(own) else None
         if last is not None:
             idle = (end - int(max(last["t_return"], last["t_call"]))) / 1e9
@@ -133,7 +195,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
             why = "its GPU work never started while its peers' did"
         else:
             culprits, confidence = sorted(rows["rank"].tolist()), 0.4
-            why = "all members entered and none returned; GPU timing or the flight recorder would tell which is stuck"
+            how = "none returned" if trace.has_returns else "none logged a call after it"
+            why = f"all members entered and {how}; GPU timing or the flight recorder would tell which is stuck"
         findings.append(
             Finding(
                 kind="hang",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,13 +89,13 @@ RECORD_DTYPE = np.dtype(
     ]
 )
 assert RECORD_DTYPE.itemsize == RECORD_SIZE
-RECORD_ROW = np.dtype((np.void, RECORD_SIZE))  # one record as opaque bytes: copied whole, not field by field
+RAW_RECORD = np.dtype((np.void, RECORD_SIZE))
 
 
 def take(records: np.ndarray, selector: np.ndarray) -> np.ndarray:
     """``records[selector]`` (a mask or indices), copied as whole 128-byte rows: numpy copies structured
     records field by field, 10-20x slower, which matters when a sidecar reads millions a second."""
-    return records.view(RECORD_ROW)[selector].view(RECORD_DTYPE)
+    return records.view(RAW_RECORD)[selector].view(RECORD_DTYPE)
 
 
 HEADER_DTYPE = np.dtype(
@@ -154,40 +155,64 @@ class RingSnapshot:
     overwritten: int  # claims older than the window (lost to wrap-around)
 
 
+def _validate(path: Path, head: bytes, size: int) -> int:
+    """The ring's capacity, once its header shows a ring this reader understands."""
+    if size < HEADER_SIZE:
+        raise RingError(f"{path}: {size} bytes is shorter than a ring header ({HEADER_SIZE})")
+    header = np.frombuffer(head, HEADER_DTYPE, count=1)[0]
+    if bytes(header["magic"]).ljust(8, b"\0") != MAGIC:
+        raise RingError(f"{path}: offset 0: not a rankwatch ring (magic {bytes(header['magic'])!r})")
+    if header["version"] != SUPPORTED_VERSION:
+        raise RingError(
+            f"{path}: offset 8: ring format version {int(header['version'])}; this rankwatch reads "
+            f"version {SUPPORTED_VERSION} (upgrade rankwatch to read newer rings)"
+        )
+    if header["record_size"] != RECORD_SIZE or header["header_size"] != HEADER_SIZE:
+        raise RingError(
+            f"{path}: offset 12: header/record size {int(header['header_size'])}/"
+            f"{int(header['record_size'])}, expected {HEADER_SIZE}/{RECORD_SIZE}"
+        )
+    capacity = int(header["capacity"])
+    if capacity <= 0 or capacity & (capacity - 1):
+        raise RingError(f"{path}: offset 24: capacity {capacity} is not a power of two")
+    expected = HEADER_SIZE + capacity * RECORD_SIZE
+    if size < expected:
+        raise RingError(f"{path}: truncated: {size} bytes, the header promises {expected}")
+    return capacity
+
+
+def peek_header(path: str | Path) -> tuple[int, int]:
+    """(global rank, records held) from the header alone: 4 KiB read, the same checks as a reader."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            head, size = handle.read(HEADER_SIZE), os.fstat(handle.fileno()).st_size
+    except OSError as error:
+        raise RingError(f"{path}: cannot read: {error}") from error
+    capacity = _validate(path, head, size)
+    header = np.frombuffer(head, HEADER_DTYPE, count=1)[0]
+    return int(header["global_rank"]), min(int(header["next"]), capacity)
+
+
 class RingReader:
     """One ring file, mapped read-only; ``read()`` can be called again as the ring grows."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, load: bool = False) -> None:
+        """``load``: read the file once into memory instead of mapping it (a finished ring read once)."""
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as handle:
-                self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            if load:
+                self._map: mmap.mmap | bytes = self.path.read_bytes()
+            else:
+                with open(self.path, "rb") as handle:
+                    self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as error:
             raise RingError(f"{self.path}: cannot map: {error}") from error
-        if len(self._map) < HEADER_SIZE:
-            raise RingError(f"{self.path}: {len(self._map)} bytes is shorter than a ring header ({HEADER_SIZE})")
-        header = np.frombuffer(self._map, HEADER_DTYPE, count=1, offset=0)[0]
-        if bytes(header["magic"]).ljust(8, b"\0") != MAGIC:
-            raise RingError(f"{self.path}: offset 0: not a rankwatch ring (magic {bytes(header['magic'])!r})")
-        if header["version"] != SUPPORTED_VERSION:
-            raise RingError(
-                f"{self.path}: offset 8: ring format version {int(header['version'])}; this rankwatch reads "
-                f"version {SUPPORTED_VERSION} (upgrade rankwatch to read newer rings)"
-            )
-        if header["record_size"] != RECORD_SIZE or header["header_size"] != HEADER_SIZE:
-            raise RingError(
-                f"{self.path}: offset 12: header/record size {int(header['header_size'])}/"
-                f"{int(header['record_size'])}, expected {HEADER_SIZE}/{RECORD_SIZE}"
-            )
-        capacity = int(header["capacity"])
-        if capacity <= 0 or capacity & (capacity - 1):
-            raise RingError(f"{self.path}: offset 24: capacity {capacity} is not a power of two")
-        expected = HEADER_SIZE + capacity * RECORD_SIZE
-        if len(self._map) < expected:
-            raise RingError(f"{self.path}: truncated: {len(self._map)} bytes, the header promises {expected}")
-        self.capacity = capacity
+        self.capacity = _validate(self.path, self._map[:HEADER_SIZE], len(self._map))
         self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1, offset=0)
-        self._slots = np.frombuffer(self._map, RECORD_DTYPE, count=capacity, offset=HEADER_SIZE)
+        self._slots = np.frombuffer(self._map, RECORD_DTYPE, count=self.capacity, offset=HEADER_SIZE)
+        # copies through an opaque 128-byte type are one memcpy; a structured copy goes field by field
+        self._raw = np.frombuffer(self._map, RAW_RECORD, count=self.capacity, offset=HEADER_SIZE)
 
     def header(self) -> RingHeader:
         h = self._header[0]
@@ -224,7 +249,7 @@ class RingReader:
         """Copies of the slots of claims ``indices`` (uint64) and a mask of those that hold exactly that
         claim, complete, before and after the copy (the rest are being written, overwritten or torn)."""
         slots_of = (indices % np.uint64(self.capacity)).astype(np.int64)
-        slots = take(self._slots, slots_of)  # one copy of just these slots
+        slots = self._raw[slots_of].view(RECORD_DTYPE)  # one copy of just these slots
         # A record copied while being rewritten is caught by re-reading its stamp after the copy.
         stamps_after = self._slots["stamp"][slots_of]
         expected = indices * np.uint64(2) + np.uint64(2)
@@ -238,14 +263,27 @@ class RingReader:
         if first >= claimed:
             empty = np.empty(0, RECORD_DTYPE)
             return RingSnapshot(header, empty, first, 0, max(0, claimed - self.capacity - since))
-        slots, valid = self.records_at(np.arange(first, claimed, dtype=np.uint64))
+        # the window is at most two contiguous runs of slots: copy them, no per-record indexing
+        start, count = first % self.capacity, claimed - first
+        head = min(count, self.capacity - start)
+        slots = np.concatenate([self._raw[start : start + head], self._raw[: count - head]]).view(RECORD_DTYPE)
+        # A record copied while being rewritten is caught by re-reading its stamp after the copy.
+        stamps_after = np.concatenate(
+            [self._slots["stamp"][start : start + head], self._slots["stamp"][: count - head]]
+        )
+        expected = np.arange(first, claimed, dtype=np.uint64) * np.uint64(2) + np.uint64(2)
+        valid = (slots["stamp"] == expected) & (stamps_after == expected)
         overwritten = max(0, claimed - self.capacity - since) if since < claimed - self.capacity else 0
-        return RingSnapshot(header, take(slots, valid), first, int((~valid).sum()), overwritten)
+        torn = count - int(np.count_nonzero(valid))
+        kept = slots if not torn else slots.view(RAW_RECORD)[valid].view(RECORD_DTYPE)
+        return RingSnapshot(header, kept, first, torn, overwritten)
 
     def close(self) -> None:
         self._slots = None  # type: ignore[assignment]
+        self._raw = None  # type: ignore[assignment]
         self._header = None  # type: ignore[assignment]
-        self._map.close()
+        if isinstance(self._map, mmap.mmap):
+            self._map.close()
 
     def __enter__(self) -> RingReader:
         return self

@@ -12,57 +12,58 @@ from __future__ import annotations
 import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
+from rankwatch.analysis.instances import grouped_median
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
 
 MIN_TRANSFERS = 5
 
 
-def _global_peers(trace: Trace, calls: np.ndarray) -> np.ndarray:
-    peers = np.full(len(calls), -1, np.int64)
-    for comm_id in np.unique(calls["comm"]):
-        comm = trace.comms.get(int(comm_id))
-        if not comm:
-            continue
-        rows = np.flatnonzero(calls["comm"] == comm_id)
-        lookup = np.full(max(comm.members) + 2 if comm.members else 1, -1, np.int64)
-        for comm_rank, rank in comm.members.items():
-            lookup[comm_rank] = rank
-        local = calls["peer"][rows]
-        valid = (local >= 0) & (local < len(lookup))
-        peers[rows[valid]] = lookup[local[valid]]
-    return peers
-
-
 def _keys(comm: np.ndarray, sender: np.ndarray, receiver: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """One 64-bit key per transfer: communicator, sender and receiver (ranks in it), sequence."""
     hashed = comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     hashed ^= sender.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
     hashed ^= receiver.astype(np.uint64) * np.uint64(0x165667B19E3779F9)
     return hashed ^ seq.astype(np.uint64)
 
 
+def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the sends and receives with equal keys (each key once on either side)."""
+    keys = np.concatenate([send_keys, recv_keys])
+    order = np.argsort(keys)
+    ordered = keys[order]
+    pair = np.flatnonzero(ordered[1:] == ordered[:-1])
+    first, second = order[pair], order[pair + 1]
+    is_send = first < len(send_keys)
+    first, second = np.where(is_send, first, second), np.where(is_send, second, first)
+    valid = (first < len(send_keys)) & (second >= len(send_keys))
+    return first[valid], second[valid] - len(send_keys)
+
+
 def detect_slow_links(trace: Trace, min_score: float = 6.0, min_excess_ns: float = 200_000) -> list[Finding]:
-    calls = trace.calls[trace.calls["t_return"] > 0]
-    sends, recvs = calls[calls["op"] == Op.SEND], calls[calls["op"] == Op.RECV]
+    calls = trace.calls
+    done = calls["t_return"] > 0
+    sends = np.flatnonzero(done & (calls["op"] == Op.SEND))
+    recvs = np.flatnonzero(done & (calls["op"] == Op.RECV))
     if not len(sends) or not len(recvs):
         return []
-    send_to, recv_from = _global_peers(trace, sends), _global_peers(trace, recvs)
-    send_keys = _keys(sends["comm"], sends["rank"], send_to, sends["seq"])
-    recv_keys = _keys(recvs["comm"], recv_from, recvs["rank"], recvs["seq"])
-    _, s_index, r_index = np.intersect1d(send_keys, recv_keys, return_indices=True)
+    # the n-th Send i->j of a communicator meets the n-th Recv j<-i: no global rank needed to match
+    send_keys = _keys(calls["comm"][sends], calls["comm_rank"][sends], calls["peer"][sends], calls["seq"][sends])
+    recv_keys = _keys(calls["comm"][recvs], calls["peer"][recvs], calls["comm_rank"][recvs], calls["seq"][recvs])
+    s_index, r_index = _match(send_keys, recv_keys)
     if not len(s_index):
         return []
     s, r = sends[s_index], recvs[r_index]
-    transfer = np.minimum(s["t_return"], r["t_return"]) - np.maximum(s["t_call"], r["t_call"])
-    pairs = np.stack([s["rank"].astype(np.int64), r["rank"].astype(np.int64)], axis=1)
-    unique_pairs, pair_index = np.unique(pairs, axis=0, return_inverse=True)
+    transfer = np.minimum(calls["t_return"][s], calls["t_return"][r]) - np.maximum(
+        calls["t_call"][s], calls["t_call"][r]
+    )
+    pair_key = calls["rank"][s].astype(np.int64) << 32 | calls["rank"][r].astype(np.int64)
+    unique_keys, pair_index = np.unique(pair_key, return_inverse=True)
+    unique_pairs = np.stack([unique_keys >> 32, unique_keys & 0xFFFFFFFF], axis=1)
     pair_index = pair_index.reshape(-1)
-    medians = np.full(len(unique_pairs), np.nan)
-    counts = np.bincount(pair_index, minlength=len(unique_pairs))
-    order = np.argsort(pair_index, kind="stable")
-    for position, chunk in enumerate(np.split(transfer[order], np.cumsum(counts)[:-1])):
-        if len(chunk) >= MIN_TRANSFERS:
-            medians[position] = np.median(chunk)
+    medians = grouped_median(transfer.astype(np.float64), pair_index, len(unique_keys))
+    counts = np.bincount(pair_index, minlength=len(unique_keys))
+    medians[counts < MIN_TRANSFERS] = np.nan
     usable = ~np.isnan(medians)
     if usable.sum() < 3:
         return []  # nothing to compare a pair with
@@ -74,7 +75,7 @@ def detect_slow_links(trace: Trace, min_score: float = 6.0, min_excess_ns: float
         if excess < min_excess_ns or excess / spread < min_score:
             continue
         sender, receiver = (int(x) for x in unique_pairs[position])
-        comm_id = int(s["comm"][pair_index == position][0])
+        comm_id = int(calls["comm"][s[np.argmax(pair_index == position)]])
         link = frozenset((sender, receiver))
         finding = Finding(
             kind="slow_link",

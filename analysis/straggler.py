@@ -1,123 +1,243 @@
 """Straggler localisation from wait times inside each communicator.
 
 In a collective every member leaves together, so the member that arrives last waits least: its
-wait (return minus call time) is short while its peers' waits grow by its delay. Within one
-instance (communicator, sequence number) the waits of the members are compared with each other,
-which needs no clock alignment across nodes. A straggler is the last arriver (least wait) in far
-more instances than chance allows (binomial tail against 1/size), by a typical margin
-(``median(peer waits) - own wait``) above a floor. Communicators are judged separately (TP peers do
-the same work), and when many members of one communicator are "late" together that is the job's
-structure (a pipeline stage reaching a world collective), not a fault. A rank is reported once,
-with the communicator that shows it most clearly.
+wait is short while its peers' waits grow by its delay. Within one instance (communicator, sequence
+number) the members' waits are compared with each other, which needs no clock alignment across
+nodes. The wait is the GPU time of the call when it was timed (on a real GPU the host call returns
+at once), else return minus call time. Sources with call times only (Megatrace) use arrival times:
+a member's "wait" is the last arrival minus its own, after removing each node's clock offset
+(estimated as the median lateness of the node's ranks, which one slow rank does not move).
+
+A straggler waits less than its peers' median in far more instances than chance allows (sign test,
+p = 1/2), is the last to arrive well above chance, and its typical margin (``median(peer waits) -
+own wait``) is above a floor relative to the compute between calls. Communicators are judged
+separately (TP peers do the same work); when many members of one are "late" together that is the
+job's structure (a pipeline stage reaching a world collective), not a fault. A rank is reported
+once, with the communicator that shows it most clearly. All communicators of one size are scored
+together as ``[instances, members]`` arrays: a 16k-rank trace is a few array passes.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.recfunctions import repack_fields
 
 from rankwatch.analysis.findings import Finding, comm_label
+from rankwatch.analysis.instances import Instances, group_instances, grouped_median
 from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace
 
 MIN_INSTANCES = 8
+MIN_DELAY_NS = 20_000  # below this nobody would act on a "straggler"
+RELATIVE_DELAY = 0.03  # ... nor on a delay below 3% of the compute between calls
 
 
-def _comm_waits(calls: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ranks [size], waits [instances, size]) of complete instances, or None when too few."""
-    ranks = np.unique(calls["rank"])
-    if len(ranks) != size or size < 2:
-        return None
-    seqs, seq_index = np.unique(calls["seq"], return_inverse=True)  # instances, in order
-    rank_index = np.searchsorted(ranks, calls["rank"])
-    waits = np.full((len(seqs), size), np.nan)
-    waits[seq_index, rank_index] = (calls["t_return"] - calls["t_call"]).astype(np.float64)
-    complete = ~np.isnan(waits).any(axis=1)
-    if complete.sum() < MIN_INSTANCES:
-        return None
-    return ranks, waits[complete]
+@dataclass(frozen=True)
+class _Candidate:
+    comm: int
+    ranks: np.ndarray  # the communicator's members, ascending
+    waits: np.ndarray  # [instances, members]
+    rows: np.ndarray  # [instances, members] rows into the calls
+    position: int
+    last_share: float
+
+
+def _waits(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    calls = trace.calls
+    gpu = (calls["gpu_start"][rows] > 0) & (calls["gpu_end"][rows] > 0)
+    host = (calls["t_return"][rows] - calls["t_call"][rows]).astype(np.float64)
+    return np.where(gpu, (calls["gpu_end"][rows] - calls["gpu_start"][rows]).astype(np.float64), host)
+
+
+def _sign_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
+    """P(X >= successes) for X ~ Binomial(trials, 1/2), via the normal approximation above 60 trials."""
+    out = np.ones(len(successes))
+    for i, (k, n) in enumerate(zip(successes.tolist(), trials.tolist(), strict=True)):
+        out[i] = (
+            _binomial_tail(k, n, 0.5) if n <= 60 else 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / 2**0.5)
+        )
+    return out
 
 
 def _binomial_tail(successes: int, trials: int, p: float) -> float:
-    """P(X >= successes) for X ~ Binomial(trials, p)."""
     return float(sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)))
+
+
+def _arrival_waits(trace: Trace, instances: Instances, complete: np.ndarray) -> np.ndarray:
+    """Per row of ``instances.rows``: the instance's last aligned arrival minus the row's own."""
+    calls = trace.calls
+    rows = instances.rows
+    t = calls["t_call"][rows].astype(np.float64)
+    instance_of = np.repeat(np.arange(len(instances)), instances.sizes)
+    rank = calls["rank"][rows]
+    n_ranks = int(rank.max()) + 1
+    node_names = [trace.node_of(r) for r in range(n_ranks)]
+    if "unknown" not in node_names:  # else clocks are taken as aligned, as Megatrace does
+        node_of_rank = np.unique(node_names, return_inverse=True)[1].reshape(-1)
+        offset = np.zeros(node_of_rank.max() + 1)
+        usable = complete[instance_of]
+        for _ in range(2):  # lateness against the instance median, per rank, then per node
+            aligned = t - offset[node_of_rank[rank]]
+            late = aligned - _segment_median(aligned, instances.starts)[instance_of]
+            per_rank = grouped_median(late[usable], rank[usable], n_ranks)
+            seen = np.flatnonzero(np.isfinite(per_rank))
+            offset += np.nan_to_num(grouped_median(per_rank[seen], node_of_rank[seen], len(offset)))
+        t = t - offset[node_of_rank[rank]]
+    last = np.maximum.reduceat(t, instances.starts[:-1])
+    return last[instance_of] - t
+
+
+def _segment_median(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    sizes = np.diff(starts)
+    out = np.empty(len(sizes))
+    for size in np.unique(sizes).tolist():
+        which = np.flatnonzero(sizes == size)
+        out[which] = np.median(values[starts[which][:, None] + np.arange(size)], axis=1)
+    return out
 
 
 def detect_stragglers(
     trace: Trace,
-    min_share: float = 0.5,
     max_p_value: float = 1e-4,
-    min_delay_ns: float = 100_000,
+    min_delay_ns: float = MIN_DELAY_NS,
     explained_by_links: frozenset[int] = frozenset(),
+    since_ns: int | None = None,
 ) -> list[Finding]:
-    """``explained_by_links``: endpoints of slow links; lateness they pass on is not a straggler."""
+    """``explained_by_links``: endpoints of slow links; lateness they pass on is not a straggler.
+    ``since_ns``: only collectives entered from then on (the steps after a fail-slow onset)."""
     calls = trace.calls
-    done = calls[np.isin(calls["op"], COLLECTIVE_OPS) & (calls["t_return"] > 0)]
+    mask = np.isin(calls["op"], COLLECTIVE_OPS)
+    if trace.has_returns:
+        mask &= calls["t_return"] > 0
+    if since_ns is not None:
+        mask &= calls["t_call"] >= since_ns
+    instances = group_instances(calls["comm"][mask], calls["seq"][mask], np.flatnonzero(mask))
+    if not len(instances):
+        return []
+    sizes = instances.sizes
+    expected = _comm_sizes(trace, instances)
+    complete = (sizes == expected) & (sizes >= 2)
+    waits = _waits(trace, instances.rows) if trace.has_returns else _arrival_waits(trace, instances, complete)
+
+    candidates: list[_Candidate] = []
+    for size in np.unique(sizes[complete]).tolist():
+        chosen = np.flatnonzero(complete & (sizes == size))
+        grid = instances.starts[chosen][:, None] + np.arange(size)
+        block_waits, block_rows = waits[grid], instances.rows[grid]
+        comm_of = instances.comm_index[chosen]
+        per_comm = np.bincount(comm_of, minlength=len(instances.comm_ids))
+        median = np.median(block_waits, axis=1, keepdims=True)
+        key = comm_of[:, None] * size + np.arange(size)
+        below = np.bincount(key[block_waits < median], minlength=len(per_comm) * size).reshape(-1, size)
+        last = np.bincount(key[:, 0] + np.argmin(block_waits, axis=1), minlength=len(per_comm) * size)
+        last = last.reshape(-1, size)
+        trials = np.repeat(per_comm[:, None], size, axis=1)
+        share = last / np.maximum(trials, 1)
+        maybe = (trials >= MIN_INSTANCES) & (below >= 0.5 * trials)
+        consistent = np.zeros_like(maybe)
+        where = np.nonzero(maybe)
+        consistent[where] = _sign_tail(below[where], trials[where]) <= max_p_value
+        # many members consistently early together is the job's structure (a pipeline stage), not a fault
+        structural = consistent.sum(axis=1) > max(1, size // 4)
+        chosen_members = consistent & ~structural[:, None] & (share >= min(2 / size, 0.5))
+        for comm_position, position in zip(*np.nonzero(chosen_members), strict=True):
+            in_comm = comm_of == comm_position
+            candidates.append(
+                _Candidate(
+                    comm=int(instances.comm_ids[comm_position]),
+                    ranks=calls["rank"][block_rows[np.argmax(in_comm)]],
+                    waits=block_waits[in_comm],
+                    rows=block_rows[in_comm],
+                    position=int(position),
+                    last_share=float(share[comm_position, position]),
+                )
+            )
+    return _findings(trace, candidates, min_delay_ns, explained_by_links)
+
+
+def _comm_sizes(trace: Trace, instances: Instances) -> np.ndarray:
+    known = np.array([trace.comms[int(c)].size if int(c) in trace.comms else -1 for c in instances.comm_ids.tolist()])
+    sizes = known[instances.comm_index] if len(known) else np.zeros(0, np.int64)
+    return np.where(sizes > 0, sizes, instances.sizes)
+
+
+def _gaps(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Time each call's rank spent outside NCCL before it (its compute): since the previous call
+    ended (on the GPU when timed), NaN where unknown. Same shape as ``rows``."""
+    calls = trace.calls
+    flat = rows.reshape(-1)
+    previous = np.maximum(flat - 1, 0)
+    if trace.has_returns:
+        timed = (calls["gpu_start"][flat] > 0) & (calls["gpu_end"][previous] > 0)
+        start = np.where(timed, calls["gpu_start"][flat], calls["t_call"][flat])
+        end = np.where(timed, calls["gpu_end"][previous], calls["t_return"][previous])
+    else:
+        start, end = calls["t_call"][flat], calls["t_call"][previous]
+    known = (flat > 0) & (calls["rank"][previous] == calls["rank"][flat]) & (end > 0)
+    return np.where(known, (start - end).astype(np.float64), np.nan).reshape(rows.shape)
+
+
+def _findings(
+    trace: Trace, candidates: list[_Candidate], min_delay_ns: float, explained_by_links: frozenset[int]
+) -> list[Finding]:
     best: dict[int, Finding] = {}
     flagged_in: dict[int, set[int]] = {}  # rank -> communicators it was flagged in
-    for comm_id in np.unique(done["comm"]):
-        comm = trace.comms.get(int(comm_id))
-        mine = done[done["comm"] == comm_id]
-        result = _comm_waits(mine, comm.size if comm else len(np.unique(mine["rank"])))
-        if result is None:
+    for candidate in candidates:
+        waits, size, position = candidate.waits, candidate.waits.shape[1], candidate.position
+        own = waits[:, position]
+        others = np.delete(waits, position, axis=1) if size <= 16 else waits  # one hardly moves the median of many
+        peer_median = np.median(others, axis=1)
+        delay = float(np.median(peer_median - own))
+        gaps = _gaps(trace, candidate.rows)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: no previous call known
+            typical_gap = float(np.nanmedian(gaps)) if np.isfinite(gaps).any() else 0.0
+            excess = float(np.nanmedian(gaps[:, position] - np.nanmedian(np.delete(gaps, position, axis=1), axis=1)))
+        if delay < max(min_delay_ns, RELATIVE_DELAY * typical_gap):
             continue
-        ranks, waits = result
-        instances, size = waits.shape
-        if size <= 16:
-            peer_median = np.stack([np.median(np.delete(waits, r, axis=1), axis=1) for r in range(size)], axis=1)
-        else:  # one member hardly moves the median of many: skip the per-member exclusion
-            peer_median = np.repeat(np.median(waits, axis=1, keepdims=True), size, axis=1)
-        deficit = peer_median - waits  # how much less each member waited than its peers
-        delay = np.median(deficit, axis=0)
-        last = np.bincount(np.argmin(waits, axis=1), minlength=size)  # who arrived last, per instance
-        share = last / instances
-        flagged = [
-            position
-            for position in range(size)
-            if share[position] >= min_share
-            and delay[position] >= min_delay_ns
-            and _binomial_tail(int(last[position]), instances, 1 / size) <= max_p_value
-        ]
-        if len(flagged) > max(1, size // 4):
-            continue  # many members "late" together is the job's structure (e.g. a pipeline stage), not a fault
-        spread = 1.4826 * np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True))) + 1e3
-        for position in flagged:
-            rank = int(ranks[position])
-            own_wait = float(np.median(waits[:, position]))
-            peers_wait = float(np.median(peer_median[:, position]))
-            confidence = float(share[position] * min(1.0, delay[position] / (4 * min_delay_ns)))
-            finding = Finding(
-                kind="straggler",
-                ranks=[rank],
-                nodes=[trace.node_of(rank)],
-                communicator=comm_label(int(comm_id)),
-                confidence=round(confidence, 3),
-                summary=(
-                    f"{trace.label(rank)} arrives last at the collectives of {trace.comm_name(int(comm_id))} "
-                    f"({size} ranks): it waits {own_wait / 1e6:.2f} ms vs its peers' "
-                    f"{peers_wait / 1e6:.2f} ms (median over {instances} collectives; last in "
-                    f"{share[position]:.0%} of them)"
-                ),
-                evidence={
-                    "own_wait_ms": round(own_wait / 1e6, 4),
-                    "peer_wait_ms": round(peers_wait / 1e6, 4),
-                    "delay_ms": round(float(delay[position]) / 1e6, 4),
-                    "score": round(float(delay[position] / spread), 2),
-                    "last_share": round(float(share[position]), 3),
-                    "collectives": instances,
-                    "communicator_size": size,
-                },
-            )
-            flagged_in.setdefault(rank, set()).add(int(comm_id))
-            if rank not in best or _strength(finding) > _strength(best[rank]):
-                best[rank] = finding
+        # Lateness passed on by someone else (a pipeline partner) comes with normal compute; the
+        # straggler's own compute is longer. Call times alone cannot tell the two apart.
+        own_compute = not trace.has_returns or not np.isfinite(excess) or excess >= 0.5 * delay
+        rank = int(candidate.ranks[position])
+        spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3
+        confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns)) * (1.0 if own_compute else 0.5)
+        what = "waits" if trace.has_returns else "arrives later: it waits"
+        own_wait, peers_wait = float(np.median(own)), float(np.median(peer_median))
+        finding = Finding(
+            kind="straggler",
+            ranks=[rank],
+            nodes=[trace.node_of(rank)],
+            communicator=comm_label(candidate.comm),
+            confidence=round(float(confidence), 3),
+            summary=(
+                f"{trace.label(rank)} arrives last at the collectives of {trace.comm_name(candidate.comm)} "
+                f"({size} ranks): it {what} {own_wait / 1e6:.2f} ms vs its peers' {peers_wait / 1e6:.2f} ms "
+                f"(median over {len(waits)} collectives; last in {candidate.last_share:.0%} of them)"
+            ),
+            evidence={
+                "own_wait_ms": round(own_wait / 1e6, 4),
+                "peer_wait_ms": round(peers_wait / 1e6, 4),
+                "delay_ms": round(delay / 1e6, 4),
+                "compute_excess_ms": round(excess / 1e6, 4) if np.isfinite(excess) else None,
+                "own_compute": own_compute,
+                "score": round(delay / spread, 2),
+                "last_share": round(candidate.last_share, 3),
+                "collectives": len(waits),
+                "communicator_size": size,
+            },
+        )
+        flagged_in.setdefault(rank, set()).add(candidate.comm)
+        if rank not in best or _strength(finding) > _strength(best[rank]):
+            best[rank] = finding
     return [best[rank] for rank in _root_causes(trace, best, flagged_in, explained_by_links)]
 
 
-def _strength(finding: Finding) -> tuple[int, float]:
-    """Evidence from a larger communicator (more peers doing the same work) beats a pair."""
-    return finding.evidence["communicator_size"], finding.confidence
+def _strength(finding: Finding) -> tuple[bool, int, float]:
+    """A rank slow in its own compute explains the lateness it passes on; then evidence from a larger
+    communicator (more peers doing the same work) beats a pair."""
+    return finding.evidence["own_compute"], finding.evidence["communicator_size"], finding.confidence
 
 
 def _root_causes(
@@ -131,14 +251,23 @@ def _root_causes(
     link's endpoint, is explained: related means within two hops of each other over send/receive
     partners and the members of communicators in which one of the two was flagged.
     """
-    calls = trace.calls
-    p2p = calls[np.isin(calls["op"], P2P_OPS)]
-    partners: dict[int, set[int]] = {}
-    for rank, comm_id, peer in np.unique(repack_fields(p2p[["rank", "comm", "peer"]])).tolist():
-        comm = trace.comms.get(int(comm_id))
-        other = comm.members.get(int(peer)) if comm else None
-        if other is not None:
-            partners.setdefault(int(rank), set()).add(other)
+    if not best:
+        return []
+    partners_of: dict[int, set[int]] = {}
+
+    def partners(rank: int) -> set[int]:
+        """The ranks this one sends to or receives from."""
+        if rank not in partners_of:
+            own = trace.calls[trace.rows_of(rank)]
+            own = own[np.isin(own["op"], P2P_OPS)]
+            found = set()
+            for comm_id, peer in set(zip(own["comm"].tolist(), own["peer"].tolist(), strict=True)):
+                comm = trace.comms.get(comm_id)
+                if comm and peer in comm.members:
+                    found.add(comm.members[peer])
+            partners_of[rank] = found
+        return partners_of[rank]
+
     members = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
 
     neighbourhoods: dict[int, set[int]] = {}
@@ -146,10 +275,10 @@ def _root_causes(
     def neighbourhood(rank: int) -> set[int]:
         """Who a late ``rank`` delays: its partners, its peers where it was flagged, and their partners."""
         if rank not in neighbourhoods:
-            near = {rank} | partners.get(rank, set())
+            near = {rank} | partners(rank)
             for comm_id in flagged_in.get(rank, ()):
                 near |= members.get(comm_id, set())
-            neighbourhoods[rank] = near.union(*(partners.get(other, set()) for other in near))
+            neighbourhoods[rank] = near.union(*(partners(other) for other in near))
         return neighbourhoods[rank]
 
     def related(x: int, y: int) -> bool:

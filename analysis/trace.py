@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.recfunctions import repack_fields
 
 from rankwatch.analysis.findings import comm_label
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import Op, RingError, RingReader
+from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, peek_header
 from rankwatch.analysis.topology import Layout
 
 CALL_DTYPE = np.dtype(
@@ -71,6 +70,19 @@ class Trace:
     has_returns: bool = True  # False for sources that log only call times (Megatrace)
     layout: Layout | None = None  # Megatron layout, when given
     ranks_per_node: int | None = None  # names nodes node-<rank // n> when sources do not
+    _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    def rows_of(self, rank: int) -> slice:
+        """The calls of one rank (calls are sorted by rank): a slice."""
+        if self._bounds is None or self._bounds[0] is not self.calls:
+            ranks = np.ascontiguousarray(self.calls["rank"])
+            starts = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1]]) if len(ranks) else np.zeros(0, np.int64)
+            self._bounds = (self.calls, ranks[starts], np.r_[starts, len(ranks)])
+        _, ranks, starts = self._bounds
+        index = int(np.searchsorted(ranks, rank))
+        if index == len(ranks) or ranks[index] != rank:
+            return slice(0, 0)
+        return slice(int(starts[index]), int(starts[index + 1]))
 
     @property
     def end_ns(self) -> int:
@@ -103,66 +115,110 @@ class Trace:
         return f"communicator {label}"
 
 
-def _calls_from_ring(records: np.ndarray, rank: int) -> tuple[np.ndarray, np.ndarray]:
-    lifecycle = records[records["op"] >= Op.COMM_INIT]
-    traced = records[(records["op"] > Op.NONE) & (records["op"] < Op.COMM_INIT)]
-    calls = np.zeros(len(traced), CALL_DTYPE)
-    calls["rank"] = rank
-    calls["comm"] = traced["comm_id"]
-    calls["seq"] = traced["seq"]
-    calls["op"] = traced["op"]
-    calls["count"] = traced["count"]
-    calls["dtype"] = traced["dtype"]
-    calls["peer"] = traced["peer"]
-    calls["comm_rank"] = traced["rank"]
-    calls["comm_size"] = traced["nranks"]
-    calls["t_call"] = traced["t_call_ns"]
-    calls["t_return"] = traced["t_return_ns"]
-    calls["gpu_start"] = traced["gpu_start_ns"]
-    calls["gpu_end"] = traced["gpu_end_ns"]
-    calls["group"] = traced["group_id"]
-    return calls, lifecycle
+# The calls' fields where a ring record keeps them: converting a record is one structured copy.
+_RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
+                   "t_return_ns", "gpu_start_ns", "gpu_end_ns", "group_id")  # fmt: skip
+_RECORD_AS_CALL = np.dtype(
+    {
+        "names": list(CALL_DTYPE.names),
+        "formats": [CALL_DTYPE[name] for name in CALL_DTYPE.names],
+        "offsets": [RECORD_DTYPE.fields[source][1] for source in _RECORD_SOURCES],
+        "itemsize": RECORD_DTYPE.itemsize,
+    }
+)
+
+
+def _header_of(path: Path) -> tuple[int, int] | str:
+    """(global rank, records the ring holds) or the reason it cannot be read."""
+    try:
+        rank, held = peek_header(path)
+    except RingError as error:
+        return str(error)
+    if rank < 0:
+        return f"{path}: the ring does not say its global rank (RANK was unset); skipped"
+    return rank, held
 
 
 def load_rings(paths: Iterable[str | Path]) -> Trace:
-    """Read ring files (one per process); unreadable ones become problems, not failures."""
-    parts, ranks, comms, problems = [], {}, {}, []
-    paths = sorted(map(Path, paths))
-    progress = Progress(len(paths), "reading rings")
-    for path in paths:
+    """Read ring files (one per process); unreadable ones become problems, not failures.
+
+    Rings are read in rank order into one preallocated array, converted in batches, so memory is
+    the calls themselves plus one batch."""
+    ranks: dict[int, RankSource] = {}
+    comms: dict[int, Communicator] = {}
+    problems: list[str] = []
+    chosen: list[tuple[int, Path]] = []
+    first_path: dict[int, Path] = {}
+    upper = 0
+    for path in sorted(map(Path, paths)):
+        found = _header_of(path)
+        if isinstance(found, str):
+            problems.append(found)
+        elif found[0] in first_path:
+            problems.append(f"{path}: rank {found[0]} also comes from {first_path[found[0]]}; kept the first")
+        else:
+            first_path[found[0]] = path
+            chosen.append((found[0], path))
+            upper += found[1]
+    calls = np.empty(upper, CALL_DTYPE)
+    filled = 0
+    progress = Progress(len(chosen), "reading rings")
+    for rank, path in sorted(chosen):
         progress.advance()
         try:
-            with RingReader(path) as reader:
+            with RingReader(path, load=True) as reader:
                 snapshot = reader.read()
         except RingError as error:
             problems.append(str(error))
             continue
-        header = snapshot.header
-        rank = header.global_rank
-        if rank < 0:
-            problems.append(f"{path}: the ring does not say its global rank (RANK was unset); skipped")
-            continue
-        if rank in ranks:
-            problems.append(f"{path}: rank {rank} also comes from {ranks[rank].path}; kept the first")
-            continue
+        header, records = snapshot.header, snapshot.records
         ranks[rank] = RankSource(rank, header.hostname, header.pid, str(path))
         if snapshot.torn:
             problems.append(f"{path}: {snapshot.torn} torn or in-flight records skipped")
-        calls, lifecycle = _calls_from_ring(snapshot.records, rank)
-        parts.append(calls)
-        for record in lifecycle[lifecycle["op"] <= Op.COMM_SHRINK]:
-            comm = comms.setdefault(int(record["comm_id"]), Communicator(int(record["comm_id"]), int(record["nranks"])))
-            comm.members[int(record["rank"])] = rank
-            comm.parent = int(record["aux"])
+        op = records["op"]
+        traced = (op > Op.NONE) & (op < Op.COMM_INIT)
+        lifecycle = np.flatnonzero(~traced)
+        if len(lifecycle):
+            _learn_communicators(records[lifecycle], rank, comms)
+            if lifecycle[-1] == len(lifecycle) - 1:  # creations first, as usual: a slice, no copy
+                records = records[len(lifecycle) :]
+            else:
+                records = records.view(RAW_RECORD)[traced].view(RECORD_DTYPE)
+        _members_from_calls(records, rank, comms)
+        if len(records) > 1 and (np.diff(records["t_call_ns"]) < 0).any():  # threads interleaved
+            records = records[np.argsort(records["t_call_ns"], kind="stable")]
+        out = calls[filled : filled + len(records)]
+        out[:] = records.view(_RECORD_AS_CALL)
+        out["rank"] = rank  # the header's word, as for the communicators
+        filled += len(records)
     progress.close()
-    calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
-    calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
-    # Communicators whose creation fell out of a wrapped ring: members from the calls themselves.
-    membership = repack_fields(calls[["comm", "comm_rank", "comm_size", "rank"]])
-    for comm_id, comm_rank, size, rank in np.unique(membership).tolist():
-        comm = comms.setdefault(int(comm_id), Communicator(int(comm_id), int(size)))
-        comm.members.setdefault(int(comm_rank), int(rank))
+    calls = calls[:filled]
     return Trace(calls, ranks, comms, problems)
+
+
+def _learn_communicators(lifecycle: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
+    """Members and parents from the creation records (init, split, shrink) rings still hold."""
+    created = lifecycle["op"] <= Op.COMM_SHRINK
+    for comm_id, comm_rank, size, parent in zip(
+        lifecycle["comm_id"][created].tolist(), lifecycle["rank"][created].tolist(),
+        lifecycle["nranks"][created].tolist(), lifecycle["aux"][created].tolist(), strict=True,
+    ):  # fmt: skip
+        comm = comms.setdefault(comm_id, Communicator(comm_id, size))
+        comm.members[comm_rank] = rank
+        comm.parent = parent
+
+
+def _members_from_calls(records: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
+    """Communicators whose creation fell out of a wrapped ring: a rank's place in each communicator
+    from its calls there (one place per communicator, so its first call tells it)."""
+    ids = records["comm_id"]
+    for comm_id in np.unique(ids).tolist():
+        comm = comms.get(comm_id)
+        if comm is not None and rank in comm.members.values():
+            continue  # its creation record said it
+        first = records[int(np.argmax(ids == comm_id))]
+        comm = comms.setdefault(comm_id, Communicator(comm_id, int(first["nranks"])))
+        comm.members.setdefault(int(first["rank"]), rank)
 
 
 def load_path(path: str | Path) -> Trace:

@@ -39,6 +39,34 @@ class Remediation:
 
 
 @dataclass(frozen=True)
+class AlertLevels:
+    """Alert level (P0..P3) per finding kind; keys are the CRD's spelling of the kinds."""
+
+    hang: str = "P0"
+    straggler: str = "P1"
+    slowLink: str = "P1"
+    degradation: str = "P2"
+
+    def for_finding(self, kind: str) -> str:
+        """The level of an analysis finding kind (``hang``, ``straggler``, ``slow_link``, ``fail_slow``)."""
+        field_name = FINDING_KIND_FIELDS.get(kind)
+        if field_name is None:
+            raise InvalidSpec(f"spec.alerting.levels: no level for finding kind {kind!r}")
+        return getattr(self, field_name)
+
+
+FINDING_KIND_FIELDS = {"hang": "hang", "straggler": "straggler", "slow_link": "slowLink", "fail_slow": "degradation"}
+"""Finding kinds of rankwatch.analysis and the spec.alerting.levels field that sets their level."""
+
+
+@dataclass(frozen=True)
+class Alerting:
+    route: str = "default"
+    """Copied onto the job's alerts as label ``route``: routing config matchers pick the receivers."""
+    levels: AlertLevels = field(default_factory=AlertLevels)
+
+
+@dataclass(frozen=True)
 class TrainingJobSpec:
     template: dict[str, Any]
     replicas: int = 1
@@ -47,7 +75,7 @@ class TrainingJobSpec:
     parallelism: Parallelism = field(default_factory=Parallelism)
     tracing: Tracing = field(default_factory=Tracing)
     remediation: Remediation = field(default_factory=Remediation)
-    alerting: dict[str, Any] = field(default_factory=dict)
+    alerting: Alerting = field(default_factory=Alerting)
 
     @property
     def world_size(self) -> int:
@@ -69,9 +97,18 @@ class TrainingJobSpec:
                 parallelism=Parallelism(**spec.get("parallelism", {})),
                 tracing=Tracing(**spec.get("tracing", {})),
                 remediation=Remediation(**spec.get("remediation", {})),
-                alerting=dict(spec.get("alerting", {})),
+                alerting=_alerting(spec.get("alerting", {})),
             )
         except KeyError as error:
             raise InvalidSpec(f"spec.{error.args[0]} is required") from error
         except TypeError as error:  # an unexpected keyword names the unknown field
             raise InvalidSpec(f"spec: {error}") from error
+
+
+def _alerting(alerting: dict[str, Any]) -> Alerting:
+    alerting = dict(alerting)
+    levels = alerting.pop("levels", {})
+    try:
+        return Alerting(levels=AlertLevels(**levels), **alerting)
+    except TypeError as error:
+        raise InvalidSpec(f"spec.alerting: {error}") from error

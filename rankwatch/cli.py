@@ -116,6 +116,14 @@ def _analyze(args: argparse.Namespace) -> int:
     )
 
 
+def _alerts(args: argparse.Namespace) -> int:
+    from rankwatch.operator.alerting import commands
+
+    if args.action == "report":
+        return commands.report(args.config, args.secrets, args.namespace, args.store, args.receiver, args.print)
+    return commands.test(args.config, args.secrets, args.namespace, args.receiver, args.level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -173,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser("analyze", help="find the rank behind a hang or a slowdown in traces")
     analyze.add_argument("path", nargs="?", help="a directory of *.ring files, or one ring")
     analyze.add_argument("--log-path", help="same as PATH (Megatrace's spelling)")
-    analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow"])
+    analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow", "parallel"])
     analyze.add_argument(
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
     )
@@ -186,6 +194,23 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--config-path", help="Megatrace's config.yaml with TP, PP, world_size")
     analyze.add_argument("--ranks-per-node", type=int, help="name nodes when the traces do not")
     analyze.set_defaults(handler=_analyze)
+
+    alerts = commands.add_parser("alerts", help="alerting: the weekly report or a test message, now")
+    alerts.add_argument("action", choices=["report", "test"])
+    alerts.add_argument("--config", help="alerting config YAML (default $RANKWATCH_ALERTING_CONFIG)")
+    alerts.add_argument(
+        "--secrets", help="YAML {secret-name: {key: value}} instead of reading Secrets from the cluster"
+    )
+    alerts.add_argument(
+        "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
+    )
+    alerts.add_argument("--store", help="`report`: the alert store (default: store.path of the config)")
+    alerts.add_argument("--receiver", help="`report`: instead of report.receiver; `test`: required")
+    alerts.add_argument("--print", action="store_true", help="`report`: print the card JSON, send nothing")
+    alerts.add_argument(
+        "--level", default="P3", help="`test`: level of the test message (P0 on a phone receiver rings)"
+    )
+    alerts.set_defaults(handler=_alerts)
     return parser
 
 

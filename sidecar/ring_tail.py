@@ -244,7 +244,7 @@ class RingSet:
             except (RingError, OSError) as error:
                 # a ring being created is complete once its magic is written: retried when the file changes
                 if name not in self.problems:
-                    log.warning("skipping %s", error)
+                    log.info("skipping %s (retried when the file changes)", error)
                 self.problems[name] = str(error)
                 self._problem_stats[name] = (stat.st_size, stat.st_mtime_ns)
                 continue

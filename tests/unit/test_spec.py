@@ -8,7 +8,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rankwatch.operator.spec import InvalidSpec, Parallelism, Remediation, Tracing, TrainingJobSpec
+from rankwatch.operator.spec import (
+    FINDING_KIND_FIELDS,
+    Alerting,
+    AlertLevels,
+    InvalidSpec,
+    Parallelism,
+    Remediation,
+    Tracing,
+    TrainingJobSpec,
+)
 
 CRD = yaml.safe_load((Path(__file__).parents[2] / "crds" / "trainingjobs.rankwatch.io.yaml").read_text())
 SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
@@ -21,6 +30,8 @@ SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["propertie
         (Parallelism, SPEC_SCHEMA["parallelism"]["properties"]),
         (Tracing, SPEC_SCHEMA["tracing"]["properties"]),
         (Remediation, SPEC_SCHEMA["remediation"]["properties"]),
+        (Alerting, SPEC_SCHEMA["alerting"]["properties"]),
+        (AlertLevels, SPEC_SCHEMA["alerting"]["properties"]["levels"]["properties"]),
     ],
 )
 def test_dataclass_defaults_equal_crd_defaults(cls, schema):
@@ -43,3 +54,21 @@ def test_from_manifest_names_missing_and_unknown_fields():
         TrainingJobSpec.from_manifest({"replicas": 1})
     with pytest.raises(InvalidSpec, match="sensitivity"):
         TrainingJobSpec.from_manifest({"template": {}, "tracing": {"sensitivity": 3}})
+
+
+def test_every_level_field_is_in_the_crd_and_every_finding_kind_has_a_level():
+    crd_levels = SPEC_SCHEMA["alerting"]["properties"]["levels"]["properties"]
+    assert set(FINDING_KIND_FIELDS.values()) == set(crd_levels) == {f.name for f in fields(AlertLevels)}
+    assert [AlertLevels().for_finding(kind) for kind in ("hang", "straggler", "slow_link", "fail_slow")] == [
+        "P0",
+        "P1",
+        "P1",
+        "P2",
+    ]
+
+
+def test_from_manifest_reads_alerting_levels_and_refuses_unknown_kinds():
+    spec = TrainingJobSpec.from_manifest({"template": {}, "alerting": {"route": "llm", "levels": {"straggler": "P0"}}})
+    assert spec.alerting == Alerting(route="llm", levels=AlertLevels(straggler="P0"))
+    with pytest.raises(InvalidSpec, match=r"spec\.alerting.*stall"):
+        TrainingJobSpec.from_manifest({"template": {}, "alerting": {"levels": {"stall": "P0"}}})

@@ -1,0 +1,102 @@
+"""Group calls into collective instances: all members' calls of one (communicator, sequence number).
+
+One sort for the whole trace, not a pass per communicator: a 16k-rank job has thousands of
+communicators. Communicator, sequence and row index are packed into one 64-bit key where they fit
+(``np.sort`` on integers is several times faster than ``argsort``); within an instance the rows stay
+in trace order, i.e. by global rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Instances:
+    rows: np.ndarray  # row indices into the calls, grouped by instance
+    starts: np.ndarray  # where each instance begins in ``rows``; one extra entry at the end
+    comm: np.ndarray  # communicator id of each instance
+    seq: np.ndarray  # sequence number of each instance
+    comm_index: np.ndarray  # index of the instance's communicator in ``comm_ids``
+    comm_ids: np.ndarray  # the distinct communicators, sorted
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.diff(self.starts)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+
+def _bits(value: int) -> int:
+    return max(int(value).bit_length(), 1)
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, index of each value among them), by packing the row into the key."""
+    n = len(values)
+    row_bits = _bits(n)
+    hash_bits = 63 - row_bits
+    if hash_bits >= 24:
+        low = (values & np.uint64((1 << hash_bits) - 1)).astype(np.int64)
+        packed = np.sort((low << row_bits) | np.arange(n, dtype=np.int64))
+        rows = packed & ((1 << row_bits) - 1)
+        hashes = packed >> row_bits
+        new = np.empty(n, bool)
+        new[:1] = True
+        np.not_equal(hashes[1:], hashes[:-1], out=new[1:])
+        distinct = values[rows[new]]
+        order = np.argsort(distinct)
+        index = np.empty(n, np.int64)
+        index[rows] = np.argsort(order)[np.cumsum(new) - 1]
+        distinct = distinct[order]
+        if (distinct[index] == values).all():  # no two ids share their low bits
+            return distinct, index
+    distinct, index = np.unique(values, return_inverse=True)
+    return distinct, index.reshape(-1)
+
+
+def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Instances:
+    """Instances of the calls ``rows`` (ascending row indices) whose communicator and sequence are given."""
+    if not len(rows):
+        empty = np.zeros(0, np.int64)
+        return Instances(empty, np.zeros(1, np.int64), empty.astype(np.uint64), empty.astype(np.uint64), empty,
+                         empty.astype(np.uint64))  # fmt: skip
+    comm_ids, comm_index = _factorize(comm)
+    seq = seq.astype(np.int64)
+    seq_low = int(seq.min())
+    n = len(rows)
+    comm_bits, seq_bits, row_bits = _bits(len(comm_ids)), _bits(int(seq.max()) - seq_low), _bits(n)
+    if comm_bits + seq_bits + row_bits <= 63:
+        packed = np.sort(
+            (comm_index << (seq_bits + row_bits)) | ((seq - seq_low) << row_bits) | np.arange(n, dtype=np.int64)
+        )
+        order = packed & ((1 << row_bits) - 1)
+        instance_key = packed >> row_bits
+    else:
+        order = np.lexsort((np.arange(n), seq, comm_index))
+        instance_key = comm_index[order] * (int(seq.max()) - seq_low + 1) + (seq[order] - seq_low)
+    boundary = np.flatnonzero(np.r_[True, instance_key[1:] != instance_key[:-1]])
+    firsts = order[boundary]
+    return Instances(
+        rows=rows[order],
+        starts=np.r_[boundary, n].astype(np.int64),
+        comm=comm_ids[comm_index[firsts]],
+        seq=seq[firsts].astype(np.uint64),
+        comm_index=comm_index[firsts],
+        comm_ids=comm_ids,
+    )
+
+
+def grouped_median(values: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
+    """Median of ``values`` per group 0..count-1 (NaN for an empty group), with one sort."""
+    order = np.lexsort((values, groups))
+    groups, values = groups[order], values[order]
+    bounds = np.searchsorted(groups, np.arange(count + 1))
+    out = np.full(count, np.nan)
+    have = np.flatnonzero(np.diff(bounds) > 0)
+    lo, hi = bounds[have], bounds[have + 1] - 1
+    out[have] = (values[(lo + hi) // 2] + values[(lo + hi + 1) // 2]) / 2
+    return out

@@ -1,0 +1,36 @@
+"""Alerting: P0–P3 alerts from job findings and Alertmanager, routed to Feishu cards, phone calls and webhooks.
+
+The operator uses:
+
+- ``load_config(text, secrets=kubernetes_resolver(namespace))`` once at startup;
+- ``AlertPipeline(config)``: ``await start()`` / ``await stop()`` in the operator's event loop,
+  ``await submit([alert_from_finding(namespace, job, finding, spec.alerting)])`` when a diagnosis
+  finds something, ``await resolve(labels={"namespace": ns, "trainingjob": job})`` when it clears;
+- ``add_routes(app, pipeline)`` on its aiohttp app for the Alertmanager webhook and silences.
+"""
+
+from rankwatch.operator.alerting.config import AlertingConfig, ConfigError, load_config
+from rankwatch.operator.alerting.delivery import DeliveryError
+from rankwatch.operator.alerting.findings import alert_from_finding
+from rankwatch.operator.alerting.intake import add_routes, alerts_from_alertmanager, serve
+from rankwatch.operator.alerting.model import Alert, Level
+from rankwatch.operator.alerting.pipeline import AlertPipeline
+from rankwatch.operator.alerting.secrets import Secret, file_resolver, kubernetes_resolver, mapping_resolver
+
+__all__ = [
+    "Alert",
+    "AlertPipeline",
+    "AlertingConfig",
+    "ConfigError",
+    "DeliveryError",
+    "Level",
+    "Secret",
+    "add_routes",
+    "alert_from_finding",
+    "alerts_from_alertmanager",
+    "file_resolver",
+    "kubernetes_resolver",
+    "load_config",
+    "mapping_resolver",
+    "serve",
+]

@@ -1,0 +1,115 @@
+"""``rankwatch alerts report`` and ``rankwatch alerts test``: on-demand messages from the command line.
+
+Run where the store is (``kubectl exec deploy/rankwatch-operator -- rankwatch alerts report``) or
+anywhere with a copy of it. They only open the store and send: nothing of the operator's alert
+groups is evaluated, so running them beside the operator never sends a page twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from rankwatch.operator.alerting import cards
+from rankwatch.operator.alerting.config import AlertingConfig, ConfigError, load_config
+from rankwatch.operator.alerting.delivery import DeliveryError
+from rankwatch.operator.alerting.model import Level
+from rankwatch.operator.alerting.pipeline import AlertPipeline
+from rankwatch.operator.alerting.secrets import SecretResolver, file_resolver, kubernetes_resolver
+from rankwatch.operator.alerting.store import AlertStore, StoreError
+
+DEFAULT_CONFIG = "/etc/rankwatch/alerting/config.yaml"
+
+
+def _resolver(secrets_file: str | None, namespace: str | None) -> SecretResolver:
+    if secrets_file:
+        return file_resolver(secrets_file)
+    import kubernetes
+
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+    return kubernetes_resolver(namespace or os.environ.get("POD_NAMESPACE", "rankwatch-system"))
+
+
+def _config(path: str | None, secrets_file: str | None, namespace: str | None, store: str | None) -> AlertingConfig:
+    path = path or os.environ.get("RANKWATCH_ALERTING_CONFIG", DEFAULT_CONFIG)
+    config = load_config(Path(path), _resolver(secrets_file, namespace))
+    if store:
+        from dataclasses import replace
+
+        config = replace(config, store=replace(config.store, path=store))
+    return config
+
+
+def report(
+    config_path: str | None,
+    secrets_file: str | None,
+    namespace: str | None,
+    store: str | None,
+    receiver: str | None,
+    print_only: bool,
+) -> int:
+    try:
+        config = _config(config_path, secrets_file, namespace, store)
+        if not Path(config.store.path).exists():
+            raise StoreError(f"no alert store at {config.store.path} (give --store)")
+        return asyncio.run(_report(config, receiver, print_only))
+    except (ConfigError, StoreError, ValueError, OSError) as error:
+        print(f"rankwatch alerts report: {error}", file=sys.stderr)
+        return 1
+
+
+async def _report(config: AlertingConfig, receiver: str | None, print_only: bool) -> int:
+    store = AlertStore(config.store.path)
+    pipeline = AlertPipeline(config, store=store)
+    await pipeline.start(evaluate=False)
+    try:
+        if print_only:
+            built = pipeline.build_report(receiver or config.report.receiver or next(iter(config.receivers)))
+            print(json.dumps(cards.card(built), ensure_ascii=False, indent=2))
+            return 0
+        try:
+            built = await pipeline.send_report(receiver)
+        except DeliveryError as error:
+            print(f"rankwatch alerts report: {error}", file=sys.stderr)
+            return 1
+    finally:
+        await pipeline.stop()
+        store.close()
+    counts = ", ".join(f"{level} {count}" for level, count in built.counts.items())
+    print(f"sent the weekly report to {built.receiver}: {built.total} alerts ({counts})")
+    return 0
+
+
+def test(config_path: str | None, secrets_file: str | None, namespace: str | None, receiver: str, level: str) -> int:
+    try:
+        config = _config(config_path, secrets_file, namespace, store=":memory:")
+        return asyncio.run(_test(config, receiver, Level.parse(level)))
+    except (ConfigError, ValueError, OSError) as error:
+        print(f"rankwatch alerts test: {error}", file=sys.stderr)
+        return 1
+
+
+async def _test(config: AlertingConfig, receiver: str, level: Level) -> int:
+    if receiver not in config.receivers:
+        print(
+            f"rankwatch alerts test: no receiver named {receiver!r} (defined: {', '.join(config.receivers)})",
+            file=sys.stderr,
+        )
+        return 2
+    pipeline = AlertPipeline(config, store=AlertStore(":memory:"))
+    await pipeline.start(evaluate=False)
+    try:
+        await pipeline.send_test(receiver, level)
+    except DeliveryError as error:
+        print(f"rankwatch alerts test: {error}", file=sys.stderr)
+        return 1
+    finally:
+        await pipeline.stop()
+    print(f"sent a {level} test {'call' if pipeline.receivers[receiver].rings else 'card'} to {receiver}")
+    return 0

@@ -1,0 +1,66 @@
+"""Training-job findings (``rankwatch.analysis.findings.Finding``) as alerts.
+
+Labels (the identity) say what and where: kind, job, nodes, ranks, communicator. The same culprit
+found again by the next diagnosis is the same alert (deduplicated, repeated at repeat_interval);
+another rank or node is another alert. Confidence and evidence are annotations: they change from
+one diagnosis to the next without making a new alert.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rankwatch.analysis.findings import Finding
+from rankwatch.operator.alerting.model import Alert, Level
+from rankwatch.operator.spec import Alerting
+
+ALERT_NAMES = {
+    "hang": "TrainingJobHang",
+    "straggler": "TrainingJobStraggler",
+    "slow_link": "TrainingJobSlowLink",
+    "fail_slow": "TrainingJobFailSlow",
+}
+MAX_RANKS_IN_LABEL = 16
+
+
+def alert_from_finding(
+    namespace: str,
+    job: str,
+    finding: Finding,
+    alerting: Alerting | None = None,
+    now: float | None = None,
+    report_url: str = "",
+) -> Alert:
+    """The alert for one finding of job ``namespace/job``, levelled by the job's ``spec.alerting``."""
+    alerting = alerting or Alerting()
+    if finding.kind not in ALERT_NAMES:
+        raise ValueError(f"finding kind {finding.kind!r} is not one of {', '.join(ALERT_NAMES)}")
+    ranks = sorted(finding.ranks)
+    rank_label = ",".join(map(str, ranks[:MAX_RANKS_IN_LABEL]))
+    if len(ranks) > MAX_RANKS_IN_LABEL:
+        rank_label += f",+{len(ranks) - MAX_RANKS_IN_LABEL}"
+    labels = {
+        "alertname": ALERT_NAMES[finding.kind],
+        "kind": finding.kind,
+        "namespace": namespace,
+        "trainingjob": job,
+        "route": alerting.route,
+        "node": ",".join(sorted(finding.nodes)),
+        "rank": rank_label,
+    }
+    if finding.communicator:
+        labels["communicator"] = finding.communicator
+    annotations = {
+        "summary": finding.summary,
+        "confidence": f"{finding.confidence:.2f}",
+        "evidence": json.dumps(finding.evidence, sort_keys=True, default=str),
+    }
+    if report_url:
+        annotations["report_url"] = report_url
+    return Alert(
+        labels={k: v for k, v in labels.items() if v},
+        level=Level.parse(alerting.levels.for_finding(finding.kind)),
+        starts_at=time.time() if now is None else now,
+        annotations=annotations,
+    )

@@ -1,0 +1,45 @@
+"""Prometheus counters of the alert path. Labels are bounded: level (4), receiver (config), reason, source."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+SUPPRESSION_REASONS = ("duplicate", "silenced", "inhibited", "storm")
+
+
+class AlertMetrics:
+    _default: AlertMetrics | None = None
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        self.received = Counter(
+            "rankwatch_alerts_received",
+            "Alerts submitted to the alert pipeline (job findings, Alertmanager webhook).",
+            ["level", "source"],
+            registry=registry,
+        )
+        self.sent = Counter(
+            "rankwatch_alerts_sent",
+            "Alerts in notifications a receiver accepted (a storm summary counts the alerts it stands for).",
+            ["level", "receiver"],
+            registry=registry,
+        )
+        self.failed = Counter(
+            "rankwatch_alerts_failed",
+            "Alerts in notifications a receiver did not accept after the retries.",
+            ["level", "receiver", "reason"],
+            registry=registry,
+        )
+        self.suppressed = Counter(
+            "rankwatch_alerts_suppressed",
+            "Alerts not notified: duplicate of a firing alert, silenced, inhibited, or held back by storm control.",
+            ["level", "reason"],
+            registry=registry,
+        )
+
+    @classmethod
+    def default(cls) -> AlertMetrics:
+        """One set per process on the global registry (registering twice is an error in prometheus_client)."""
+        if cls._default is None:
+            cls._default = cls()
+        return cls._default

@@ -1,0 +1,51 @@
+"""Fixtures: a local Feishu (real HTTP on 127.0.0.1) and started pipelines with fast-timed configs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+sys.path.insert(0, str(Path(__file__).parent))  # the tests import alerting_support (pytest runs in importlib mode)
+
+from alerting_support import APP_ID, APP_SECRET, BOT_TOKEN, SIGNING_SECRET, USERS, config_data, merge, secrets_for
+
+from rankwatch.operator.alerting import AlertPipeline, load_config
+from rankwatch.operator.alerting.fake_feishu import FakeFeishu
+from rankwatch.operator.alerting.metrics import AlertMetrics
+
+
+@pytest.fixture
+async def feishu():
+    fake = FakeFeishu()
+    await fake.start()
+    fake.add_bot(BOT_TOKEN, SIGNING_SECRET)
+    fake.add_app(APP_ID, APP_SECRET, USERS)
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def pipelines(feishu, tmp_path):
+    """Build started pipelines (config changes merged in) sharing one store path and metrics registry;
+    all are stopped at the end of the test."""
+    made: list[AlertPipeline] = []
+    registry = CollectorRegistry()
+    metrics = AlertMetrics(registry)
+
+    async def make(changes: dict[str, Any] | None = None, signing_secret: str = SIGNING_SECRET) -> AlertPipeline:
+        data = merge(config_data(feishu, str(tmp_path / "alerts.sqlite")), changes or {})
+        config = load_config(yaml.safe_dump(data), secrets_for(feishu, signing_secret))
+        pipeline = AlertPipeline(config, metrics=metrics)
+        await pipeline.start()
+        made.append(pipeline)
+        return pipeline
+
+    make.registry = registry  # type: ignore[attr-defined]
+    yield make
+    for pipeline in made:
+        await pipeline.stop(grace=0.5)
