@@ -56,6 +56,8 @@ class BatchWriter:
 
     def write(self, n: int, now_ns: int) -> None:
         """``n`` calls; the last stays in flight until the next batch finishes it."""
+        if n <= 0:
+            return
         if self.open_slot is not None:
             slot = self.slots[self.open_slot : self.open_slot + 1]
             slot["t_return_ns"] = now_ns
@@ -193,7 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--rate", type=int, default=5000)
+    parser.add_argument("--rate", type=int, default=5000, help="calls per second per rank (0: an idle sidecar)")
     parser.add_argument("--writer", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.writer:
