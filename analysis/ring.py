@@ -91,6 +91,13 @@ RECORD_DTYPE = np.dtype(
 assert RECORD_DTYPE.itemsize == RECORD_SIZE
 RAW_RECORD = np.dtype((np.void, RECORD_SIZE))
 
+
+def take(records: np.ndarray, selector: np.ndarray) -> np.ndarray:
+    """``records[selector]`` (a mask or indices), copied as whole 128-byte rows: numpy copies structured
+    records field by field, 10-20x slower, which matters when a sidecar reads millions a second."""
+    return records.view(RAW_RECORD)[selector].view(RECORD_DTYPE)
+
+
 HEADER_DTYPE = np.dtype(
     [
         ("magic", "S8"),
@@ -134,6 +141,7 @@ class RingHeader:
     gpu_timing: bool
     lost_updates: int
     gpu_skipped: int
+    start_monotonic_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,7 +233,27 @@ class RingReader:
             gpu_timing=bool(int(h["flags"]) & 1),
             lost_updates=int(h["lost_updates"]),
             gpu_skipped=int(h["gpu_skipped"]),
+            start_monotonic_ns=int(h["start_monotonic_ns"]),
         )
+
+    @property
+    def claimed(self) -> int:
+        """Records ever claimed by the writer (the header's ``next``), read without building a header."""
+        return int(self._header["next"][0])
+
+    def header_bytes(self) -> bytes:
+        """A copy of the whole 4096-byte header, as the writer left it."""
+        return bytes(self._map[:HEADER_SIZE])
+
+    def records_at(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the slots of claims ``indices`` (uint64) and a mask of those that hold exactly that
+        claim, complete, before and after the copy (the rest are being written, overwritten or torn)."""
+        slots_of = (indices % np.uint64(self.capacity)).astype(np.int64)
+        slots = self._raw[slots_of].view(RECORD_DTYPE)  # one copy of just these slots
+        # A record copied while being rewritten is caught by re-reading its stamp after the copy.
+        stamps_after = self._slots["stamp"][slots_of]
+        expected = indices * np.uint64(2) + np.uint64(2)
+        return slots, (slots["stamp"] == expected) & (stamps_after == expected)
 
     def read(self, since: int = 0) -> RingSnapshot:
         """Valid records with claim index >= ``since``, oldest first (vectorised, one copy)."""

@@ -79,6 +79,18 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sidecar(args: argparse.Namespace) -> int:
+    from rankwatch.sidecar.config import ConfigError, load
+    from rankwatch.sidecar.main import main
+
+    try:
+        config = load(args)
+    except ConfigError as error:
+        print(f"rankwatch sidecar: {error}", file=sys.stderr)
+        return 2
+    return main(config)
+
+
 def _analyze(args: argparse.Namespace) -> int:
     from rankwatch.analysis.analyze import main
 
@@ -157,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--timeout", type=float, default=300.0)
     simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
     simulate.set_defaults(handler=_simulate)
+
+    sidecar = commands.add_parser(
+        "sidecar", help="follow a pod's trace rings: stall watch, window summaries to the collector, /metrics, /dump"
+    )
+    from rankwatch.sidecar.config import add_arguments
+
+    add_arguments(sidecar)
+    sidecar.set_defaults(handler=_sidecar)
 
     analyze = commands.add_parser("analyze", help="find the rank behind a hang or a slowdown in traces")
     analyze.add_argument("path", nargs="?", help="a directory of *.ring files, or one ring")

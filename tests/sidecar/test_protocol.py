@@ -1,0 +1,112 @@
+"""The protocol module both sides import: round trips, and bodies a collector must refuse clearly."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+
+import pytest
+
+from rankwatch.sidecar import protocol
+from rankwatch.sidecar.protocol import (
+    CommPosition,
+    CommWindow,
+    ProtocolError,
+    Quantiles,
+    RankPosition,
+    RankWindow,
+    StallReport,
+    WindowSummary,
+)
+
+
+def summary() -> WindowSummary:
+    comm = CommWindow(
+        comm_id="00000000c0ffee00", comm_rank=1, comm_size=8, first_entered=11, last_entered=20, first_completed=10,
+        last_completed=19, in_flight=1, oldest_in_flight_s=0.002, calls={"AllReduce": 10}, failed=0,
+        wait=Quantiles(10, 0.001, 0.002, 0.003, 0.004), gap=Quantiles(9, 0.01, 0.01, 0.01, 0.02), gpu=None,
+    )  # fmt: skip
+    rank = RankWindow(
+        global_rank=3, local_rank=3, pid=41, ring="rankwatch-n-41.ring", alive=True, records=10, torn=0,
+        overwritten=0, lost_updates=0, last_call_ns=1_700_000_000_000_000_000, step_time_s=0.1, comms=[comm],
+    )  # fmt: skip
+    return WindowSummary(
+        schema=protocol.SCHEMA_VERSION, namespace="team-a", job="llama", pod="llama-worker-0", node="gpu-node-1",
+        replica_index=0, expected_ranks=8, window=7, start_ns=1, end_ns=2, dropped_summaries=3, ranks=[rank],
+    )  # fmt: skip
+
+
+def stall() -> StallReport:
+    position = RankPosition(
+        global_rank=3, local_rank=3, pid=41, ring="r.ring", alive=True, stall="in_flight", last_call_ns=5,
+        silent_s=2.0, comms=[CommPosition("00000000c0ffee00", 1, 8, 20, 19, 1, 2.5, "AllReduce", 20)],
+    )  # fmt: skip
+    return StallReport(
+        schema=protocol.SCHEMA_VERSION, namespace="team-a", job="llama", pod="p", node="n", replica_index=0,
+        detected_ns=9, sensitivity_s=2.0, stalled_ranks=[3], summary="rank 3 waits", megatrace_dir="/t/megatrace",
+        positions=[position],
+    )  # fmt: skip
+
+
+def test_messages_round_trip_through_gzip_json():
+    for message, parse in ((summary(), protocol.parse_summary), (stall(), protocol.parse_stall)):
+        body = protocol.encode(message)
+        assert body[:2] == b"\x1f\x8b", "gzip"
+        assert parse(protocol.decode_body(body, "gzip")) == message
+
+
+def test_paths_and_bearer_header():
+    assert protocol.summaries_path("team-a", "llama") == "/v1/jobs/team-a/llama/summaries"
+    assert protocol.stalls_path("team-a", "llama") == "/v1/jobs/team-a/llama/stalls"
+    assert protocol.token_of(protocol.bearer("abc")) == "abc"
+    assert protocol.token_of("Basic abc") is None and protocol.token_of(None) is None
+    assert protocol.token_of("Bearer ") is None
+
+
+def document(**changes) -> bytes:
+    data = dataclasses.asdict(summary())
+    data.update(changes)
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "WindowSummary: not JSON"),
+        (b"[1, 2]", "expected a JSON object, got list"),
+        (document(schema=2), "schema 2, this side speaks 1"),
+        (document(window="7"), "WindowSummary.window: expected an integer, got '7'"),
+        (document(window=True), "WindowSummary.window: expected an integer, got True"),
+        (document(extra=1), "WindowSummary: unknown field 'extra'"),
+        (document(ranks=[{"global_rank": 1}]), "WindowSummary.ranks[0]: missing field"),
+        (document(ranks="none"), "WindowSummary.ranks: expected a list"),
+    ],
+)
+def test_bad_summaries_are_refused_naming_the_field(body, message):
+    with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        protocol.parse_summary(body)
+
+
+def test_nested_field_errors_name_the_path():
+    data = dataclasses.asdict(summary())
+    data["ranks"][0]["comms"][0]["wait"]["p50"] = "fast"
+    with pytest.raises(ProtocolError, match=r"WindowSummary\.ranks\[0\]\.comms\[0\]\.wait\.p50: expected a number"):
+        protocol.parse_summary(json.dumps(data).encode())
+
+
+def test_oversized_and_bomb_bodies_are_refused():
+    with pytest.raises(ProtocolError, match=r"compressed body of .* over the limit"):
+        protocol.decode_body(protocol.GZIP_MAGIC + b"x" * protocol.MAX_BODY_BYTES, "gzip")
+    with pytest.raises(ProtocolError, match="over the limit"):
+        protocol.decode_body(b"x" * (protocol.MAX_DECODED_BYTES + 1))
+    bomb = gzip.compress(b" " * (protocol.MAX_DECODED_BYTES + 10))
+    assert len(bomb) < protocol.MAX_BODY_BYTES
+    with pytest.raises(ProtocolError, match="decompresses to more than"):
+        protocol.decode_body(bomb, "gzip")
+    with pytest.raises(ProtocolError, match="not valid gzip"):
+        protocol.decode_body(protocol.GZIP_MAGIC + b"garbage", "gzip")
+    assert protocol.decode_body(b"{}", "gzip") == b"{}", "already decompressed by the server framework"
+    with pytest.raises(ProtocolError, match="Content-Encoding 'br'"):
+        protocol.decode_body(b"{}", "br")
+    assert protocol.decode_body(b"{}", None) == b"{}"
