@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import Finding, report
@@ -18,6 +20,18 @@ from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import Trace, load_path
 
 TEST_TYPES = ("all", "hang", "slow", "parallel")
+# Ranks are compared over at most this many of the most recent calls (hundreds per rank even at 16k
+# ranks: ample for the sign test and the medians); hangs and the step-time history use everything.
+EVIDENCE_CALLS = 8_000_000
+
+
+def recent_since(trace: Trace, budget: int = EVIDENCE_CALLS) -> int | None:
+    """The call time after which about ``budget`` calls lie, or None when the trace is smaller."""
+    calls = len(trace.calls)
+    if calls <= budget:
+        return None
+    sample = trace.calls["t_call"][:: max(1, calls // 200_000)]
+    return int(np.quantile(sample, 1 - budget / calls))
 
 
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
@@ -32,15 +46,18 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
         findings += detect_hangs(trace, stall_seconds)
     if test_type in ("slow", "parallel") or (test_type == "all" and not findings):
         links: list[Finding] = []
+        since = recent_since(trace)
+        if since is not None:
+            problems.append(f"{len(trace.calls):,} calls: ranks compared over the most recent {EVIDENCE_CALLS:,}")
         if trace.has_returns:
-            links = detect_slow_links(trace)
+            links = detect_slow_links(trace, since_ns=since)
         else:
             problems.append("these logs carry only call times: slow links need return times (rankwatch rings)")
             if trace.ranks_per_node is None and all(source.node == "unknown" for source in trace.ranks.values()):
                 problems.append("host clocks taken as aligned across nodes; --ranks-per-node lets rankwatch remove "
                                 "each node's clock offset")  # fmt: skip
         endpoints = frozenset(rank for link in links for rank in link.ranks)
-        findings += links + detect_stragglers(trace, explained_by_links=endpoints)
+        findings += links + detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if test_type != "parallel":
             findings += fail_slow_with_culprits(trace, endpoints)
     return report(findings, problems)
@@ -50,7 +67,7 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
     """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
 
     def stragglers_after(onset_ns: int) -> list[int]:
-        later = detect_stragglers(trace, explained_by_links=explained, since_ns=onset_ns)
+        later = detect_stragglers(trace, explained_by_links=explained, since_ns=max(onset_ns, recent_since(trace) or 0))
         return sorted({rank for finding in later for rank in finding.ranks})
 
     return detect_fail_slow(trace, stragglers_after)
@@ -76,9 +93,10 @@ def main(
     ranks_per_node: int | None = None,
     chrome_out: str | None = None,
     html_out: str | None = None,
+    workers: int = 1,
 ) -> int:
     try:
-        trace = load_path(path)
+        trace = load_path(path, workers)
         trace.layout, trace.ranks_per_node = layout, ranks_per_node
         if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
             raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")

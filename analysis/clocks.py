@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rankwatch.analysis.instances import grouped_median
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 
@@ -33,8 +34,10 @@ def node_offsets(trace: Trace) -> dict[str, float]:
     bounds = np.searchsorted(index[seq_order], np.arange(len(instances) + 1))
     middle = returned[seq_order][(bounds[:-1] + bounds[1:] - 1) // 2]
     late = (returned - middle[index])[complete]
-    nodes = np.array([trace.node_of(int(r)) for r in rank[complete]])
-    return {str(node): float(np.median(late[nodes == node])) for node in np.unique(nodes)}
+    ranks, rank_index = np.unique(rank[complete], return_inverse=True)
+    names, node_of_rank = np.unique([trace.node_of(int(r)) for r in ranks], return_inverse=True)
+    medians = grouped_median(late, node_of_rank.reshape(-1)[rank_index.reshape(-1)], len(names))
+    return {str(name): float(median) for name, median in zip(names.tolist(), medians.tolist(), strict=True)}
 
 
 def aligned(trace: Trace, offsets: dict[str, float], ranks: np.ndarray) -> np.ndarray:

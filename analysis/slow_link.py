@@ -44,9 +44,15 @@ def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np
     return first[valid], second[valid] - len(send_keys)
 
 
-def detect_slow_links(trace: Trace, min_score: float = 6.0, min_excess_ns: float = 200_000) -> list[Finding]:
+def detect_slow_links(
+    trace: Trace, min_score: float = 6.0, min_excess_ns: float = 200_000, since_ns: int | None = None
+) -> list[Finding]:
+    """``since_ns``: only transfers entered from then on."""
     calls = trace.calls
-    p2p = np.flatnonzero((calls["t_return"] > 0) & ((calls["op"] == Op.SEND) | (calls["op"] == Op.RECV)))
+    usable = (calls["t_return"] > 0) & ((calls["op"] == Op.SEND) | (calls["op"] == Op.RECV))
+    if since_ns is not None:
+        usable &= calls["t_call"] >= since_ns
+    p2p = np.flatnonzero(usable)
     if not len(p2p):
         return []
     columns = {name: calls[name][p2p] for name in ("op", "comm", "comm_rank", "peer", "seq", "rank")}

@@ -270,19 +270,24 @@ def _root_causes(
 
     members = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
 
-    neighbourhoods: dict[int, set[int]] = {}
+    near_of: dict[int, set[int]] = {}
 
-    def neighbourhood(rank: int) -> set[int]:
-        """Who a late ``rank`` delays: its partners, its peers where it was flagged, and their partners."""
-        if rank not in neighbourhoods:
-            near = {rank} | partners(rank)
+    def near(rank: int) -> set[int]:
+        """Whom a late ``rank`` delays directly: its partners and its peers where it was flagged."""
+        if rank not in near_of:
+            found = {rank} | partners(rank)
             for comm_id in flagged_in.get(rank, ()):
-                near |= members.get(comm_id, set())
-            neighbourhoods[rank] = near.union(*(partners(other) for other in near))
-        return neighbourhoods[rank]
+                found |= members.get(comm_id, set())
+            near_of[rank] = found
+        return near_of[rank]
+
+    def within_two_hops(x: int, y: int) -> bool:
+        """x near y, or one of x's partners near y (partnership is mutual): only x's partners are
+        looked up, never those of everyone near y (a world communicator's 16k members)."""
+        return x in near(y) or not partners(x).isdisjoint(near(y))
 
     def related(x: int, y: int) -> bool:
-        return x in neighbourhood(y) or y in neighbourhood(x)
+        return within_two_hops(x, y) or within_two_hops(y, x)
 
     explained: set[int] = set(known_causes)
     pending = [rank for rank in sorted(best, key=lambda r: _strength(best[r]), reverse=True) if rank not in explained]

@@ -8,15 +8,13 @@ cannot be read are listed in ``Trace.problems`` with the reason; the other ranks
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from rankwatch.analysis.findings import comm_label
-from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, peek_header
+from rankwatch.analysis.ring import Op
 from rankwatch.analysis.topology import Layout
 
 CALL_DTYPE = np.dtype(
@@ -116,18 +114,6 @@ class Trace:
 
 
 # The calls' fields where a ring record keeps them: converting a record is one structured copy.
-_RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
-                   "t_return_ns", "gpu_start_ns", "gpu_end_ns", "group_id")  # fmt: skip
-_RECORD_AS_CALL = np.dtype(
-    {
-        "names": list(CALL_DTYPE.names),
-        "formats": [CALL_DTYPE[name] for name in CALL_DTYPE.names],
-        "offsets": [RECORD_DTYPE.fields[source][1] for source in _RECORD_SOURCES],
-        "itemsize": RECORD_DTYPE.itemsize,
-    }
-)
-
-
 def durations(calls: np.ndarray) -> np.ndarray:
     """Time inside each call, ns: on the GPU when timed (a real NCCL call returns to the host at once),
     else return minus call time. Clock-skew free: both ends are one rank's clock."""
@@ -136,107 +122,17 @@ def durations(calls: np.ndarray) -> np.ndarray:
     return np.where((gpu_start > 0) & (gpu_end > 0), gpu_end - gpu_start, host)
 
 
-def _header_of(path: Path) -> tuple[int, int] | str:
-    """(global rank, records the ring holds) or the reason it cannot be read."""
-    try:
-        rank, held = peek_header(path)
-    except RingError as error:
-        return str(error)
-    if rank < 0:
-        return f"{path}: the ring does not say its global rank (RANK was unset); skipped"
-    return rank, held
-
-
-def load_rings(paths: Iterable[str | Path]) -> Trace:
-    """Read ring files (one per process); unreadable ones become problems, not failures.
-
-    Rings are read in rank order into one preallocated array, converted in batches, so memory is
-    the calls themselves plus one batch."""
-    ranks: dict[int, RankSource] = {}
-    comms: dict[int, Communicator] = {}
-    problems: list[str] = []
-    chosen: list[tuple[int, Path]] = []
-    first_path: dict[int, Path] = {}
-    upper = 0
-    for path in sorted(map(Path, paths)):
-        found = _header_of(path)
-        if isinstance(found, str):
-            problems.append(found)
-        elif found[0] in first_path:
-            problems.append(f"{path}: rank {found[0]} also comes from {first_path[found[0]]}; kept the first")
-        else:
-            first_path[found[0]] = path
-            chosen.append((found[0], path))
-            upper += found[1]
-    calls = np.empty(upper, CALL_DTYPE)
-    filled = 0
-    progress = Progress(len(chosen), "reading rings")
-    for rank, path in sorted(chosen):
-        progress.advance()
-        try:
-            with RingReader(path, load=True) as reader:
-                snapshot = reader.read()
-        except RingError as error:
-            problems.append(str(error))
-            continue
-        header, records = snapshot.header, snapshot.records
-        ranks[rank] = RankSource(rank, header.hostname, header.pid, str(path))
-        if snapshot.torn:
-            problems.append(f"{path}: {snapshot.torn} torn or in-flight records skipped")
-        op = records["op"]
-        traced = (op > Op.NONE) & (op < Op.COMM_INIT)
-        lifecycle = np.flatnonzero(~traced)
-        if len(lifecycle):
-            _learn_communicators(records[lifecycle], rank, comms)
-            if lifecycle[-1] == len(lifecycle) - 1:  # creations first, as usual: a slice, no copy
-                records = records[len(lifecycle) :]
-            else:
-                records = records.view(RAW_RECORD)[traced].view(RECORD_DTYPE)
-        _members_from_calls(records, rank, comms)
-        if len(records) > 1 and (np.diff(records["t_call_ns"]) < 0).any():  # threads interleaved
-            records = records[np.argsort(records["t_call_ns"], kind="stable")]
-        out = calls[filled : filled + len(records)]
-        out[:] = records.view(_RECORD_AS_CALL)
-        out["rank"] = rank  # the header's word, as for the communicators
-        filled += len(records)
-    progress.close()
-    calls = calls[:filled]
-    return Trace(calls, ranks, comms, problems)
-
-
-def _learn_communicators(lifecycle: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
-    """Members and parents from the creation records (init, split, shrink) rings still hold."""
-    created = lifecycle["op"] <= Op.COMM_SHRINK
-    for comm_id, comm_rank, size, parent in zip(
-        lifecycle["comm_id"][created].tolist(), lifecycle["rank"][created].tolist(),
-        lifecycle["nranks"][created].tolist(), lifecycle["aux"][created].tolist(), strict=True,
-    ):  # fmt: skip
-        comm = comms.setdefault(comm_id, Communicator(comm_id, size))
-        comm.members[comm_rank] = rank
-        comm.parent = parent
-
-
-def _members_from_calls(records: np.ndarray, rank: int, comms: dict[int, Communicator]) -> None:
-    """Communicators whose creation fell out of a wrapped ring: a rank's place in each communicator
-    from its calls there (one place per communicator, so its first call tells it)."""
-    ids = records["comm_id"]
-    for comm_id in np.unique(ids).tolist():
-        comm = comms.get(comm_id)
-        if comm is not None and rank in comm.members.values():
-            continue  # its creation record said it
-        first = records[int(np.argmax(ids == comm_id))]
-        comm = comms.setdefault(comm_id, Communicator(comm_id, int(first["nranks"])))
-        comm.members.setdefault(int(first["rank"]), rank)
-
-
-def load_path(path: str | Path) -> Trace:
+def load_path(path: str | Path, workers: int = 1) -> Trace:
     """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), of Megatrace
-    logs (rank_<R>.log) or of PyTorch flight-recorder dumps (<prefix>rank_<R>), or one ring file."""
+    logs (rank_<R>.log) or of PyTorch flight-recorder dumps (<prefix>rank_<R>), or one ring file.
+    ``workers``: processes reading rings in parallel (forked: only from a single-threaded program)."""
     path = Path(path)
     if path.is_dir():
         rings = sorted(path.glob("*.ring"))
         if rings:
-            return load_rings(rings)
+            from rankwatch.analysis.ring_loader import load_rings
+
+            return load_rings(rings, workers)
         if any(path.glob("rank_*.log")):
             from rankwatch.analysis.megatrace import read_logs
 
@@ -251,4 +147,6 @@ def load_path(path: str | Path) -> Trace:
         )
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
+    from rankwatch.analysis.ring_loader import load_rings
+
     return load_rings([path])

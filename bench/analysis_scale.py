@@ -26,7 +26,7 @@ from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import load_path
 started = time.perf_counter()
-trace = load_path(sys.argv[1])
+trace = load_path(sys.argv[1], workers=int(sys.argv[5]))
 loaded = time.perf_counter()
 trace.layout, trace.ranks_per_node = Layout(*map(int, sys.argv[2:5])), 8
 document = analyze(trace)
@@ -51,6 +51,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=4)
     parser.add_argument("--steps", type=int, default=34)
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="processes reading the rings")
     parser.add_argument("--keep", type=Path, help="generate into this directory and keep it (reused when present)")
     args = parser.parse_args()
 
@@ -74,7 +75,8 @@ def main() -> None:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         output = subprocess.run(
-            [sys.executable, "-c", ANALYSE, str(directory), str(args.tp), str(args.pp), str(args.world_size)],
+            [sys.executable, "-c", ANALYSE, str(directory), *(str(v) for v in (args.tp, args.pp, args.world_size,
+                                                                               args.workers))],
             check=True, capture_output=True, text=True,
         ).stdout  # fmt: skip
         elapsed = time.perf_counter() - started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -112,7 +113,15 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
     return main(
-        path, args.test_type, args.stall_seconds, args.json, layout, args.ranks_per_node, args.chrome_trace, args.html
+        path,
+        args.test_type,
+        args.stall_seconds,
+        args.json,
+        layout,
+        args.ranks_per_node,
+        args.chrome_trace,
+        args.html,
+        max(1, args.jobs),
     )
 
 
@@ -193,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--world-size", type=int)
     analyze.add_argument("--config-path", help="Megatrace's config.yaml with TP, PP, world_size")
     analyze.add_argument("--ranks-per-node", type=int, help="name nodes when the traces do not")
+    analyze.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="processes reading rings")
     analyze.set_defaults(handler=_analyze)
 
     alerts = commands.add_parser("alerts", help="alerting: the weekly report or a test message, now")

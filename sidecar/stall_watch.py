@@ -108,7 +108,7 @@ def write_megatrace(rings: list[Path], directory: Path, save_count: int, calls: 
     """Append the last ``calls`` calls of each rank as dump ``save_count`` of Megatrace logs
     (``rank_<R>.log``; ``rankwatch analyze --log-path`` and Megatrace's own tools read them)."""
     from rankwatch.analysis.megatrace import write_logs
-    from rankwatch.analysis.trace import load_rings
+    from rankwatch.analysis.ring_loader import load_rings
 
     trace = load_rings(rings)
     ranks = trace.calls["rank"]  # sorted by rank, then call time

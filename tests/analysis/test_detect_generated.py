@@ -92,3 +92,13 @@ def test_the_culprit_is_named(runs, tmp_path, name, kind):
     if kind != "megatrace":  # with return times nobody else is blamed
         assert set(named) == set(truth.ranks), findings
     assert set(truth.nodes) <= {node for finding in findings for node in finding["nodes"]}
+
+
+def test_rings_read_by_several_processes_give_the_same_trace(runs, tmp_path):
+    run = runs["straggler-256-tp4-pp4"]
+    write_rings(run.trace, tmp_path, capacity=256, parents=run.parents)
+    (tmp_path / "rankwatch-broken-1.ring").write_bytes(b"not a ring")
+    alone, shared = load_path(tmp_path), load_path(tmp_path, workers=2)
+    assert alone.calls.tobytes() == shared.calls.tobytes() and len(alone.calls) == 256 * 256
+    assert {c: comm.members for c, comm in alone.comms.items()} == {c: comm.members for c, comm in shared.comms.items()}
+    assert alone.problems == shared.problems and "shorter than a ring header" in shared.problems[0]
