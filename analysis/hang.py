@@ -17,7 +17,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.ring import Op
-from rankwatch.analysis.trace import P2P_OPS, Trace
+from rankwatch.analysis.trace import P2P_OPS, Communicator, Trace
 
 
 def _describe_call(row: np.void) -> str:
@@ -73,6 +73,19 @@ def _roots_behind(waits_for: dict[int, set[int]], stopped: set[int]) -> dict[int
     return roots
 
 
+def _behind_in(trace: Trace, comm: Communicator, seq: int, progress_in: dict[int, dict[int, int]]) -> set[int]:
+    """Members of ``comm`` whose last call there is numbered below ``seq``: the ones a send/receive
+    with an unnamed peer can be waiting for (each exchange advances every participant's count)."""
+    if comm.id not in progress_in:
+        progress = {}
+        for member in comm.members.values():
+            own = trace.calls[trace.rows_of(member)]
+            numbers = own["seq"][own["comm"] == comm.id]
+            progress[member] = int(numbers.max()) if len(numbers) else 0
+        progress_in[comm.id] = progress
+    return {member for member, last in progress_in[comm.id].items() if last < seq}
+
+
 def _merge_stopped_together(
     trace: Trace,
     stalled: np.ndarray,
@@ -111,6 +124,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         return []
 
     entered = _entered(trace, stalled)
+    progress_in: dict[int, dict[int, int]] = {}
     members_of = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
     missing_in: dict[tuple[int, int], set[int]] = {}  # per instance: members that never entered it
     waits_for: dict[int, set[int]] = {}  # waiting rank -> ranks it waits for
@@ -121,8 +135,12 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         comm = trace.comms.get(comm_id)
         if int(row["op"]) in (Op.SEND, Op.RECV):
             peer = comm.members.get(int(row["peer"])) if comm else None
-            if peer is None:
-                unknown_peer.add(rank)  # waits for someone the trace does not name
+            if peer is None:  # the source does not name the peer (Megatrace): whoever fell behind here
+                behind = _behind_in(trace, comm, seq, progress_in) if comm else set()
+                if behind:
+                    waits_for.setdefault(rank, set()).update(behind)
+                else:
+                    unknown_peer.add(rank)  # waits for someone the trace does not name
                 continue
             matching = Op.RECV if int(row["op"]) == Op.SEND else Op.SEND
             peer_calls = calls[trace.rows_of(peer)]
@@ -143,7 +161,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         rank
         for targets in waits_for.values()
         for rank in targets
-        if rank not in waits_for and rank not in unknown_peer and (rank not in waiting or not trace.has_returns)
+        if rank not in waits_for and (not trace.has_returns or (rank not in unknown_peer and rank not in waiting))
     }  # (a rank inside a collective everyone entered is reported as stuck below)
     roots = _roots_behind(waits_for, stopped)
     if not trace.has_returns:

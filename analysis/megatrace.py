@@ -208,18 +208,35 @@ def read_logs(directory: str | Path) -> Trace:
     return Trace(calls, ranks, comms, problems, has_returns=False)
 
 
-def write_logs(trace: Trace, directory: str | Path, save_count: int = 1) -> list[Path]:
-    """Append the trace's calls as dump ``save_count`` of Megatrace logs (newer format, with groupHash)."""
+def _op_counts(calls: np.ndarray) -> np.ndarray:
+    """Megatrace's opCount of one rank's calls: per communicator, from 0, one value for the calls of
+    one ncclGroupStart/End (a grouped Send+Recv pair shares it)."""
+    group = calls["group"]
+    starts_op = np.r_[True, (group[1:] == 0) | (group[1:] != group[:-1])]
+    counts = np.zeros(len(calls), np.int64)
+    for comm_id in np.unique(calls["comm"]):
+        rows = np.flatnonzero(calls["comm"] == comm_id)
+        counts[rows] = np.cumsum(starts_op[rows]) - 1
+    return counts
+
+
+def write_logs(trace: Trace, directory: str | Path, save_count: int = 1, keep: np.ndarray | None = None) -> list[Path]:
+    """Append the trace's calls as dump ``save_count`` of Megatrace logs (newer format, with groupHash).
+    ``keep``: which calls the dump holds (a ring of the last calls); opCount still counts them all."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for rank in np.unique(trace.calls["rank"]):
-        mine = trace.calls[trace.calls["rank"] == rank]
+    for rank in np.unique(trace.calls["rank"]).tolist():
+        rows = trace.rows_of(rank)
+        mine = trace.calls[rows]
+        counts = _op_counts(mine)
+        if keep is not None:
+            mine, counts = mine[keep[rows]], counts[keep[rows]]
         lines = [
             f"[save_count {save_count}] [{t // 1_000_000_000}.{t % 1_000_000_000:09d}] [Rank {rank}] "
-            f"Fun {NAMES[Op(op)]} Data {count} stream 0x0 opCount {seq - 1} groupHash {int(np.int64(comm))}\n"
-            for t, op, count, seq, comm in zip(
-                mine["t_call"].tolist(), mine["op"].tolist(), mine["count"].tolist(), mine["seq"].tolist(),
+            f"Fun {NAMES[Op(op)]} Data {count} stream 0x0 opCount {op_count} groupHash {comm}\n"
+            for t, op, count, op_count, comm in zip(
+                mine["t_call"].tolist(), mine["op"].tolist(), mine["count"].tolist(), counts.tolist(),
                 mine["comm"].astype(np.int64).tolist(), strict=True,
             )
         ]  # fmt: skip

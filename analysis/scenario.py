@@ -135,7 +135,7 @@ def generate(s: Scenario) -> SyntheticRun:
         return ready + chunk
 
     def stops_now() -> None:
-        if s.hang_rank is not None and not blocked[s.hang_rank] and recorder.n[s.hang_rank] + 1 == s.hang_at_call:
+        if s.hang_rank is not None and not blocked[s.hang_rank] and recorder.n[s.hang_rank] + 1 >= s.hang_at_call:
             stopped[s.hang_rank] = True
 
     def times(done: np.ndarray, arrival: np.ndarray, ok: np.ndarray) -> dict[str, np.ndarray]:
@@ -156,7 +156,7 @@ def generate(s: Scenario) -> SyntheticRun:
         axis = 1
         last = arrival.reshape(shape).max(axis=axis, keepdims=True)
         incomplete = absent.reshape(shape).any(axis=axis, keepdims=True)
-        if s.stuck_rank is not None and recorder.n[s.stuck_rank] + 1 == s.stuck_at_call and not absent[s.stuck_rank]:
+        if s.stuck_rank is not None and recorder.n[s.stuck_rank] + 1 >= s.stuck_at_call and not absent[s.stuck_rank]:
             stuck_group = np.zeros(world, bool)
             stuck_group[s.stuck_rank] = True
             incomplete = incomplete | stuck_group.reshape(shape).any(axis=axis, keepdims=True)

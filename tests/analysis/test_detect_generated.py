@@ -48,7 +48,7 @@ def write(run: SyntheticRun, kind: str, directory: Path) -> Trace:
         position = np.arange(len(calls)) - np.searchsorted(calls["rank"], calls["rank"])
         third = calls_per_rank // 3
         for save_count, chosen in ((1, position < 2 * third), (2, position >= third)):
-            write_logs(Trace(calls[chosen], run.trace.ranks, run.trace.comms), directory, save_count)
+            write_logs(run.trace, directory, save_count, keep=chosen)
     else:
         write_dumps(run.trace, directory, as_pickle=run.scenario.world_size % 3 == 1, buffer_size=calls_per_rank // 2)
     trace = load_path(directory)
