@@ -211,7 +211,8 @@ def _report(
         if outcome.changes_node:
             dry = outcome is Outcome.DRY_RUN
             metrics.cordoned.labels(kind=suspicion.kind, dry_run=str(dry).lower()).inc()
-            target = EventTarget.node(nodes[node])
+            view = nodes.get(node)  # None only if the node was deleted between two attempts
+            target = EventTarget.node(view) if view else EventTarget("v1", "Node", node, "")
             if dry:
                 text = f"dry run: rankwatch would cordon and taint {node} for TrainingJob {suspicion.job} ({why})"
                 posts += [(target, "Normal", "CordonDryRun", text, f"dry-run/{stamp}", False)]

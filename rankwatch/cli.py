@@ -132,11 +132,14 @@ def _uncordon(args: argparse.Namespace) -> int:
     if not args.node and not args.all_from_job:
         print("rankwatch uncordon: give NODE(s) or --all-from-job NAMESPACE/NAME", file=sys.stderr)
         return 2
-    try:
-        kubernetes.config.load_incluster_config()
-        api = kubernetes.client.ApiClient()
-    except kubernetes.config.ConfigException:
+    if args.kubeconfig:
         api = kubernetes.config.new_client_from_config(config_file=args.kubeconfig)
+    else:
+        try:
+            kubernetes.config.load_incluster_config()
+            api = kubernetes.client.ApiClient()
+        except kubernetes.config.ConfigException:
+            api = kubernetes.config.new_client_from_config()
     results = [uncordon(api, node, via="cli") for node in args.node]
     if args.all_from_job:
         namespace, _, name = args.all_from_job.partition("/")
