@@ -17,6 +17,7 @@ import kopf
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+import rankwatch.operator.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
 from rankwatch.operator import api, children, job_status
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec

@@ -133,6 +133,37 @@ def _alerts(args: argparse.Namespace) -> int:
     return commands.test(args.config, args.secrets, args.namespace, args.receiver, args.level)
 
 
+def _uncordon(args: argparse.Namespace) -> int:
+    import kubernetes
+
+    from rankwatch.operator.remediation import uncordon, uncordon_job
+
+    if not args.node and not args.all_from_job:
+        print("rankwatch uncordon: give NODE(s) or --all-from-job NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    if args.kubeconfig:
+        api = kubernetes.config.new_client_from_config(config_file=args.kubeconfig)
+    else:
+        try:
+            kubernetes.config.load_incluster_config()
+            api = kubernetes.client.ApiClient()
+        except kubernetes.config.ConfigException:
+            api = kubernetes.config.new_client_from_config()
+    results = [uncordon(api, node, via="cli") for node in args.node]
+    if args.all_from_job:
+        namespace, _, name = args.all_from_job.partition("/")
+        if not (namespace and name):
+            print(f"rankwatch uncordon: --all-from-job {args.all_from_job!r}: expected NAMESPACE/NAME", file=sys.stderr)
+            return 2
+        job_results = uncordon_job(api, namespace, name, via="cli")
+        if not job_results:
+            print(f"no node carries rankwatch's mark for TrainingJob {namespace}/{name}")
+        results += job_results
+    for result in results:
+        print(f"{result.node}: {result.message}")
+    return 1 if any(result.error for result in results) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--ranks-per-node", type=int, help="name nodes when the traces do not")
     analyze.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="processes reading rings")
     analyze.set_defaults(handler=_analyze)
+
+    uncordon = commands.add_parser(
+        "uncordon", help="undo rankwatch's cordon of nodes: taint off, schedulable again unless it was before"
+    )
+    uncordon.add_argument("node", nargs="*", help="node names")
+    uncordon.add_argument(
+        "--all-from-job", metavar="NAMESPACE/NAME", help="every node rankwatch marked for this TrainingJob"
+    )
+    uncordon.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
+    uncordon.set_defaults(handler=_uncordon)
 
     alerts = commands.add_parser("alerts", help="alerting: the weekly report or a test message, now")
     alerts.add_argument("action", choices=["report", "test"])

@@ -1,0 +1,237 @@
+"""Which of the nodes a diagnosis names rankwatch may cordon, and why not the others (pure).
+
+Input: a :class:`Suspicion` (what the diagnosis says), a :class:`RemediationPolicy` (the job's
+``spec.remediation`` plus the operator-wide :class:`Safeguards`), the nodes that ran the job's
+pods and the cluster's nodes as they are now. Output: one :class:`NodeDecision` per named node.
+No API calls here, so every safeguard is unit-tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankwatch.operator import circuit_breaker
+from rankwatch.operator.circuit_breaker import BreakerSettings
+from rankwatch.operator.node_marks import NodeView
+from rankwatch.operator.spec import Remediation
+
+SUSPICION_KINDS = ("hang", "straggler", "slow_link", "fail_slow")
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """What a diagnosis blames: the input of remediation.
+
+    ``nodes`` in the diagnosis's order of blame (the first is cordoned first when
+    ``maxNodesPerJob`` cuts the list); ``kind`` one of :data:`SUSPICION_KINDS` (the analysis
+    finding kinds); ``confidence`` in [0, 1]; ``summary`` one line a person can act on (it goes
+    into Events); ``evidence`` the finding's numbers (kept, cut short, in a node annotation).
+    ``job_uid`` tells a recreated job of the same name apart; give it whenever known.
+    """
+
+    job_namespace: str
+    job_name: str
+    job_uid: str
+    kind: str
+    nodes: tuple[str, ...]
+    ranks: tuple[int, ...] = ()
+    confidence: float = 1.0
+    summary: str = ""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SUSPICION_KINDS:
+            raise ValueError(f"Suspicion of {self.job}: kind {self.kind!r} is not one of {', '.join(SUSPICION_KINDS)}")
+        # Callers may hand lists; keep the dataclass immutable (and hashable in its sequences).
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+
+    @property
+    def job(self) -> str:
+        return f"{self.job_namespace}/{self.job_name}"
+
+    @classmethod
+    def from_finding(cls, job_namespace: str, job_name: str, job_uid: str, finding: Any) -> Suspicion:
+        """From a ``rankwatch.analysis.findings.Finding`` (or anything with its fields); its
+        ``nodes`` must be Kubernetes Node names (the pods' ``spec.nodeName``)."""
+        return cls(
+            job_namespace,
+            job_name,
+            job_uid,
+            finding.kind,
+            tuple(finding.nodes),
+            tuple(finding.ranks),
+            float(finding.confidence),
+            finding.summary,
+            dict(finding.evidence),
+        )
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return float(value)
+    except ValueError as error:
+        raise ValueError(f"{name}={value!r} is not a number") from error
+
+
+@dataclass(frozen=True)
+class Safeguards:
+    """Operator-wide limits a job's spec cannot raise (environment of the operator Deployment)."""
+
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    cooldown_seconds: float = 1800.0
+    """After an undo (a person judged the node good), the node is left alone this long, so a
+    diagnosis still pending on the old evidence does not cordon it again at once."""
+    min_confidence: float = 0.0
+    """Diagnoses below this confidence are recorded but cordon nothing (0: every diagnosis acts)."""
+
+    @classmethod
+    def from_env(cls) -> Safeguards:
+        """``RANKWATCH_BREAKER_MAX_SHARE``, ``_MIN_NODES``, ``_WINDOW_SECONDS``,
+        ``RANKWATCH_CORDON_COOLDOWN_SECONDS``, ``RANKWATCH_CORDON_MIN_CONFIDENCE``."""
+        base, breaker = cls(), BreakerSettings()
+        share = _env_float("RANKWATCH_BREAKER_MAX_SHARE", breaker.max_share)
+        if not 0 <= share <= 1:
+            raise ValueError(f"RANKWATCH_BREAKER_MAX_SHARE={share} must be within [0, 1]")
+        return cls(
+            breaker=BreakerSettings(
+                max_share=share,
+                min_nodes=int(_env_float("RANKWATCH_BREAKER_MIN_NODES", breaker.min_nodes)),
+                window_seconds=_env_float("RANKWATCH_BREAKER_WINDOW_SECONDS", breaker.window_seconds),
+            ),
+            cooldown_seconds=_env_float("RANKWATCH_CORDON_COOLDOWN_SECONDS", base.cooldown_seconds),
+            min_confidence=_env_float("RANKWATCH_CORDON_MIN_CONFIDENCE", base.min_confidence),
+        )
+
+
+@dataclass(frozen=True)
+class RemediationPolicy:
+    """The job's ``spec.remediation`` (cordon, dryRun, maxNodesPerJob) and the operator's safeguards."""
+
+    job: Remediation = field(default_factory=Remediation)
+    safeguards: Safeguards = field(default_factory=Safeguards)
+
+    @classmethod
+    def for_job(cls, remediation: Remediation, safeguards: Safeguards | None = None) -> RemediationPolicy:
+        return cls(remediation, safeguards if safeguards is not None else Safeguards.from_env())
+
+
+class Outcome(enum.StrEnum):
+    """What happened to one named node. The first three change the node; the rest say why not."""
+
+    CORDONED = "cordoned"
+    """Now unschedulable, tainted, annotated."""
+    TAINTED = "tainted"
+    """Was already unschedulable (someone else's cordon): tainted and annotated, so it stays out of
+    scheduling if they uncordon it; the undo leaves it unschedulable as it found it."""
+    DRY_RUN = "dry_run"
+    """Annotated and Events posted; scheduling untouched."""
+    ALREADY_CORDONED = "already_cordoned"
+    """rankwatch's mark is there already (this job's or another's): nothing new, no new Event."""
+    DISABLED = "disabled"
+    """``spec.remediation.cordon`` is false."""
+    LOW_CONFIDENCE = "low_confidence"
+    NOT_JOB_NODE = "not_a_node_of_this_job"
+    """No pod of the job ran there: rankwatch never touches it."""
+    NODE_MISSING = "node_not_found"
+    OPTED_OUT = "opted_out"
+    """The node carries ``rankwatch.io/remediation=disabled``."""
+    COOLDOWN = "cooldown"
+    JOB_LIMIT = "job_limit"
+    """``spec.remediation.maxNodesPerJob`` reached."""
+    BREAKER_OPEN = "circuit_breaker_open"
+    FAILED = "failed"
+    """The API refused or kept conflicting; the message says what."""
+
+    @property
+    def changes_node(self) -> bool:
+        return self in (Outcome.CORDONED, Outcome.TAINTED, Outcome.DRY_RUN)
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    node: str
+    outcome: Outcome
+    message: str
+
+
+def _unique(names: tuple[str, ...]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def decide(
+    suspicion: Suspicion,
+    policy: RemediationPolicy,
+    job_nodes: frozenset[str],
+    nodes: Mapping[str, NodeView],
+    now: datetime.datetime,
+) -> list[NodeDecision]:
+    """One decision per node ``suspicion`` names, in its order; the checks run cheapest-to-explain first."""
+    spec, guards = policy.job, policy.safeguards
+    breaker = circuit_breaker.state(nodes.values(), guards.breaker, now)
+    room = breaker.room
+    # Nodes this job already holds count against its limit (in a dry run its dry-run marks too).
+    held = {
+        name
+        for name, view in nodes.items()
+        if (mark := view.mark) is not None
+        and mark.is_for(suspicion.job, suspicion.job_uid)
+        and (mark.cordoned or spec.dryRun)
+    }
+    cooldown = datetime.timedelta(seconds=guards.cooldown_seconds)
+    decisions = []
+    for name in _unique(suspicion.nodes):
+
+        def decision(outcome: Outcome, message: str, name: str = name) -> None:
+            decisions.append(NodeDecision(name, outcome, message))
+
+        view = nodes.get(name)
+        mark = view.mark if view is not None else None
+        if not spec.cordon:
+            decision(Outcome.DISABLED, "spec.remediation.cordon is false")
+        elif suspicion.confidence < guards.min_confidence:
+            decision(
+                Outcome.LOW_CONFIDENCE,
+                f"confidence {suspicion.confidence:.2f} is below the operator's minimum {guards.min_confidence:.2f}",
+            )
+        elif name not in job_nodes:
+            decision(Outcome.NOT_JOB_NODE, f"no pod of {suspicion.job} ran on {name}; rankwatch leaves it alone")
+        elif view is None:
+            decision(Outcome.NODE_MISSING, f"node {name} does not exist (any more)")
+        elif mark is not None and mark.cordoned:
+            whose = "this job" if mark.is_for(suspicion.job, suspicion.job_uid) else f"job {mark.job}"
+            decision(Outcome.ALREADY_CORDONED, f"already cordoned by rankwatch for {whose} ({mark.reason})")
+        elif mark is not None and spec.dryRun:
+            whose = "this job" if mark.is_for(suspicion.job, suspicion.job_uid) else f"job {mark.job}"
+            decision(Outcome.ALREADY_CORDONED, f"already annotated by a dry run for {whose}")
+        elif view.opted_out:
+            decision(Outcome.OPTED_OUT, f"{name} is labelled rankwatch.io/remediation=disabled")
+        elif (undone := view.uncordoned_at) is not None and now - undone < cooldown:
+            left = int((cooldown - (now - undone)).total_seconds())
+            decision(Outcome.COOLDOWN, f"uncordoned {int((now - undone).total_seconds())}s ago; cooldown {left}s left")
+        elif name not in held and len(held) >= spec.maxNodesPerJob:
+            decision(
+                Outcome.JOB_LIMIT,
+                f"spec.remediation.maxNodesPerJob={spec.maxNodesPerJob} reached ({', '.join(sorted(held)) or 'none'})",
+            )
+        elif spec.dryRun:
+            held.add(name)
+            decision(Outcome.DRY_RUN, f"dry run: would cordon and taint {name}")
+        elif room <= 0:
+            decision(Outcome.BREAKER_OPEN, f"circuit breaker open: {breaker.describe(guards.breaker)}")
+        else:
+            room -= 1
+            held.add(name)
+            if view.unschedulable:
+                decision(Outcome.TAINTED, f"{name} was already unschedulable; tainted it so it stays out")
+            else:
+                decision(Outcome.CORDONED, f"cordoned and tainted {name}")
+    return decisions

@@ -1,0 +1,331 @@
+"""Remediation: take the nodes a diagnosis blames out of scheduling, safely, and put them back on request.
+
+Entry points (blocking; the ``*_async`` forms run them in a thread for the kopf event loop):
+
+- :func:`remediate` ``(api, suspicion, policy) -> RemediationResult``: per named node, cordon
+  (``spec.unschedulable``), taint ``rankwatch.io/suspect=<ns>.<job>:NoSchedule``, annotate
+  (who, why, when, evidence, prior schedulability), Event on the Node and on the job; or say why
+  not (see :class:`~rankwatch.operator.cordon_decision.Outcome`).
+- :func:`uncordon` ``(api, node) -> UncordonResult`` and :func:`uncordon_job`: the undo, used by
+  ``rankwatch uncordon`` and by the operator when a node gets ``rankwatch.io/uncordon=true``.
+
+Idempotent and restart-safe: what was done is read back from the nodes' annotations each time,
+writes are conditional on the node's resourceVersion, and Events are named after what they
+report, so re-running for the same job and node changes nothing and posts nothing new.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import threading
+from dataclasses import dataclass, replace
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.operator import circuit_breaker, node_actions, node_marks
+from rankwatch.operator.cordon_decision import (
+    NodeDecision,
+    Outcome,
+    RemediationPolicy,
+    Safeguards,
+    Suspicion,
+    decide,
+)
+from rankwatch.operator.node_actions import EventTarget
+from rankwatch.operator.node_marks import NodeView
+from rankwatch.operator.remediation_metrics import RemediationMetrics
+
+__all__ = [
+    "NodeDecision",
+    "Outcome",
+    "RemediationPolicy",
+    "RemediationResult",
+    "Safeguards",
+    "Suspicion",
+    "UncordonResult",
+    "remediate",
+    "remediate_async",
+    "uncordon",
+    "uncordon_async",
+    "uncordon_job",
+]
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+"""Re-reads after a conflicting write (someone else changed the node between our read and write)."""
+
+# One decision at a time in this process: the breaker's count must include the cordons the
+# previous decision just made. Across replicas, cordons are re-counted after writing (see below).
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RemediationResult:
+    suspicion: Suspicion
+    decisions: tuple[NodeDecision, ...]
+    """One per node the suspicion names, in its order."""
+    dry_run: bool
+    breaker_open: bool
+    """The circuit breaker stopped at least one cordon."""
+
+    def nodes(self, *outcomes: Outcome) -> tuple[str, ...]:
+        return tuple(d.node for d in self.decisions if d.outcome in outcomes)
+
+    @property
+    def cordoned(self) -> tuple[str, ...]:
+        """Nodes taken out of scheduling by this call (cordoned, or tainted if already unschedulable)."""
+        return self.nodes(Outcome.CORDONED, Outcome.TAINTED)
+
+
+def remediate(
+    api: client.ApiClient,
+    suspicion: Suspicion,
+    policy: RemediationPolicy,
+    *,
+    now: datetime.datetime | None = None,
+) -> RemediationResult:
+    """Cordon what ``policy`` allows of the nodes ``suspicion`` names.
+
+    A write to one node that fails is that node's ``FAILED`` outcome; failing to read the nodes or
+    the job's pods raises ``ApiException`` (nothing was changed then; call again later).
+    """
+    metrics = RemediationMetrics.default()
+    with _LOCK:
+        moment = now or node_marks.now()
+        job_nodes = node_actions.nodes_of_job(api, suspicion.job_namespace, suspicion.job_name, suspicion.job_uid)
+        done: dict[str, NodeDecision] = {}
+        decisions: list[NodeDecision] = []
+        for _attempt in range(ATTEMPTS):
+            nodes = node_actions.list_nodes(api)
+            decisions = decide(suspicion, policy, job_nodes, nodes, moment)
+            conflict = False
+            for decision in decisions:
+                if decision.node in done or not decision.outcome.changes_node:
+                    continue
+                try:
+                    written = _write_mark(api, nodes[decision.node], suspicion, decision, moment)
+                except ApiException as error:  # 403, 422, 5xx: this node fails, the others go on
+                    message = f"writing to {decision.node} failed: HTTP {error.status} {error.reason}"
+                    done[decision.node] = NodeDecision(decision.node, Outcome.FAILED, message)
+                    continue
+                if not written:
+                    conflict = True  # the node changed under us: read everything again, decide again
+                    break
+                done[decision.node] = decision
+            if not conflict:
+                break
+        final = [done.get(d.node, d) for d in decisions]
+        final = [
+            NodeDecision(d.node, Outcome.FAILED, f"{d.node} kept changing while rankwatch wrote to it; try again")
+            if d.outcome.changes_node and d.node not in done
+            else d
+            for d in final
+        ]
+        final = _roll_back_over_cap(api, policy, final, moment)
+    result = RemediationResult(
+        suspicion, tuple(final), policy.job.dryRun, any(d.outcome is Outcome.BREAKER_OPEN for d in final)
+    )
+    _report(api, result, policy, nodes, moment, metrics)
+    return result
+
+
+async def remediate_async(api: client.ApiClient, suspicion: Suspicion, policy: RemediationPolicy) -> RemediationResult:
+    """:func:`remediate` off the event loop."""
+    return await asyncio.to_thread(remediate, api, suspicion, policy)
+
+
+def _write_mark(
+    api: client.ApiClient, view: NodeView, suspicion: Suspicion, decision: NodeDecision, moment: datetime.datetime
+) -> bool:
+    patch = node_marks.mark_patch(
+        view,
+        job=suspicion.job,
+        job_uid=suspicion.job_uid,
+        job_taint_value=node_marks.taint_value(suspicion.job_namespace, suspicion.job_name),
+        reason=suspicion.kind,
+        evidence=node_marks.evidence_text(suspicion.summary, suspicion.evidence),
+        moment=moment,
+        dry_run=decision.outcome is Outcome.DRY_RUN,
+    )
+    return node_actions.patch_node(api, view.name, patch)
+
+
+def _roll_back_over_cap(
+    api: client.ApiClient, policy: RemediationPolicy, decisions: list[NodeDecision], moment: datetime.datetime
+) -> list[NodeDecision]:
+    """Re-count after writing; over the cap (another replica cordoned at the same time), take back
+    our own new cordons, last named first (see :func:`circuit_breaker.excess` for why this holds)."""
+    ours = [d.node for d in decisions if d.outcome in (Outcome.CORDONED, Outcome.TAINTED)]
+    if not ours:
+        return decisions
+    settings = policy.safeguards.breaker
+    breaker = circuit_breaker.state(node_actions.list_nodes(api).values(), settings, moment)
+    late = set(ours[len(ours) - min(len(ours), circuit_breaker.excess(breaker)) :])
+    for name in late:
+        for _attempt in range(ATTEMPTS):
+            view = node_actions.read_node(api, name)
+            if view is None:
+                break
+            patch = node_marks.undo_patch(view, moment)
+            patch["metadata"]["annotations"][node_marks.UNCORDONED_AT] = None  # not a person's undo: no cooldown
+            if node_actions.patch_node(api, name, patch):
+                break
+    message = f"circuit breaker open (a concurrent cordon came first): {breaker.describe(settings)}"
+    return [replace(d, outcome=Outcome.BREAKER_OPEN, message=message) if d.node in late else d for d in decisions]
+
+
+_SKIP_EVENTS = {
+    Outcome.NOT_JOB_NODE: ("Warning", "CordonRefused"),
+    Outcome.NODE_MISSING: ("Warning", "CordonRefused"),
+    Outcome.FAILED: ("Warning", "CordonFailed"),
+    Outcome.BREAKER_OPEN: ("Warning", "CircuitBreakerOpen"),
+    Outcome.JOB_LIMIT: ("Normal", "CordonSkipped"),
+    Outcome.OPTED_OUT: ("Normal", "CordonSkipped"),
+    Outcome.COOLDOWN: ("Normal", "CordonSkipped"),
+    Outcome.LOW_CONFIDENCE: ("Normal", "CordonSkipped"),
+}
+"""Outcomes that change nothing but that people should see on the job. ALREADY_CORDONED and
+DISABLED stay quiet: nothing new happened, or the job asked for nothing."""
+
+
+def _report(
+    api: client.ApiClient,
+    result: RemediationResult,
+    policy: RemediationPolicy,
+    nodes: dict[str, NodeView],
+    moment: datetime.datetime,
+    metrics: RemediationMetrics,
+) -> None:
+    """Events, log lines and metrics for what happened. An Event that cannot be posted is logged, not fatal."""
+    suspicion = result.suspicion
+    job = EventTarget.job(suspicion.job_namespace, suspicion.job_name, suspicion.job_uid)
+    why = f"{suspicion.kind}: {suspicion.summary}" if suspicion.summary else suspicion.kind
+    stamp = node_marks.format_time(moment)
+    for decision in result.decisions:
+        outcome, node = decision.outcome, decision.node
+        posts: list[tuple[EventTarget, str, str, str, str, bool]] = []
+        if outcome.changes_node:
+            dry = outcome is Outcome.DRY_RUN
+            metrics.cordoned.labels(kind=suspicion.kind, dry_run=str(dry).lower()).inc()
+            view = nodes.get(node)  # None only if the node was deleted between two attempts
+            target = EventTarget.node(view) if view else EventTarget("v1", "Node", node, "")
+            if dry:
+                text = f"dry run: rankwatch would cordon and taint {node} for TrainingJob {suspicion.job} ({why})"
+                posts += [(target, "Normal", "CordonDryRun", text, f"dry-run/{stamp}", False)]
+                posts += [(job, "Normal", "NodeCordonDryRun", text, f"dry-run/{node}/{stamp}", False)]
+            else:
+                text = f"rankwatch {decision.message} for TrainingJob {suspicion.job} ({why})"
+                text += f"; undo: rankwatch uncordon {node}"
+                posts += [(target, "Warning", "CordonedByRankwatch", text, f"cordon/{stamp}", False)]
+                posts += [(job, "Normal", "NodeCordoned", text, f"cordon/{node}/{stamp}", False)]
+            log.warning("TrainingJob %s: %s", suspicion.job, text)
+        elif outcome in _SKIP_EVENTS:
+            metrics.not_cordoned.labels(outcome=outcome.value).inc()
+            type_, reason = _SKIP_EVENTS[outcome]
+            text = f"did not cordon {node}: {decision.message}"
+            posts += [(job, type_, reason, text, f"{outcome.value}/{node}", True)]
+            level = logging.WARNING if type_ == "Warning" else logging.INFO
+            log.log(level, "TrainingJob %s: %s", suspicion.job, text)
+        for target, type_, reason, text, key, repeat in posts:
+            try:
+                node_actions.post_event(
+                    api, target, type=type_, reason=reason, message=text, key=key, repeat=repeat, now=moment
+                )
+            except ApiException as error:
+                log.error("could not post Event %s on %s %s: HTTP %s", reason, target.kind, target.name, error.status)
+    if result.breaker_open:
+        metrics.breaker_trips.inc()
+        log.warning(
+            "CIRCUIT BREAKER OPEN: rankwatch stopped cordoning for TrainingJob %s (nodes %s); undo stays possible",
+            suspicion.job,
+            ", ".join(result.nodes(Outcome.BREAKER_OPEN)),
+        )
+    if not policy.job.dryRun and any(
+        d.outcome in (Outcome.CORDONED, Outcome.TAINTED, Outcome.BREAKER_OPEN) for d in result.decisions
+    ):
+        metrics.breaker_tripped.set(1 if result.breaker_open else 0)
+
+
+# ---- undo -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UncordonResult:
+    node: str
+    undone: bool
+    """rankwatch's mark (cordon, taint, or dry-run annotations) was there and is gone now."""
+    message: str
+    error: bool = False
+    """The node is missing or kept changing: nothing was undone and a person should look."""
+
+
+def uncordon(
+    api: client.ApiClient, node: str, *, via: str = "cli", now: datetime.datetime | None = None
+) -> UncordonResult:
+    """Undo rankwatch's cordon of ``node``: taint off, schedulable again unless it was unschedulable
+    before rankwatch, annotations cleared (``uncordoned-at`` stays for the cooldown), Events on the
+    node and the job. Never consults the circuit breaker. A node rankwatch did not mark is left
+    as it is (only a pending ``rankwatch.io/uncordon`` request is removed)."""
+    moment = now or node_marks.now()
+    for _attempt in range(ATTEMPTS):
+        view = node_actions.read_node(api, node)
+        if view is None:
+            return UncordonResult(node, False, f"node {node} not found", error=True)
+        mark = view.mark
+        requested = node_marks.UNCORDON_REQUEST in view.annotations
+        if mark is None and not view.has_our_taint:
+            if requested:
+                patch = {"metadata": {"annotations": {node_marks.UNCORDON_REQUEST: None}}}
+                node_actions.patch_node(api, node, patch)
+            return UncordonResult(node, False, f"{node} is not cordoned by rankwatch; left as it is")
+        if node_actions.patch_node(api, node, node_marks.undo_patch(view, moment)):
+            break
+    else:
+        return UncordonResult(node, False, f"{node} kept changing while rankwatch wrote to it; try again", error=True)
+    if mark is None:
+        message = f"removed the {node_marks.TAINT_KEY} taint from {node} (its annotations were gone)"
+    elif mark.dry_run:
+        message = f"cleared the dry-run annotations of {node} (TrainingJob {mark.job})"
+    elif mark.was_unschedulable:
+        message = f"removed rankwatch's taint from {node} (TrainingJob {mark.job}); "
+        message += "it stays unschedulable, as rankwatch found it"
+    else:
+        message = f"uncordoned {node} and removed rankwatch's taint (TrainingJob {mark.job})"
+    RemediationMetrics.default().uncordoned.labels(via=via).inc()
+    log.warning("%s (via %s)", message, via)
+    posts = [(EventTarget.node(view), "UncordonedByRankwatch")]
+    if mark is not None and "/" in mark.job:
+        namespace, name = mark.job.split("/", 1)
+        posts.append((EventTarget.job(namespace, name, mark.job_uid), "NodeUncordoned"))
+    key = f"uncordon/{node_marks.format_time(moment)}"
+    for target, reason in posts:
+        try:
+            node_actions.post_event(
+                api,
+                target,
+                type="Normal",
+                reason=reason,
+                message=f"{message} (via {via})",
+                key=key,
+                repeat=False,
+                now=moment,
+            )
+        except ApiException as error:
+            log.error("could not post Event %s on %s %s: HTTP %s", reason, target.kind, target.name, error.status)
+    return UncordonResult(node, True, message)
+
+
+def uncordon_job(api: client.ApiClient, namespace: str, name: str, *, via: str = "cli") -> list[UncordonResult]:
+    """Undo every mark rankwatch made for TrainingJob ``namespace/name`` (any uid)."""
+    job = f"{namespace}/{name}"
+    marked = [view.name for view in node_actions.list_nodes(api).values() if view.mark and view.mark.job == job]
+    return [uncordon(api, node, via=via) for node in sorted(marked)]
+
+
+async def uncordon_async(api: client.ApiClient, node: str, *, via: str) -> UncordonResult:
+    """:func:`uncordon` off the event loop."""
+    return await asyncio.to_thread(uncordon, api, node, via=via)

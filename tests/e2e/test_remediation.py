@@ -1,0 +1,447 @@
+"""Remediation on the local cluster: real Nodes (kwok), real TrainingJobs, real pods bound to the nodes.
+
+The diagnosis is given (a Suspicion); what is under test is what happens to the nodes, the Events
+a person sees, the undo (CLI and annotation) and the RBAC it needs. Every test leaves the nodes as
+it found them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
+
+from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
+from rankwatch.operator import node_marks
+from rankwatch.operator.circuit_breaker import BreakerSettings
+from rankwatch.operator.remediation import (
+    Outcome,
+    RemediationPolicy,
+    Safeguards,
+    Suspicion,
+    remediate,
+    uncordon,
+)
+from rankwatch.operator.spec import Remediation
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).parents[2]
+GPU_NODES = [f"gpu-node-{i}" for i in range(4)]
+EXTRA_LABEL = "rankwatch.io/e2e-extra-node"
+NO_BREAKER = Safeguards(breaker=BreakerSettings(max_share=1.0))
+
+
+# ---- fixtures ---------------------------------------------------------------------------------
+
+
+def _reset_node(core: kubernetes.client.CoreV1Api, name: str) -> None:
+    """Remove everything rankwatch (or a test) put on the node."""
+    try:
+        node = core.read_node(name)
+    except ApiException as error:
+        if error.status == 404:
+            return
+        raise
+    keys = [*node_marks.MARK_ANNOTATIONS, node_marks.UNCORDONED_AT, node_marks.UNCORDON_REQUEST]
+    taints = [
+        core.api_client.sanitize_for_serialization(t) for t in node.spec.taints or [] if t.key != node_marks.TAINT_KEY
+    ]
+    patch = {
+        "metadata": {"annotations": dict.fromkeys(keys), "labels": {node_marks.OPT_OUT_LABEL: None}},
+        "spec": {"unschedulable": None, "taints": taints or None},
+    }
+    core.patch_node(name, patch, _content_type="application/merge-patch+json")
+
+
+@pytest.fixture
+def core(api):
+    return kubernetes.client.CoreV1Api(api)
+
+
+@pytest.fixture
+def clean_nodes(core):
+    """The GPU nodes untouched and without rankwatch Events before; as found after; extra nodes deleted."""
+    for name in GPU_NODES:
+        _reset_node(core, name)
+        for event in node_events(core, name):
+            core.delete_namespaced_event(event.metadata.name, "default")
+    yield
+    for node in core.list_node(label_selector=EXTRA_LABEL).items:
+        core.delete_node(node.metadata.name)
+    for name in GPU_NODES:
+        _reset_node(core, name)
+
+
+def create_job(api, namespace: str, name: str, nodes: list[str], **remediation) -> Suspicion:
+    """A TrainingJob (nobody runs it) with one worker pod bound to each node; the Suspicion's job part."""
+    job = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "rankwatch.io",
+        "v1alpha1",
+        namespace,
+        "trainingjobs",
+        {
+            "apiVersion": "rankwatch.io/v1alpha1",
+            "kind": "TrainingJob",
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": max(1, len(nodes)),
+                "nprocPerNode": 1,
+                "remediation": remediation,
+                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
+            },
+        },
+    )
+    uid = job["metadata"]["uid"]
+    owner = {"apiVersion": "rankwatch.io/v1alpha1", "kind": "TrainingJob", "name": name, "uid": uid, "controller": True}
+    for index, node in enumerate(nodes):
+        kubernetes.client.CoreV1Api(api).create_namespaced_pod(
+            namespace,
+            {
+                "metadata": {
+                    "name": f"{name}-worker-{index}",
+                    "labels": {"rankwatch.io/job-name": name, "rankwatch.io/replica-index": str(index)},
+                    "ownerReferences": [owner],
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "trainer:1"}]},
+            },
+        )
+    return Suspicion(namespace, name, uid, "straggler", (), confidence=0.9, summary="rank 13 is 24% slower")
+
+
+def suspect(base: Suspicion, *nodes: str) -> Suspicion:
+    return Suspicion(
+        base.job_namespace,
+        base.job_name,
+        base.job_uid,
+        base.kind,
+        tuple(nodes),
+        (13,),
+        base.confidence,
+        base.summary,
+        {"wait_ms": 0.4, "median_wait_ms": 9.8},
+    )
+
+
+def policy(safeguards: Safeguards = NO_BREAKER, **job) -> RemediationPolicy:
+    return RemediationPolicy(Remediation(**job), safeguards)
+
+
+def node_events(core, node: str, reason: str | None = None):
+    events = core.list_namespaced_event("default", field_selector=f"involvedObject.name={node}").items
+    return [e for e in events if e.source.component == "rankwatch-operator" and reason in (None, e.reason)]
+
+
+def job_events(core, namespace: str, job: str, reason: str | None = None):
+    events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={job}").items
+    return [e for e in events if reason in (None, e.reason)]
+
+
+def is_untouched(node) -> bool:
+    annotations = node.metadata.annotations or {}
+    return (
+        not node.spec.unschedulable
+        and not any(t.key == node_marks.TAINT_KEY for t in node.spec.taints or [])
+        and not any(key in annotations for key in node_marks.MARK_ANNOTATIONS)
+    )
+
+
+# ---- cordoning --------------------------------------------------------------------------------
+
+
+def test_straggler_on_one_node_cordons_taints_and_annotates_only_that_node(
+    api, core, kubectl, unwatched_namespace, clean_nodes
+):
+    namespace = unwatched_namespace
+    job = create_job(api, namespace, "llama", GPU_NODES[:3])
+    # gpu-node-3 ran no pod of the job: named by mistake, it must be refused.
+    result = remediate(api, suspect(job, "gpu-node-1", "gpu-node-3"), policy())
+
+    assert {d.node: d.outcome for d in result.decisions} == {
+        "gpu-node-1": Outcome.CORDONED,
+        "gpu-node-3": Outcome.NOT_JOB_NODE,
+    }
+    node = core.read_node("gpu-node-1")
+    assert node.spec.unschedulable is True
+    taints = [t for t in node.spec.taints if t.key == "rankwatch.io/suspect"]
+    assert [(t.value, t.effect) for t in taints] == [(f"{namespace}.llama", "NoSchedule")]
+    annotations = node.metadata.annotations
+    assert annotations["rankwatch.io/cordoned-by"] == "rankwatch"
+    assert annotations["rankwatch.io/cordon-reason"] == "straggler"
+    assert annotations["rankwatch.io/cordon-job"] == f"{namespace}/llama"
+    assert annotations["rankwatch.io/cordon-job-uid"] == job.job_uid
+    assert annotations["rankwatch.io/was-unschedulable"] == "false"
+    assert annotations["rankwatch.io/cordon-evidence"].startswith("rank 13 is 24% slower {")
+    assert node_marks.parse_time(annotations["rankwatch.io/cordon-time"]) is not None
+    for other in ("gpu-node-0", "gpu-node-2", "gpu-node-3"):
+        assert is_untouched(core.read_node(other)), other
+
+    [event] = node_events(core, "gpu-node-1", "CordonedByRankwatch")
+    assert event.type == "Warning" and f"TrainingJob {namespace}/llama" in event.message
+    assert event.reporting_component == "rankwatch-operator"
+    described_node = kubectl("describe", "node", "gpu-node-1").stdout
+    assert f"rankwatch.io/suspect={namespace}.llama:NoSchedule" in described_node
+    assert "CordonedByRankwatch" in described_node and re.search(r"Unschedulable:\s+true", described_node)
+    describe = kubectl("describe", "trainingjob", "-n", namespace, "llama").stdout
+    assert "NodeCordoned" in describe and "cordoned and tainted gpu-node-1" in describe
+    assert "CordonRefused" in describe and "no pod of" in describe
+
+
+def test_running_again_after_a_restart_changes_nothing_and_posts_no_new_event(
+    api, core, unwatched_namespace, clean_nodes
+):
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    first = remediate(api, suspect(job, "gpu-node-0"), policy())
+    version = core.read_node("gpu-node-0").metadata.resource_version
+    # Nothing is remembered in the process: a new operator reads the same state from the node.
+    again = [remediate(api, suspect(job, "gpu-node-0"), policy()) for _ in range(2)]
+
+    assert first.cordoned == ("gpu-node-0",)
+    assert [r.decisions[0].outcome for r in again] == [Outcome.ALREADY_CORDONED] * 2
+    assert core.read_node("gpu-node-0").metadata.resource_version == version
+    assert len(node_events(core, "gpu-node-0")) == 1
+    assert len(job_events(core, unwatched_namespace, "llama", "NodeCordoned")) == 1
+
+
+def test_dry_run_annotates_and_posts_events_but_cordons_nothing(api, core, unwatched_namespace, clean_nodes):
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2], dryRun=True)
+    result = remediate(api, suspect(job, "gpu-node-1"), policy(dryRun=True))
+    remediate(api, suspect(job, "gpu-node-1"), policy(dryRun=True))
+
+    assert result.dry_run and result.decisions[0].outcome is Outcome.DRY_RUN and result.cordoned == ()
+    node = core.read_node("gpu-node-1")
+    assert not node.spec.unschedulable
+    assert not any(t.key == node_marks.TAINT_KEY for t in node.spec.taints or [])
+    assert node.metadata.annotations["rankwatch.io/dry-run"] == "true"
+    assert "rankwatch.io/cordoned-by" not in node.metadata.annotations
+    [event] = node_events(core, "gpu-node-1")
+    assert event.reason == "CordonDryRun" and event.message.startswith("dry run: rankwatch would cordon")
+    assert len(job_events(core, unwatched_namespace, "llama", "NodeCordonDryRun")) == 1
+
+
+def test_opted_out_node_and_per_job_limit_are_respected(api, core, unwatched_namespace, clean_nodes):
+    core.patch_node("gpu-node-0", {"metadata": {"labels": {"rankwatch.io/remediation": "disabled"}}})
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES, maxNodesPerJob=1)
+    result = remediate(api, suspect(job, "gpu-node-0", "gpu-node-1", "gpu-node-2"), policy(maxNodesPerJob=1))
+
+    assert {d.node: d.outcome for d in result.decisions} == {
+        "gpu-node-0": Outcome.OPTED_OUT,
+        "gpu-node-1": Outcome.CORDONED,
+        "gpu-node-2": Outcome.JOB_LIMIT,
+    }
+    assert [n for n in GPU_NODES if core.read_node(n).spec.unschedulable] == ["gpu-node-1"]
+    skipped = job_events(core, unwatched_namespace, "llama", "CordonSkipped")
+    assert sorted(e.message.split(":")[0] for e in skipped) == [
+        "did not cordon gpu-node-0",
+        "did not cordon gpu-node-2",
+    ]
+
+
+def _extra_nodes(core, count: int) -> list[str]:
+    """kwok-run nodes that no other test's pod is scheduled to (tainted) and the cluster tool leaves alone."""
+    names = []
+    for index in range(count):
+        node = copy.deepcopy(fake_gpu_node(100 + index))
+        name = f"rw-extra-{uuid.uuid4().hex[:6]}"
+        node["metadata"]["name"] = name
+        labels = node["metadata"]["labels"]
+        labels.pop(MANAGED_LABEL)
+        labels.update({"kubernetes.io/hostname": name, EXTRA_LABEL: "true"})
+        node["spec"] = {"taints": [{"key": "rankwatch.io/e2e-only", "value": "true", "effect": "NoSchedule"}]}
+        core.create_node(node)
+        names.append(name)
+    return names
+
+
+def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
+    api, core, unwatched_namespace, clean_nodes, monkeypatch
+):
+    extra = _extra_nodes(core, 16)
+    total = len(core.list_node().items)
+    breaker = BreakerSettings(max_share=0.10, min_nodes=1, window_seconds=600)
+    cap = breaker.cap(total)
+    guarded = Safeguards(breaker=breaker)
+    blamed = [*GPU_NODES, *extra][:12]
+    jobs = [
+        suspect(create_job(api, unwatched_namespace, f"job-{i}", blamed[2 * i : 2 * i + 2]), *blamed[2 * i : 2 * i + 2])
+        for i in range(6)
+    ]
+
+    def all_at_once() -> tuple[list[str], list]:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(lambda s: remediate(api, s, policy(guarded, maxNodesPerJob=2)), jobs))
+        return [n.metadata.name for n in core.list_node().items if n.spec.unschedulable], results
+
+    cordoned, results = all_at_once()
+    assert len(cordoned) == cap, (cordoned, cap, total)
+    assert sorted(cordoned) == sorted(n for r in results for n in r.cordoned)
+    refused = [d for r in results for d in r.decisions if d.outcome is Outcome.BREAKER_OPEN]
+    assert len(refused) == 12 - cap
+    assert REGISTRY.get_sample_value("rankwatch_circuit_breaker_tripped") == 1
+    tripped = [r.suspicion.job_name for r in results if r.breaker_open]
+    warnings = job_events(core, unwatched_namespace, tripped[0], "CircuitBreakerOpen")
+    assert warnings and warnings[0].type == "Warning" and "circuit breaker open" in warnings[0].message
+
+    # A tripped breaker never blocks the undo.
+    assert all(uncordon(api, name).undone for name in cordoned)
+    assert not [n.metadata.name for n in core.list_node().items if n.spec.unschedulable]
+
+    # As operator replicas would, without a shared lock: the re-count after writing still keeps
+    # the cap (racing replicas may take back more than needed; the next diagnosis tries again).
+    for name in blamed:
+        _reset_node(core, name)
+    monkeypatch.setattr("rankwatch.operator.remediation._LOCK", _NoLock())
+    cordoned, results = all_at_once()
+    assert len(cordoned) <= cap, (cordoned, cap, total)
+    assert sorted(cordoned) == sorted(n for r in results for n in r.cordoned)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+# ---- undo -------------------------------------------------------------------------------------
+
+
+def test_uncordon_cli_restores_prior_state(api, core, kubeconfig, unwatched_namespace, clean_nodes):
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    core.patch_node("gpu-node-1", {"spec": {"unschedulable": True}})  # someone else's cordon, before rankwatch
+    result = remediate(api, suspect(job, "gpu-node-0", "gpu-node-1"), policy())
+    assert [d.outcome for d in result.decisions] == [Outcome.CORDONED, Outcome.TAINTED]
+
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    run = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "uncordon", "--all-from-job", f"{unwatched_namespace}/llama"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "gpu-node-0: uncordoned gpu-node-0" in run.stdout
+    assert "gpu-node-1: removed rankwatch's taint" in run.stdout and "stays unschedulable" in run.stdout
+
+    node0, node1 = core.read_node("gpu-node-0"), core.read_node("gpu-node-1")
+    assert is_untouched(node0) and node1.spec.unschedulable is True
+    assert not any(t.key == node_marks.TAINT_KEY for t in node1.spec.taints or [])
+    assert node_marks.UNCORDONED_AT in node0.metadata.annotations
+    assert len(node_events(core, "gpu-node-0", "UncordonedByRankwatch")) == 1
+    assert len(job_events(core, unwatched_namespace, "llama", "NodeUncordoned")) == 2
+
+    # The cooldown keeps a diagnosis still in flight from cordoning the node again at once.
+    again = remediate(api, suspect(job, "gpu-node-0"), policy())
+    assert again.decisions[0].outcome is Outcome.COOLDOWN
+
+    run = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "uncordon", "gpu-node-3"], capture_output=True, text=True, env=env
+    )
+    assert run.returncode == 0 and "not cordoned by rankwatch" in run.stdout
+
+
+def test_uncordon_annotation_makes_the_operator_undo_the_cordon(
+    api, core, namespace, unwatched_namespace, eventually, clean_nodes
+):
+    # The session operator watches nodes cluster-wide, once a namespace it serves exists (kopf
+    # pairs every resource with the served namespaces); the job lives where it makes no pods.
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    assert remediate(api, suspect(job, "gpu-node-1"), policy()).cordoned == ("gpu-node-1",)
+
+    core.patch_node("gpu-node-1", {"metadata": {"annotations": {"rankwatch.io/uncordon": "true"}}})
+
+    node = eventually(
+        lambda: (n := core.read_node("gpu-node-1")) and is_untouched(n) and n,
+        30,
+        what="the operator to undo the cordon",
+    )
+    assert "rankwatch.io/uncordon" not in (node.metadata.annotations or {})
+    [event] = node_events(core, "gpu-node-1", "UncordonedByRankwatch")
+    assert event.message.endswith("(via annotation)")
+
+
+# ---- RBAC -------------------------------------------------------------------------------------
+
+
+def _restricted_client(api, kubectl, kubeconfig: str, namespace: str) -> tuple[kubernetes.client.ApiClient, str]:
+    """deploy/rbac.yaml applied with its ServiceAccount moved into ``namespace``; a client with that SA's token."""
+    docs = list(yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text()))
+    binding_name = f"rankwatch-remediation-{namespace}"
+    for doc in docs:
+        if doc["kind"] == "ServiceAccount":
+            doc["metadata"]["namespace"] = namespace
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["metadata"]["name"] = binding_name
+            doc["subjects"][0]["namespace"] = namespace
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
+    token = (
+        kubernetes.client.CoreV1Api(api)
+        .create_namespaced_service_account_token("rankwatch-operator", namespace, {"spec": {"expirationSeconds": 600}})
+        .status.token
+    )
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
+    config.cert_file = config.key_file = None
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return kubernetes.client.ApiClient(config), binding_name
+
+
+def test_remediation_works_with_only_its_rbac_role_and_nothing_more(
+    api, core, kubectl, kubeconfig, unwatched_namespace, eventually, clean_nodes
+):
+    restricted, binding = _restricted_client(api, kubectl, kubeconfig, unwatched_namespace)
+    try:
+        as_operator = kubernetes.client.CoreV1Api(restricted)
+        eventually(lambda: _allowed(lambda: as_operator.list_node(limit=1)), 30, what="the role binding to apply")
+        job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+
+        result = remediate(restricted, suspect(job, "gpu-node-1"), policy())
+        assert result.cordoned == ("gpu-node-1",)
+        assert core.read_node("gpu-node-1").spec.unschedulable is True
+        assert node_events(core, "gpu-node-1", "CordonedByRankwatch")
+        # A refusal repeated counts up on one Event (events get + patch).
+        remediate(restricted, suspect(job, "gpu-node-3"), policy())
+        remediate(restricted, suspect(job, "gpu-node-3"), policy())
+        [refused] = job_events(core, unwatched_namespace, "llama", "CordonRefused")
+        assert refused.count == 2
+        assert uncordon(restricted, "gpu-node-1").undone
+        assert is_untouched(core.read_node("gpu-node-1"))
+
+        for forbidden in (
+            lambda: as_operator.delete_node("gpu-node-2"),
+            lambda: as_operator.create_namespaced_pod(
+                unwatched_namespace,
+                {"metadata": {"name": "x"}, "spec": {"containers": [{"name": "x", "image": "x"}]}},
+            ),
+            lambda: as_operator.list_namespaced_secret(unwatched_namespace),
+            lambda: as_operator.replace_node("gpu-node-2", core.read_node("gpu-node-2")),
+        ):
+            with pytest.raises(ApiException) as refused_call:
+                forbidden()
+            assert refused_call.value.status == 403
+        assert core.read_node("gpu-node-2").metadata.name == "gpu-node-2"
+    finally:
+        kubernetes.client.RbacAuthorizationV1Api(api).delete_cluster_role_binding(binding)
+
+
+def _allowed(call) -> bool:
+    try:
+        call()
+    except ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+    return True
