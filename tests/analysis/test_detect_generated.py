@@ -66,8 +66,6 @@ def runs() -> dict[str, SyntheticRun]:
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_the_culprit_is_named(runs, tmp_path, name, kind):
     run = runs[name]
-    if kind == "flight-recorder" and run.scenario.world_size > 256:
-        pytest.skip("flight-recorder dumps of 1,024 ranks are slow to write in Python; covered at 256")
     truth = run.truth
     document = analyze(write(run, kind, tmp_path))
     findings = document["findings"]
