@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e bench cluster-binaries cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e bench cluster-binaries tools cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ native:
 # Kubernetes, etcd and kwok from their Go modules; cached by version outside the repository.
 cluster-binaries: $(INSTALLED)
 	$(BIN)/rankwatch cluster build
+
+# helm and promtool for the chart and rules tests (tests/deploy); cached like the cluster binaries.
+tools: $(INSTALLED)
+	$(BIN)/rankwatch cluster build --tools
 
 cluster-up: cluster-binaries
 	$(BIN)/rankwatch cluster up
@@ -51,7 +55,7 @@ e2e: cluster-binaries
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
-test: lint native cluster-binaries
+test: lint native cluster-binaries tools
 	$(BIN)/pytest tests $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; exit $$status
 

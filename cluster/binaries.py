@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rankwatch.cluster.versions import COMPONENTS, Component
+from rankwatch.cluster.versions import COMPONENTS, TOOLS, Component
 
 Log = Callable[[str], None]
 
@@ -37,10 +37,10 @@ def component_dir(component: Component) -> Path:
 
 def binary_path(name: str) -> Path:
     """Where the cached binary ``name`` is (built or not)."""
-    for component in COMPONENTS:
+    for component in (*COMPONENTS, *TOOLS):
         if name in component.packages:
             return component_dir(component) / name
-    raise KeyError(f"no cluster component provides a binary named {name!r}")
+    raise KeyError(f"no cluster component or tool provides a binary named {name!r}")
 
 
 def _go_env() -> dict[str, str]:
@@ -61,7 +61,17 @@ def _build(component: Component, partial: Path, log: Log) -> None:
         started = time.monotonic()
         log(f"building {name} {component.version} (first time only; this takes minutes)")
         result = subprocess.run(
-            ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(partial / f"{name}.tmp"), package],
+            [
+                "go",
+                "build",
+                "-trimpath",
+                *(["-tags", ",".join(component.tags)] if component.tags else []),
+                "-ldflags",
+                ldflags,
+                "-o",
+                str(partial / f"{name}.tmp"),
+                package,
+            ],
             cwd=component.module_dir,
             env=_go_env(),
             stdout=subprocess.PIPE,
@@ -93,10 +103,18 @@ def ensure_component(component: Component, log: Log = print) -> Path:
     return final
 
 
-def ensure_all(log: Log = print) -> dict[str, Path]:
-    """Build every missing component; map each binary name to its path."""
+def ensure_tool(name: str, log: Log = print) -> Path:
+    """Return the path of the tool binary ``name`` (``helm``, ``promtool``), building it if absent."""
+    for component in TOOLS:
+        if name in component.packages:
+            return ensure_component(component, log) / name
+    raise KeyError(f"no tool named {name!r}; known: {sorted(n for c in TOOLS for n in c.packages)}")
+
+
+def ensure_all(log: Log = print, components: tuple[Component, ...] = COMPONENTS) -> dict[str, Path]:
+    """Build every missing component (default: the cluster's); map each binary name to its path."""
     paths: dict[str, Path] = {}
-    for component in COMPONENTS:
+    for component in components:
         directory = ensure_component(component, log)
         paths.update({name: directory / name for name in component.packages})
     return paths

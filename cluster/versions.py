@@ -10,6 +10,11 @@ GOMOD_ROOT = Path(__file__).parent / "gomod"
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
+# Tools the chart and rules tests run (not part of the running cluster). Helm v3.22 builds with Go 1.26;
+# Prometheus tags its Go module v0.3MM.P for release 3.MM.P: v0.315.0 is Prometheus 3.15.0 (v0.316.0
+# needs a hashicorp/nomad/api pseudo-version the module proxy refuses to serve).
+HELM_VERSION = "v3.22.0"
+PROMETHEUS_MODULE_VERSION = "v0.315.0"
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,7 @@ class Component:
     version: str
     packages: dict[str, str]  # binary name -> Go package path
     ldflags: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # Go build tags
 
     @property
     def module_dir(self) -> Path:
@@ -50,4 +56,27 @@ KUBERNETES = Component(
 ETCD = Component(name="etcd", version=ETCD_VERSION, packages={"etcd": "go.etcd.io/etcd/server/v3"})
 KWOK = Component(name="kwok", version=KWOK_VERSION, packages={"kwok": "sigs.k8s.io/kwok/cmd/kwok"})
 
-COMPONENTS = (ETCD, KUBERNETES, KWOK)
+HELM = Component(
+    name="helm",
+    version=HELM_VERSION,
+    packages={"helm": "helm.sh/helm/v3/cmd/helm"},
+    # As helm's own Makefile does: its version, and the Kubernetes version `helm template`/`lint` assume
+    # (client-go v0.37 -> 1.37); without them it says v3.22 and assumes Kubernetes 1.20.
+    ldflags=(
+        f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}",
+        *(f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersionMajor=1" for pkg in ("lint/rules", "chartutil")),
+        *(f"-X helm.sh/helm/v3/pkg/{pkg}.k8sVersionMinor=37" for pkg in ("lint/rules", "chartutil")),
+    ),
+)
+PROMTOOL = Component(
+    name="promtool",
+    version=PROMETHEUS_MODULE_VERSION,
+    packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
+    ldflags=("-X github.com/prometheus/common/version.Version=3.15.0",),
+    # promtool only checks and tests rules here: leave out the ~30 service-discovery plugins (cloud
+    # SDKs), most of its build time. Prometheus' own build tag for this.
+    tags=("remove_all_sd",),
+)
+
+COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
+TOOLS = (HELM, PROMTOOL)  # built by `rankwatch cluster build --tools` / `make tools`

@@ -27,8 +27,9 @@ def _cluster(args: argparse.Namespace) -> int:
             print(cluster.kubeconfig)
         elif args.action == "build":
             from rankwatch.cluster.binaries import ensure_all
+            from rankwatch.cluster.versions import COMPONENTS, TOOLS
 
-            for name, path in ensure_all(log).items():
+            for name, path in ensure_all(log, TOOLS if args.tools else COMPONENTS).items():
                 print(f"{name}\t{path}")
     except (ClusterError, BuildError) as error:
         print(f"rankwatch cluster {args.action}: {error}", file=sys.stderr)
@@ -39,7 +40,13 @@ def _cluster(args: argparse.Namespace) -> int:
 def _operator(args: argparse.Namespace) -> int:
     from rankwatch.operator.main import run
 
-    return run(namespaces=args.namespace, standalone=args.standalone, liveness=args.liveness)
+    return run(
+        namespaces=args.namespace,
+        standalone=args.standalone,
+        liveness=args.liveness,
+        peering=args.peering,
+        priority=args.priority,
+    )
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -172,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("action", choices=["up", "down", "status", "kubeconfig", "build"])
     cluster.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (8 GPUs each) for `up`")
     cluster.add_argument("--timeout", type=float, default=180.0, help="seconds `up` waits for readiness")
+    cluster.add_argument(
+        "--tools", action="store_true", help="`build` the test tools (helm, promtool) instead of the cluster binaries"
+    )
     cluster.set_defaults(handler=_cluster)
 
     operator = commands.add_parser("operator", help="run the TrainingJob operator")
@@ -184,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.add_argument("--standalone", action="store_true", help="no peering with other operator replicas")
     operator.add_argument("--liveness", default=None, help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
+    operator.add_argument(
+        "--peering",
+        default=None,
+        metavar="NAME",
+        help="kopf peering object to coordinate replicas through (ClusterKopfPeering, or KopfPeering with -n); "
+        "it must exist. Without it: kopf's optional 'default' peering, if present",
+    )
+    operator.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority (highest replica is active); default with --peering: random, so replicas never tie",
+    )
     operator.set_defaults(handler=_operator)
 
     simulate = commands.add_parser(

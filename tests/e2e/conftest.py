@@ -98,9 +98,75 @@ def crd(kubectl: Callable[..., Any]) -> None:
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
 
 
+def _chart_service_account_kubeconfig(admin_kubeconfig: str, kubectl: Callable[..., Any], directory: Path) -> str:
+    """A kubeconfig holding a token of the Helm chart's operator ServiceAccount, bound to the chart's
+    own RBAC (rendered for namespaces rw-e2e-*, as the session operator watches)."""
+    from rankwatch.cluster.binaries import ensure_tool
+
+    namespace, release = "rankwatch-e2e-system", "e2e"
+    home = directory / "helm-home"
+    rendered = subprocess.run(
+        [
+            str(ensure_tool("helm")),
+            "template",
+            release,
+            str(REPO / "helm" / "rankwatch"),
+            "--namespace",
+            namespace,
+            "--set",
+            f"operator.namespaces={{{E2E_NAMESPACE_PREFIX}*}}",
+            "--show-only",
+            "templates/serviceaccount.yaml",
+            "--show-only",
+            "templates/rbac.yaml",
+        ],
+        env={
+            "HOME": str(home),
+            "HELM_CACHE_HOME": str(home),
+            "HELM_CONFIG_HOME": str(home),
+            "HELM_DATA_HOME": str(home),
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kubectl("create", "namespace", namespace, check=False)
+    kubectl("apply", "-f", "-", input=rendered)
+    account = f"{release}-rankwatch"
+    api = kubernetes.config.new_client_from_config(config_file=admin_kubeconfig)
+    token = (
+        kubernetes.client.CoreV1Api(api)
+        .create_namespaced_service_account_token(account, namespace, {"spec": {"expirationSeconds": 7200}})
+        .status.token
+    )
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "operator",
+        "clusters": [cluster],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": account}}],
+    }
+    path = directory / "operator-kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
-def operator(kubeconfig: str, crd: None) -> Iterator[KopfRunner]:
-    """The real operator, in-process, for namespaces rw-e2e-*."""
+def operator(
+    kubeconfig: str, crd: None, kubectl: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KopfRunner]:
+    """The real operator, in-process, for namespaces rw-e2e-*. With RANKWATCH_E2E_SERVICE_ACCOUNT=1 it
+    runs as the Helm chart's ServiceAccount, so the e2e tests prove the chart's RBAC sufficient."""
+    if os.environ.get("RANKWATCH_E2E_SERVICE_ACCOUNT") == "1":
+        operator_kubeconfig = _chart_service_account_kubeconfig(kubeconfig, kubectl, tmp_path_factory.mktemp("sa"))
+        # The handlers read $KUBECONFIG at startup; the tests' own clients keep the admin one explicitly.
+        os.environ["KUBECONFIG"] = operator_kubeconfig
+        kubeconfig = operator_kubeconfig
     kubernetes.config.load_kube_config(config_file=kubeconfig)
     args = ["run", "--standalone", "--namespace", f"{E2E_NAMESPACE_PREFIX}*", "-m", "rankwatch.operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:

@@ -1,0 +1,202 @@
+"""The Helm chart: lint, render, and what the rendered objects promise (RBAC, peering, secrets by name,
+monitoring objects only where the Prometheus Operator exists, a dashboard with the agreed panels)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+from chart_support import CHART, REPO, RULES, by_kind, one
+
+from rankwatch.operator import pod_spec
+from rankwatch.operator.alerting import intake
+from rankwatch.operator.alerting.config import parse_config
+
+MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
+
+
+def test_helm_lint_passes_strictly(helm):
+    result = helm("lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_chart_crd_is_the_repository_crd():
+    source = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
+    copy = CHART / "crds" / source.name
+    assert copy.read_bytes() == source.read_bytes(), f"refresh the chart's copy: cp {source} {copy}"
+
+
+def test_chart_crds_include_kopf_peering():
+    crds = [doc for path in (CHART / "crds").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc]
+    names = {crd["metadata"]["name"] for crd in crds}
+    assert names == {"trainingjobs.rankwatch.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+
+def test_without_prometheus_operator_no_monitoring_objects(render):
+    kinds = {o["kind"] for o in render()}
+    assert "ServiceMonitor" not in kinds and "PrometheusRule" not in kinds
+    assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "ConfigMap"} <= kinds
+
+
+def test_with_prometheus_operator_servicemonitor_and_all_rule_groups(render):
+    objects = render(*MONITORING)
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert {"targetLabel": "job", "replacement": "rankwatch-operator"} in monitor["spec"]["endpoints"][0]["relabelings"]
+    metrics_service = one(objects, "Service", "-metrics")
+    assert all(
+        metrics_service["metadata"]["labels"][k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+    )
+    rule = one(objects, "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]  # the file, unaltered
+
+
+def test_rule_groups_can_be_switched_off(render):
+    rule = one(render(*MONITORING, "--set", "prometheusRule.groups.rankwatch-gpu=false"), "PrometheusRule")
+    assert "rankwatch-gpu" not in [g["name"] for g in rule["spec"]["groups"]]
+    assert "rankwatch-node" in [g["name"] for g in rule["spec"]["groups"]]
+
+
+def test_operator_runs_two_peered_non_root_replicas(render):
+    objects = render()
+    deployment = one(objects, "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert deployment["spec"]["replicas"] == 2
+    assert container["args"][:3] == ["rankwatch", "operator", "--peering=rankwatch"]
+    assert "--standalone" not in container["args"]
+    assert container["image"] == "rankwatch/rankwatch:0.1.0"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == pod_spec._restricted_security_context()["runAsUser"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    peering = one(objects, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "rankwatch"
+
+
+def test_namespaced_operator_peers_per_namespace_and_may_list_namespaces(render):
+    objects = render("--set", "operator.namespaces={team-a,ml-*}")
+    args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=ml-*" in args
+    assert [(p["kind"], p["metadata"]["namespace"]) for p in by_kind(objects, "KopfPeering")] == [
+        ("KopfPeering", "team-a")
+    ]
+    rules = one(objects, "ClusterRole")["rules"]
+    assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules
+    assert not any("clusterkopfpeerings" in r["resources"] for r in rules)
+
+
+def test_operator_env_points_sidecars_at_the_collector_service(render):
+    objects = render(release="rw", namespace="ops")
+    env = {
+        e["name"]: e.get("value")
+        for e in one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    collector = one(objects, "Service", "-collector")
+    port = collector["spec"]["ports"][0]["port"]
+    assert env["RANKWATCH_COLLECTOR_URL"] == f"http://{collector['metadata']['name']}.ops.svc:{port}"
+    assert env["RANKWATCH_IMAGE"] == "rankwatch/rankwatch:0.1.0"
+    assert env["RANKWATCH_ALERTING_CONFIG"] == "/etc/rankwatch/alerting/alerting.yaml"
+    # Every setting the operator reads today is set by the chart.
+    config_source = (REPO / "operator" / "config.py").read_text()
+    assert set(re.findall(r'"(RANKWATCH_[A-Z_]+)"', config_source)) <= set(env)
+
+
+def test_services_reach_named_container_ports(render):
+    objects = render()
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for service in by_kind(objects, "Service"):
+        (port,) = service["spec"]["ports"]
+        assert port["targetPort"] in ports and port["port"] == ports[port["targetPort"]]
+    assert {s["metadata"]["name"].rsplit("-", 1)[1] for s in by_kind(objects, "Service")} == {
+        "collector",
+        "intake",
+        "metrics",
+    }
+
+
+def test_alerting_config_is_valid_and_references_secrets_only_by_name(render):
+    config_map = one(render(), "ConfigMap", "-alerting")
+    data = yaml.safe_load(config_map["data"]["alerting.yaml"])
+    asked: list[tuple[str, str]] = []
+
+    def resolver(name: str, key: str) -> str:
+        asked.append((name, key))
+        return "https://open.feishu.cn/open-apis/bot/v2/hook/x" if key == "webhook-url" else "value"
+
+    parse_config(data, resolver)  # the operator's own loader accepts it
+    assert set(asked) == {
+        ("rankwatch-feishu", "webhook-url"),
+        ("rankwatch-feishu", "signing-secret"),
+        ("rankwatch-intake", "token"),
+    }
+    assert not by_kind(render(), "Secret"), "the chart must never carry credentials"
+
+
+def test_existing_alerting_configmap_replaces_the_rendered_one(render):
+    objects = render("--set", "alerting.existingConfigMap=my-alerting")
+    assert not [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-alerting")]
+    volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "alerting-config", "configMap": {"name": "my-alerting"}} in volumes
+
+
+def test_rbac_grants_exactly_the_operators_verbs(render):
+    rules = one(render(), "ClusterRole")["rules"]
+    granted = {
+        (group, resource, verb)
+        for r in rules
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+        for verb in r["verbs"]
+    }
+    assert ("", "secrets", "list") not in granted and ("", "secrets", "watch") not in granted
+    assert not any("*" in item for item in granted)
+    assert ("rankwatch.io", "trainingjobs/status", "patch") in granted
+    assert ("kopf.dev", "clusterkopfpeerings", "patch") in granted
+    assert ("", "nodes", "patch") in granted
+    assert not any(
+        verb in {"delete", "deletecollection", "update", "escalate", "bind", "impersonate"} for *_, verb in granted
+    )
+
+
+def test_dashboard_configmap_has_the_agreed_panels(render):
+    config_map = one(render(), "ConfigMap", "-dashboard")
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(config_map["data"]["rankwatch.json"])
+    titles = {p["title"] for p in dashboard["panels"]}
+    assert {
+        "Jobs by phase",
+        "Jobs by health",
+        "Per-rank wait time in NCCL",
+        "Step time",
+        "Detections",
+        "Cordoned nodes",
+        "Alerts by level",
+    } <= titles
+    assert all(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+
+
+def test_alertmanager_example_posts_to_the_intake_route(render):
+    example = yaml.safe_load((CHART / "examples" / "alertmanager-config.yaml").read_text())
+    (webhook,) = next(r for r in example["receivers"] if r["name"] == "rankwatch-intake")["webhook_configs"]
+    assert webhook["url"].endswith(f":8081{intake.PREFIX}/alertmanager")
+    intake_service = one(render(release="release", namespace="namespace"), "Service", "-intake")
+    url = webhook["url"].replace("RELEASE", "release").replace("NAMESPACE", "namespace")
+    assert url.startswith(f"http://{intake_service['metadata']['name']}.namespace.svc:")
+    # rankwatch's own alerts must not be routed back into the path they watch over.
+    first = example["route"]["routes"][0]
+    assert first["receiver"] != "rankwatch-intake" and first["matchers"] == ['component="rankwatch"']
+
+
+def test_rendered_chart_has_no_inlined_credentials(render):
+    text = json.dumps(render(*MONITORING))
+    assert not re.search(r"open-apis/bot/v2/hook/[A-Za-z0-9-]{8,}", text)
+    assert 'app_secret": "' not in text
+
+
+def test_library_path_in_image_matches_the_dockerfile():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert pod_spec.LIBRARY_IN_IMAGE in dockerfile
+    assert Path(pod_spec.LIBRARY_IN_IMAGE).name == "librankwatch-nccl.so"
