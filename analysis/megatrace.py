@@ -136,19 +136,22 @@ def _parse(path: Path) -> np.ndarray:
 
     has_hash = counts == 15
     group = np.zeros(len(lines), np.uint64)
-    if has_hash.any():
-        rows = np.flatnonzero(has_hash)
-        s, e = starts[first[rows] + 14], ends[first[rows] + 14]
-        negative = buf[s] == ord("-")
-        magnitude = _digits(buf, s + negative, e)
-        group[rows] = np.where(negative, (~magnitude) + np.uint64(1), magnitude)  # two's complement
-    if not has_hash.all():
-        # no groupHash: a per-rank stream key (never equal across ranks, so never compared across them)
-        rows = np.flatnonzero(~has_hash)
-        s, e = field(10)
-        streams = [data[int(a) : int(b)] for a, b in zip(s[rows], e[rows], strict=True)]
-        values = np.array([int(x, 16) if x.startswith(b"0x") else 0 for x in streams], dtype=np.uint64)
-        group[rows] = (values * np.uint64(0x9E3779B97F4A7C15)) ^ calls["rank"][rows].astype(np.uint64)
+    try:
+        if has_hash.any():
+            rows = np.flatnonzero(has_hash)
+            s, e = starts[first[rows] + 14], ends[first[rows] + 14]
+            negative = buf[s] == ord("-")
+            magnitude = _digits(buf, s + negative, e)
+            group[rows] = np.where(negative, (~magnitude) + np.uint64(1), magnitude)  # two's complement
+        if not has_hash.all():
+            # no groupHash: a per-rank stream key (never equal across ranks, so never compared across them)
+            rows = np.flatnonzero(~has_hash)
+            s, e = field(10)
+            streams = [data[int(a) : int(b)] for a, b in zip(s[rows], e[rows], strict=True)]
+            values = np.array([int(x, 16) if x.startswith(b"0x") else 0 for x in streams], dtype=np.uint64)
+            group[rows] = (values * np.uint64(0x9E3779B97F4A7C15)) ^ calls["rank"][rows].astype(np.uint64)
+    except (ValueError, OverflowError):  # a groupHash that is no number, a stream that is no (64-bit) pointer
+        return _parse_slowly(path, data)
     calls["comm"] = group
     return _finish(calls)
 
