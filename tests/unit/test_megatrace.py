@@ -1,12 +1,28 @@
-"""Megatrace NCCL-patch logs in both line formats, with overlapping dumps and bad lines."""
+"""Megatrace NCCL-patch logs in both line formats, with overlapping dumps and bad lines, read with
+each tokeniser (C, and numpy: its fallback); test_megatrace_tokenizers.py compares them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from rankwatch.analysis import megatrace
 from rankwatch.analysis.megatrace import MegatraceError, read_logs
 from rankwatch.analysis.ring import Op
+
+NATIVE = megatrace._native
+
+
+@pytest.fixture(autouse=True, params=["C", "numpy"])
+def tokenizer(request, monkeypatch):
+    """Every test here runs with each tokeniser."""
+    if request.param == "numpy":
+        monkeypatch.setattr(megatrace, "_native", None)
+    elif NATIVE is None:
+        pytest.fail("the C tokeniser (rankwatch.analysis._megatrace_tokenizer) is not built")
+    assert megatrace.tokenizer() == request.param
+    return request.param
+
 
 NEW = "[save_count {s}] [100.{ns:09d}] [Rank {r}] Fun {op} Data 1024 stream 0x7f00 opCount {n} groupHash {g}\n"
 OLD = "[save_count {s}] [100.{ns:09d}] [Rank {r}] Fun {op} Data 8 stream 0x{st:x} opCount {n}\n"
