@@ -30,7 +30,7 @@ from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 try:  # the C tokeniser, built at install time (analysis/_megatrace_tokenizer.c)
     from rankwatch.analysis import _megatrace_tokenizer as _native
-except ImportError:  # an install without it: the numpy tokeniser, same results, several times slower
+except ImportError:  # an install without it: the numpy tokeniser, same results, 10-20x slower
     _native = None
 
 LINE = re.compile(
