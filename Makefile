@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install native demo test lint format unit e2e bench cluster-binaries tools cluster-up cluster-down cluster-status clean
 
-$(INSTALLED): pyproject.toml
+$(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
@@ -65,5 +65,5 @@ bench: native $(INSTALLED)
 	$(BIN)/python bench/sidecar_cpu.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache analysis/*.so
 	$(MAKE) -s -C nccl_patch clean

@@ -7,18 +7,31 @@ repeated lines are kept once. ``opCount`` counts per communicator; ``groupHash``
 names the communicator, older logs lack it and their calls are keyed by stream, which tells the
 communicators of one rank apart but cannot be matched across ranks. Only call times are logged:
 the calls carry no return time (``Trace.has_returns`` is False).
+
+Two tokenisers give the same calls and the same errors: a C extension (``_megatrace_tokenizer``,
+files read in a thread pool as it releases the GIL) and whole-buffer numpy passes when the
+extension is not importable; ``tokenizer()`` says which one is in use.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple, NoReturn, TypeVar
 
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
+
+try:  # the C tokeniser, built at install time (analysis/_megatrace_tokenizer.c)
+    from rankwatch.analysis import _megatrace_tokenizer as _native
+except ImportError:  # an install without it: the numpy tokeniser, same results, 10-20x slower
+    _native = None
 
 LINE = re.compile(
     rb"^\[save_count (\d+)\] \[(\d+)\.(\d+)\] \[Rank (-?\d+)\] Fun (\w+) Data (\d+) "
@@ -80,11 +93,59 @@ _SORTED_KEYS = np.array(sorted(_OP_KEYS), dtype=np.int64)
 _SORTED_CODES = np.array([_OP_KEYS[key] for key in _SORTED_KEYS.tolist()], dtype=np.uint8)
 
 
-def _parse(path: Path) -> np.ndarray:
-    """Tokenise the whole file with numpy (no per-line Python); any malformed line names itself."""
-    data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        data += b"\n"
+_STREAM_MIX = 0x9E3779B97F4A7C15  # older format: comm = stream pointer * this ^ rank (C: STREAM_MIX)
+_BAD_LINE, _BAD_NUMBER, _BAD_OP = 1, 2, 3  # statuses of _native.tokenize
+
+
+def tokenizer() -> str:
+    """The tokeniser read_logs uses: "C" (the extension module) or "numpy" (the fallback)."""
+    return "numpy" if _native is None else "C"
+
+
+class _Columns(NamedTuple):
+    """One file's calls column by column (the order of _native.tokenize's columns)."""
+
+    rank: np.ndarray  # int32
+    t_call: np.ndarray  # int64
+    count: np.ndarray  # uint64
+    seq: np.ndarray  # uint64
+    op: np.ndarray  # uint8
+    comm: np.ndarray  # uint64
+
+    @property
+    def rows(self) -> int:
+        return len(self.t_call)
+
+    def take(self, index: np.ndarray) -> _Columns:
+        return _Columns(*(column[index] for column in self))
+
+
+_COLUMN_DTYPES = (np.int32, np.int64, np.uint64, np.uint64, np.uint8, np.uint64)
+_TEMPLATE = np.zeros(1, CALL_DTYPE)  # what Megatrace does not log
+for _name in ("peer", "comm_rank", "comm_size", "t_return"):  # t_return: unknown, not pending
+    _TEMPLATE[_name] = -1
+
+
+def _ended(data: bytes) -> bytes:
+    return data if data.endswith(b"\n") else data + b"\n"
+
+
+def _bad_line(path: Path, data: bytes, at: int) -> MegatraceError:
+    """The line holding byte `at` of data (which ends with a newline)."""
+    number = data.count(b"\n", 0, at) + 1
+    text = data[data.rfind(b"\n", 0, at) + 1 : data.find(b"\n", at)]
+    return MegatraceError(f"{path}:{number}: not a Megatrace line: {text[:120]!r}")
+
+
+def _unknown_op(path: Path, data: bytes, start: int, end: int) -> MegatraceError:
+    name = data[start:end].decode(errors="replace")
+    number = data.count(b"\n", 0, start) + 1
+    return MegatraceError(f"{path}:{number}: unknown operation {name!r}")
+
+
+def _tokenize(path: Path, data: bytes) -> _Columns:
+    """The numpy tokeniser: whole-buffer passes (no per-line Python); any malformed line names itself.
+    data ends with a newline."""
     buf = np.frombuffer(data, np.uint8)
     separator = (buf == 32) | (buf == 10) | (buf == 9) | (buf == 13)
     token = ~separator
@@ -105,23 +166,17 @@ def _parse(path: Path) -> np.ndarray:
         for k, letter in ((0, b"["), (3, b"["), (5, b"F"), (7, b"D"), (9, b"s"), (11, b"o")):
             bad |= buf[field(k)[0]] != letter[0]
     if bad.any():
-        at = int(starts[first[np.argmax(bad)]])
-        number = data.count(b"\n", 0, at) + 1
-        text = data[data.rfind(b"\n", 0, at) + 1 : data.find(b"\n", at)]
-        raise MegatraceError(f"{path}:{number}: not a Megatrace line: {text[:120]!r}")
+        raise _bad_line(path, data, int(starts[first[np.argmax(bad)]]))
 
-    calls = np.zeros(len(lines), CALL_DTYPE)
     try:
         s, e = field(4)
-        calls["rank"] = _digits(buf, s, e - 1).astype(np.int64)
+        rank = _digits(buf, s, e - 1).astype(np.int64).astype(np.int32)
         s, e = field(2)  # [sec.nsec] with nine nanosecond digits
-        calls["t_call"] = (_digits(buf, s + 1, e - 11) * np.uint64(10**9) + _digits(buf, e - 10, e - 1)).astype(
-            np.int64
-        )
-        calls["count"] = _digits(buf, *field(8))
-        calls["seq"] = _digits(buf, *field(12)) + np.uint64(1)  # opCount counts from 0; seq from 1
+        t_call = (_digits(buf, s + 1, e - 11) * np.uint64(10**9) + _digits(buf, e - 10, e - 1)).astype(np.int64)
+        count = _digits(buf, *field(8))
+        seq = _digits(buf, *field(12)) + np.uint64(1)  # opCount counts from 0; seq from 1
     except ValueError:
-        return _parse_slowly(path, data)
+        _parse_slowly(path, data)
     s, e = field(6)
     length = e - s
     keys = _op_key(length, buf[s], buf[s + np.minimum(3, length - 1)], buf[e - 1])
@@ -129,54 +184,184 @@ def _parse(path: Path) -> np.ndarray:
     matched = _SORTED_KEYS[position] == keys
     if not matched.all():
         line = int(np.argmax(~matched))
-        name = data[int(s[line]) : int(e[line])].decode(errors="replace")
-        number = data.count(b"\n", 0, int(s[line])) + 1
-        raise MegatraceError(f"{path}:{number}: unknown operation {name!r}")
-    calls["op"] = _SORTED_CODES[position]
+        raise _unknown_op(path, data, int(s[line]), int(e[line]))
+    op = _SORTED_CODES[position]
 
     has_hash = counts == 15
     group = np.zeros(len(lines), np.uint64)
-    if has_hash.any():
-        rows = np.flatnonzero(has_hash)
-        s, e = starts[first[rows] + 14], ends[first[rows] + 14]
-        negative = buf[s] == ord("-")
-        magnitude = _digits(buf, s + negative, e)
-        group[rows] = np.where(negative, (~magnitude) + np.uint64(1), magnitude)  # two's complement
-    if not has_hash.all():
-        # no groupHash: a per-rank stream key (never equal across ranks, so never compared across them)
-        rows = np.flatnonzero(~has_hash)
-        s, e = field(10)
-        streams = [data[int(a) : int(b)] for a, b in zip(s[rows], e[rows], strict=True)]
-        values = np.array([int(x, 16) if x.startswith(b"0x") else 0 for x in streams], dtype=np.uint64)
-        group[rows] = (values * np.uint64(0x9E3779B97F4A7C15)) ^ calls["rank"][rows].astype(np.uint64)
-    calls["comm"] = group
-    return _finish(calls)
+    try:
+        if has_hash.any():
+            rows = np.flatnonzero(has_hash)
+            s, e = starts[first[rows] + 14], ends[first[rows] + 14]
+            negative = buf[s] == ord("-")
+            magnitude = _digits(buf, s + negative, e)
+            group[rows] = np.where(negative, (~magnitude) + np.uint64(1), magnitude)  # two's complement
+        if not has_hash.all():
+            # no groupHash: a per-rank stream key (never equal across ranks, so never compared across them)
+            rows = np.flatnonzero(~has_hash)
+            s, e = field(10)
+            streams = [data[int(a) : int(b)] for a, b in zip(s[rows], e[rows], strict=True)]
+            values = np.array([int(x, 16) if x.startswith(b"0x") else 0 for x in streams], dtype=np.uint64)
+            group[rows] = (values * np.uint64(_STREAM_MIX)) ^ rank[rows].astype(np.uint64)
+    except (ValueError, OverflowError):  # a groupHash that is no number, a stream that is no (64-bit) pointer
+        _parse_slowly(path, data)
+    return _Columns(rank, t_call, count, seq, op, group)
 
 
-def _parse_slowly(path: Path, data: bytes) -> np.ndarray:
-    """Line-by-line fallback that names the first line the fast path could not read."""
+def _parse_slowly(path: Path, data: bytes) -> NoReturn:
+    """Line-by-line check that names the first line the fast paths could not read."""
     for number, line in enumerate(data.splitlines(), 1):
         if line.strip() and not LINE.match(line):
             raise MegatraceError(f"{path}:{number}: not a Megatrace line: {line[:120]!r}")
     raise MegatraceError(f"{path}: a number does not fit in 64 bits")
 
 
-def _finish(calls: np.ndarray) -> np.ndarray:
-    calls["peer"] = -1
-    calls["comm_rank"] = -1
-    calls["comm_size"] = -1
-    calls["t_return"] = -1  # unknown, not pending
-    # Overlapping dumps repeat lines: keep each call once (first occurrence, file order).
-    order = np.lexsort((np.arange(len(calls)), calls["t_call"], calls["op"], calls["seq"], calls["comm"]))
-    keys = calls[order]
-    repeat = np.zeros(len(calls), bool)
-    repeat[1:] = (
-        (keys["comm"][1:] == keys["comm"][:-1])
-        & (keys["seq"][1:] == keys["seq"][:-1])
-        & (keys["op"][1:] == keys["op"][:-1])
-        & (keys["t_call"][1:] == keys["t_call"][:-1])
-    )
-    return calls[np.sort(order[~repeat])]
+def _first_occurrences(columns: _Columns) -> _Columns:
+    """Overlapping dumps repeat lines: each call once (first occurrence, file order)."""
+    t_call, seq, op, comm = columns.t_call, columns.seq, columns.op, columns.comm
+    order = np.lexsort((np.arange(len(t_call)), t_call, op, seq, comm))
+    t_call, op, seq, comm = t_call[order], op[order], seq[order], comm[order]
+    repeat = np.zeros(len(order), bool)
+    repeat[1:] = (comm[1:] == comm[:-1]) & (seq[1:] == seq[:-1]) & (op[1:] == op[:-1]) & (t_call[1:] == t_call[:-1])
+    return columns.take(np.sort(order[~repeat]))
+
+
+def _tokenize_native(path: Path, data: bytes | bytearray, size: int) -> _Columns:
+    """The C tokeniser over data[:size], then its deduplication; errors as the numpy tokeniser words them."""
+    status, start, end, *columns, odd = _native.tokenize(data, size, _SORTED_KEYS, _SORTED_CODES)
+    if status:
+        text = bytes(data[:size])
+        if status == _BAD_LINE:
+            raise _bad_line(path, _ended(text), start)
+        if status == _BAD_OP:
+            raise _unknown_op(path, text, start, end)
+        _parse_slowly(path, _ended(text))
+    if odd:  # older-format stream pointers the C code leaves to int(x, 16), like the numpy tokeniser
+        rank, comm = np.frombuffer(columns[0], np.int32), np.frombuffer(columns[5], np.uint64)
+        for row, s, e in odd:
+            try:
+                value = int(data[s:e], 16)
+            except ValueError:
+                _parse_slowly(path, _ended(bytes(data[:size])))
+            if value >> 64:
+                _parse_slowly(path, _ended(bytes(data[:size])))
+            comm[row] = ((value * _STREAM_MIX) ^ int(rank[row])) & 0xFFFF_FFFF_FFFF_FFFF
+    rows = _native.first_occurrences(*columns)
+    return _Columns(*(np.frombuffer(c, t)[:rows] for c, t in zip(columns, _COLUMN_DTYPES, strict=True)))
+
+
+def _read_into(path: Path, buffer: bytearray) -> tuple[bytearray, bytes | bytearray, int]:
+    """The file's bytes: (the buffer, grown if need be; data; size), data being the buffer unless the
+    file grew past it while read."""
+    with open(path, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if len(buffer) <= size:  # room for one more byte, to see the end of the file
+            buffer = bytearray(size + size // 8 + 4096)
+        length = 0
+        with memoryview(buffer) as view:
+            while length < len(buffer) and (n := handle.readinto(view[length:])):
+                length += n
+        if length < len(buffer):
+            return buffer, buffer, length
+        data = bytes(buffer) + handle.read()
+        return buffer, data, len(data)
+
+
+class _Reader:
+    """Reads and parses files, on several threads at once, with the C tokeniser when it is there.
+    Read buffers go from file to file: a fresh one per file would cost a page fault per 4 KiB, more
+    than the copy from the page cache."""
+
+    def __init__(self) -> None:
+        self._buffers: list[bytearray] = []  # free ones (list.pop and append are atomic)
+
+    def parse(self, path: Path) -> _Columns:
+        """One rank_<R>.log: its calls in file order, repeats dropped."""
+        if _native is None:
+            return _first_occurrences(_tokenize(path, _ended(path.read_bytes())))
+        buffer = self._buffers.pop() if self._buffers else bytearray()
+        try:
+            buffer, data, size = _read_into(path, buffer)
+            return _tokenize_native(path, data, size)
+        finally:
+            self._buffers.append(buffer)
+
+    def parse_or_problem(self, path: Path) -> _Columns | str:
+        try:
+            return self.parse(path)
+        except (MegatraceError, OSError) as error:
+            return str(error)
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _map(function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """function over items, in order; on as many threads as there are CPUs when the C code (which
+    releases the GIL) does the work."""
+    items = list(items)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = 1 if _native is None else min(len(items), cpus)
+    if workers <= 1:
+        yield from map(function, items)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        yield from pool.map(function, items)
+
+
+def _by_rank_then_time(parts: list[_Columns]) -> list[_Columns]:
+    """The parts' rows as a stable sort by (rank, t_call) of their concatenation would order them."""
+    firsts = [int(part.rank[0]) for part in parts]
+    if len(set(firsts)) == len(parts) and all((part.rank == r).all() for part, r in zip(parts, firsts, strict=True)):
+        # usual case, one rank per file: files by rank, each by call time (already so, as a rule)
+        ordered = []
+        for _, part in sorted(zip(firsts, parts, strict=True), key=lambda pair: pair[0]):
+            if (part.t_call[1:] < part.t_call[:-1]).any():
+                part = part.take(np.argsort(part.t_call, kind="stable"))
+            ordered.append(part)
+        return ordered
+    joined = _Columns(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+    return [joined.take(np.lexsort((joined.t_call, joined.rank)))]
+
+
+def _fill(calls: np.ndarray, first: int, part: _Columns) -> None:
+    """Rows first.. of calls: the template with the part's columns."""
+    if _native is not None:
+        fields = [
+            (CALL_DTYPE.fields[name][1], column.itemsize, column)
+            for name, column in zip(_Columns._fields, part, strict=True)
+        ]
+        _native.fill(calls, _TEMPLATE.tobytes(), first, fields)
+        return
+    rows = calls[first : first + part.rows]
+    rows[...] = _TEMPLATE
+    for name, column in zip(_Columns._fields, part, strict=True):
+        rows[name] = column
+
+
+def _members(part: _Columns) -> list[tuple[int, int]]:
+    """The distinct (communicator, rank) pairs of a part."""
+    rank = int(part.rank[0])
+    if (part.rank == rank).all():
+        comms = np.unique(part.comm) if _native is None else np.frombuffer(_native.distinct(part.comm), np.uint64)
+        return [(comm_id, rank) for comm_id in comms.tolist()]
+    order = np.lexsort((part.rank, part.comm))
+    comm, ranks = part.comm[order], part.rank[order]
+    new = np.r_[True, (comm[1:] != comm[:-1]) | (ranks[1:] != ranks[:-1])]
+    return list(zip(comm[new].tolist(), ranks[new].tolist(), strict=True))
+
+
+def _communicators(pairs: Iterable[list[tuple[int, int]]]) -> dict[int, Communicator]:
+    """Members of each communicator (by groupHash, or by stream in the older format), id order."""
+    members: dict[int, set[int]] = {}
+    for part in pairs:
+        for comm_id, member in part:
+            members.setdefault(comm_id, set()).add(member)
+    return {
+        comm_id: Communicator(comm_id, len(ranks), dict(enumerate(sorted(ranks))))
+        for comm_id, ranks in sorted(members.items())
+    }
 
 
 def read_logs(directory: str | Path) -> Trace:
@@ -186,25 +371,23 @@ def read_logs(directory: str | Path) -> Trace:
         raise FileNotFoundError(f"{directory}: no rank_*.log files")
     parts, ranks, problems = [], {}, []
     progress = Progress(len(files), "reading Megatrace logs")
-    for path in files:
+    for path, result in zip(files, _map(_Reader().parse_or_problem, files), strict=True):
         progress.advance()
-        try:
-            calls = _parse(path)
-        except (MegatraceError, OSError) as error:
-            problems.append(str(error))
+        if isinstance(result, str):
+            problems.append(result)
             continue
-        if not len(calls):
+        if not result.rows:
             continue
-        rank = int(calls["rank"][0])
+        rank = int(result.rank[0])
         ranks[rank] = RankSource(rank, "unknown", -1, str(path))
-        parts.append(calls)
+        parts.append(result)
     progress.close()
-    calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
-    calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
-    comms: dict[int, Communicator] = {}
-    for comm_id in np.unique(calls["comm"]):
-        members = np.unique(calls["rank"][calls["comm"] == comm_id])
-        comms[int(comm_id)] = Communicator(int(comm_id), len(members), dict(enumerate(members.tolist())))
+    comms = _communicators(_map(_members, parts))
+    ordered = _by_rank_then_time(parts)
+    calls = np.empty(sum(part.rows for part in ordered), CALL_DTYPE)
+    firsts = np.cumsum([0] + [part.rows for part in ordered])[:-1].tolist()
+    for _ in _map(lambda job: _fill(calls, *job), zip(firsts, ordered, strict=True)):
+        pass
     return Trace(calls, ranks, comms, problems, has_returns=False)
 
 

@@ -1,12 +1,28 @@
-"""Megatrace NCCL-patch logs in both line formats, with overlapping dumps and bad lines."""
+"""Megatrace NCCL-patch logs in both line formats, with overlapping dumps and bad lines, read with
+each tokeniser (C, and numpy: its fallback); test_megatrace_tokenizers.py compares them."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from rankwatch.analysis import megatrace
 from rankwatch.analysis.megatrace import MegatraceError, read_logs
 from rankwatch.analysis.ring import Op
+
+NATIVE = megatrace._native
+
+
+@pytest.fixture(autouse=True, params=["C", "numpy"])
+def tokenizer(request, monkeypatch):
+    """Every test here runs with each tokeniser."""
+    if request.param == "numpy":
+        monkeypatch.setattr(megatrace, "_native", None)
+    elif NATIVE is None:
+        pytest.fail("the C tokeniser (rankwatch.analysis._megatrace_tokenizer) is not built")
+    assert megatrace.tokenizer() == request.param
+    return request.param
+
 
 NEW = "[save_count {s}] [100.{ns:09d}] [Rank {r}] Fun {op} Data 1024 stream 0x7f00 opCount {n} groupHash {g}\n"
 OLD = "[save_count {s}] [100.{ns:09d}] [Rank {r}] Fun {op} Data 8 stream 0x{st:x} opCount {n}\n"
@@ -55,3 +71,19 @@ def test_empty_directory_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no rank_"):
         read_logs(tmp_path)
     assert MegatraceError
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (NEW.format(s=1, ns=0, r=0, op="AllReduce", n=0, g="12x"), "rank_0.log:1: not a Megatrace line"),
+        (OLD.format(s=1, ns=0, r=0, op="AllReduce", n=0, st=0).replace("0x0", "0xZZ"), "rank_0.log:1: not a Megat"),
+        (OLD.format(s=1, ns=0, r=0, op="AllReduce", n=0, st=2**68), "rank_0.log: a number does not fit in 64 bits"),
+    ],
+)
+def test_bad_group_hash_or_stream_is_a_problem_not_a_crash(tmp_path, line, problem):
+    (tmp_path / "rank_0.log").write_text(line)
+    (tmp_path / "rank_1.log").write_text(NEW.format(s=1, ns=0, r=1, op="AllReduce", n=0, g=7))
+    trace = read_logs(tmp_path)
+    assert list(trace.ranks) == [1]
+    assert len(trace.problems) == 1 and problem in trace.problems[0]
