@@ -18,11 +18,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-import kopf
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api, job_status
+from rankwatch.operator import api, job_events, job_status
 from rankwatch.operator.diagnosis import Diagnosis
 
 log = logging.getLogger(__name__)
@@ -213,7 +212,7 @@ def write_diagnosis(namespace: str, name: str, diagnosis: Diagnosis, now: str) -
         name,
         {SUSPECT_NODES_ANNOTATION: _listed(diagnosis.nodes), SUSPECT_RANKS_ANNOTATION: _listed(diagnosis.ranks)},
     )
-    kopf.event(job, type="Warning", reason=diagnosis.kind, message=event_message(diagnosis, name))
+    job_events.post(job, "Warning", diagnosis.kind, event_message(diagnosis, name))
     return job
 
 
@@ -241,11 +240,11 @@ def write_recovered(namespace: str, name: str, why: str, now: str) -> dict[str, 
     job, _ = written
     _annotate(namespace, name, {SUSPECT_NODES_ANNOTATION: None, SUSPECT_RANKS_ANNOTATION: None})
     previous = (job.get("status") or {}).get("diagnosis") or {}
-    kopf.event(
+    job_events.post(
         job,
-        type="Normal",
-        reason="Recovered",
-        message=f"{previous.get('kind', 'finding')} cleared: {why} (was: {previous.get('summary', '')})"[:1000],
+        "Normal",
+        "Recovered",
+        f"{previous.get('kind', 'finding')} cleared: {why} (was: {previous.get('summary', '')})",
     )
     return job
 

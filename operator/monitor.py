@@ -233,6 +233,16 @@ class Monitor:
 
     # -- diagnosis -------------------------------------------------------------------------------------
     async def _diagnose(self, job: WatchedJob, suspicion: Suspicion) -> None:
+        try:
+            await self._diagnose_and_write(job, suspicion)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a task's exception would otherwise vanish unseen
+            metrics.DIAGNOSES.labels("failed").inc()
+            log.exception("diagnosis of TrainingJob %s/%s failed", job.namespace, job.name)
+            job.retry_after[suspicion.kind] = time.monotonic() + FAILED_RETRY_S
+
+    async def _diagnose_and_write(self, job: WatchedJob, suspicion: Suspicion) -> None:
         started = time.monotonic()
         suspected = job.suspected_since.get(suspicion.kind, started)
         log.warning("TrainingJob %s/%s: %s; diagnosing", job.namespace, job.name, suspicion.summary)

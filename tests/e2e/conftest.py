@@ -14,7 +14,9 @@ The operator runs in-process with ``kopf.testing.KopfRunner``, watching only nam
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -98,9 +100,23 @@ def crd(kubectl: Callable[..., Any]) -> None:
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
-def operator(kubeconfig: str, crd: None) -> Iterator[KopfRunner]:
-    """The real operator, in-process, for namespaces rw-e2e-*."""
+def collector_url() -> str:
+    """Where the session operator's collector listens (loopback; sidecars of the pod runner post here)."""
+    port = free_port()
+    os.environ["RANKWATCH_COLLECTOR_LISTEN"] = f"127.0.0.1:{port}"
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def operator(kubeconfig: str, crd: None, collector_url: str) -> Iterator[KopfRunner]:
+    """The real operator, in-process, for namespaces rw-e2e-*, its collector on ``collector_url``."""
     kubernetes.config.load_kube_config(config_file=kubeconfig)
     args = ["run", "--standalone", "--namespace", f"{E2E_NAMESPACE_PREFIX}*", "-m", "rankwatch.operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:
@@ -159,3 +175,35 @@ def eventually() -> Callable[..., Any]:
 def example_job() -> Callable[[], dict[str, Any]]:
     """A fresh copy of examples/trainingjob.yaml."""
     return lambda: yaml.safe_load((REPO / "examples" / "trainingjob.yaml").read_text())
+
+
+def start_pod_runner(kubeconfig: str, collector_url: str, namespace: str, work_dir: Path) -> subprocess.Popen:
+    """`rankwatch cluster run-pods` for one namespace: runs its worker pods as local processes."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "pod-runner.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-url", collector_url,
+             "--namespace", namespace, "--work-dir", str(work_dir)],
+            env={**os.environ, "KUBECONFIG": kubeconfig},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def pod_runner(kubeconfig: str, collector_url: str, namespace: str, tmp_path: Path) -> Iterator[Path]:
+    """The pod runner for this test's namespace, sending to the session operator; yields its work dir."""
+    work_dir = tmp_path / "pods"
+    process = start_pod_runner(kubeconfig, collector_url, namespace, work_dir)
+    yield work_dir
+    stop_process(process)
