@@ -207,3 +207,25 @@ def pod_runner(kubeconfig: str, collector_url: str, namespace: str, tmp_path: Pa
     process = start_pod_runner(kubeconfig, collector_url, namespace, work_dir)
     yield work_dir
     stop_process(process)
+
+
+def start_operator_process(kubeconfig: str, namespace: str, log: Path, collector_port: int) -> subprocess.Popen:
+    """`rankwatch operator` as a real process for one namespace, its collector on loopback:collector_port."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{collector_port}"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+@pytest.fixture(scope="session")
+def processes() -> Any:
+    """Helpers for tests that run their own operator and pod runner processes."""
+    import types
+
+    return types.SimpleNamespace(
+        free_port=free_port, operator=start_operator_process, pod_runner=start_pod_runner, stop=stop_process
+    )

@@ -5,6 +5,7 @@ injected through the job template's env on one rank."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Any
 
@@ -177,3 +178,52 @@ def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eve
         assert "diagnosis" not in job["status"]
         time.sleep(2)
     assert not [e for e in events(api, namespace, "calm") if e.reason in DIAGNOSIS_KINDS]
+
+
+def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
+    api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path
+):
+    """Operator A diagnoses a straggler and is killed; B re-learns the job from the next summaries,
+    reports nothing twice, and diagnoses the hang that follows; C after it adds nothing."""
+    namespace = unwatched_namespace
+    port = processes.free_port()
+    log = tmp_path / "operator.log"
+    operator = processes.operator(kubeconfig, namespace, log, port)
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+
+    def restart(operator):
+        operator.send_signal(signal.SIGKILL)  # no chance to clean up
+        operator.wait(10)
+        return processes.operator(kubeconfig, namespace, log, port)
+
+    def warnings(reason: str) -> int:
+        return sum(e.reason == reason for e in events(api, namespace, "flaky"))
+
+    try:
+        faults = {
+            "RANKWATCH_STANDIN_FAULT_RANK": "5",
+            "RANKWATCH_STANDIN_SLOWDOWN": "0.3",
+            "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "9000",
+        }
+        create_job(api, namespace, standin_job("flaky", faults))
+        wait_running(api, namespace, "flaky", eventually)
+        eventually(lambda: diagnosed(api, namespace, "flaky", "Degraded"), 60, interval=1, what="Degraded (A)")
+        eventually(lambda: warnings("Straggler") == 1, 20, what="one Straggler Event")
+
+        operator = restart(operator)  # B
+        job = eventually(lambda: diagnosed(api, namespace, "flaky", "Hung"), 120, interval=1, what="Hung (B)")
+        assert job["status"]["diagnosis"]["kind"] == "Hang" and job["status"]["diagnosis"]["ranks"] == [5]
+        assert condition(job, "Degraded")["status"] == "False" and condition(job, "Degraded")["reason"] == "Superseded"
+        eventually(lambda: warnings("Hang") == 1, 20, what="one Hang Event")
+
+        operator = restart(operator)  # C: the job is still hung; it must not say so again
+        time.sleep(4 * WINDOW + SENSITIVITY)
+        job = get_job(api, namespace, "flaky")
+        assert condition(job, "Hung")["status"] == "True"
+        assert (warnings("Straggler"), warnings("Hang")) == (1, 1), [
+            (e.reason, e.message) for e in events(api, namespace, "flaky")
+        ]
+    finally:
+        processes.stop(runner)
+        processes.stop(operator)
+        print(log.read_text()[-3000:])
