@@ -21,6 +21,7 @@ from typing import Protocol
 
 import kubernetes
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
@@ -205,6 +206,8 @@ class Collector:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body decompresses to more than {protocol.MAX_DECODED_BYTES} bytes")
+        except RequestPayloadError as error:  # aiohttp decompresses gzip itself
+            return _error(400, f"body could not be read: {error}")
         try:
             body = protocol.decode_body(raw, request.headers.get("Content-Encoding"))
         except protocol.ProtocolError as error:

@@ -18,8 +18,8 @@ from rankwatch.operator.job_state import CommState, JobState
 
 WAIT_WINDOWS = 3
 """Windows of wait quantiles a rank's score is taken over (median of their p50s)."""
-WAIT_Z = 3.5
-"""Robust z (median/MAD) below which a rank waits out of line with its peers."""
+WAIT_RATIO = 0.3
+"""A rank whose wait is at most this fraction of its peers' median waits out of line..."""
 WAIT_MARGIN_S = 100e-6
 """... and by at least this much: sub-100 µs differences are scheduling noise, not a slow GPU."""
 STEP_RISE = 0.10
@@ -149,17 +149,17 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         if any(value is None for value in waits.values()):
             continue
         values: dict[int, float] = waits  # type: ignore[assignment]
-        median = statistics.median(values.values())
-        if len(values) == 2:
-            low, high = sorted(values, key=values.__getitem__)
-            if values[low] <= 0.3 * values[high] and values[high] - values[low] >= 2 * WAIT_MARGIN_S:
-                flagged[low] = {"communicator": comm_id, "wait_s": values[low], "peers_median_s": values[high]}
-            continue
-        mad = statistics.median(abs(value - median) for value in values.values())
-        scale = 1.4826 * mad + max(0.05 * median, 20e-6)
         for rank, value in values.items():
-            z = (value - median) / scale
-            if z <= -WAIT_Z and median - value >= WAIT_MARGIN_S and value <= 0.5 * median:
+            others = [other for peer, other in values.items() if peer != rank]
+            median = statistics.median(others)  # leave-one-out: the suspect does not shift its own yardstick
+            mad = statistics.median(abs(other - median) for other in others)
+            z = (value - median) / (1.4826 * mad + max(0.05 * median, 20e-6))
+            # A straggler's peers wait for it in every collective, so its own wait is a small fraction of
+            # theirs; jitter moves waits by tens of percent, not by a factor of three. (A z score over a
+            # handful of peers is too easily extreme to decide on its own; it is kept as evidence.)
+            margin = 2 * WAIT_MARGIN_S if len(values) == 2 else WAIT_MARGIN_S
+            out_of_line = value <= WAIT_RATIO * median and median - value >= margin
+            if out_of_line:
                 flagged[rank] = {
                     "communicator": comm_id,
                     "wait_s": round(value, 6),
