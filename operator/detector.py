@@ -81,7 +81,10 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | 
                 {"source": "stall_report", "pod": report.pod, "node": report.node},
             )
     oldest: tuple[float, int, str] | None = None
+    fresh = 3 * (thresholds.window_s + 5)
     for rank in state.ranks.values():
+        if now - rank.seen_at > fresh:
+            continue  # its sidecar stopped reporting (pod gone): not something a dump can explain
         for comm_id, comm in rank.comms.items():
             if comm.in_flight and comm.oldest_in_flight_s is not None:
                 age = comm.oldest_in_flight_s + (now - comm.seen_at)

@@ -270,7 +270,9 @@ class Monitor:
             return
         if diagnosis is None:
             metrics.DIAGNOSES.labels("no_finding").inc()
-            retry = job.thresholds.window_s * 2 if suspicion.kind == "hang" else NO_FINDING_RETRY_S
+            unreachable = "pods_asked" not in report  # no sidecar answered: asking again at once will not help
+            quick = suspicion.kind == "hang" and not unreachable  # a hang's evidence grows with time
+            retry = job.thresholds.window_s * 2 if quick else NO_FINDING_RETRY_S
             job.retry_after[suspicion.kind] = time.monotonic() + retry
             log.info(
                 "TrainingJob %s/%s: the analysis found nothing behind %r (problems: %s); looking again in %.0f s",
