@@ -63,6 +63,7 @@ bench: native $(INSTALLED)
 	$(BIN)/python bench/interposer_overhead.py
 	$(BIN)/python bench/cluster_startup.py
 	$(BIN)/python bench/sidecar_cpu.py
+	$(BIN)/python bench/operator_cpu.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache analysis/*.so

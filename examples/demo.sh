@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `make demo`: the main path a user takes, end to end on the built-in local cluster.
 # 1. bring up the local cluster (real control plane + 4 kwok GPU nodes), 2. install the CRD,
-# 3. run the operator, 4. apply examples/trainingjob.yaml, 5. show what kubectl shows.
+# 3. run the operator and the pod runner (the workers and sidecars run here, on the stand-in NCCL),
+# 4. apply examples/straggler-job.yaml (4 nodes, one slow rank), 5. show the diagnosis kubectl shows.
 # With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 NAMESPACE=rankwatch-demo
-JOB=llama-70b
+JOB=llama-straggler
 
 KUBECTL=$("$BIN/python" -c 'from rankwatch.cluster.binaries import binary_path; print(binary_path("kubectl"))')
 if [ "${RANKWATCH_USE_KUBECONFIG:-0}" = 1 ] && [ -n "${KUBECONFIG:-}" ]; then
@@ -26,30 +27,52 @@ echo "==> CRD"
 k apply --server-side --force-conflicts -f crds/trainingjobs.rankwatch.io.yaml
 k wait --for=condition=Established --timeout=60s crd/trainingjobs.rankwatch.io
 
-echo "==> operator (log: $PWD/.demo-operator.log)"
-"$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" >.demo-operator.log 2>&1 &
+PORT=$("$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+echo "==> operator (collector on 127.0.0.1:$PORT; log: $PWD/.demo-operator.log)"
+RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
+  >.demo-operator.log 2>&1 &
 OPERATOR=$!
-trap 'kill $OPERATOR 2>/dev/null; wait $OPERATOR 2>/dev/null || true' EXIT
+echo "==> pod runner: runs each worker pod's ranks and sidecar here (log: $PWD/.demo-pods/pod-runner.log)"
+mkdir -p .demo-pods
+"$BIN/rankwatch" cluster run-pods --collector-url "http://127.0.0.1:$PORT" --namespace "$NAMESPACE" \
+  --work-dir "$PWD/.demo-pods" >.demo-pods/pod-runner.log 2>&1 &
+RUNNER=$!
+cleanup() {
+  k delete tj "$JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
+  kill "$RUNNER" "$OPERATOR" 2>/dev/null
+  wait "$RUNNER" "$OPERATOR" 2>/dev/null || true
+}
+trap cleanup EXIT
 
-echo "==> kubectl apply -f examples/trainingjob.yaml"
+echo "==> kubectl apply -f examples/straggler-job.yaml  (rank 9 computes 30% slower)"
 k create namespace "$NAMESPACE" --dry-run=client -o yaml | k apply -f -
 if k get tj "$JOB" -n "$NAMESPACE" >/dev/null 2>&1; then
   k delete tj "$JOB" -n "$NAMESPACE" --wait=true
   k wait --for=delete pod -l "rankwatch.io/job-name=$JOB" -n "$NAMESPACE" --timeout=60s || true
 fi
-k apply -n "$NAMESPACE" -f examples/trainingjob.yaml
+k apply -n "$NAMESPACE" -f examples/straggler-job.yaml
 if ! k wait --for=jsonpath='{.status.phase}'=Running "tj/$JOB" -n "$NAMESPACE" --timeout=90s; then
   echo "job did not reach Running; operator log:" >&2
   tail -40 .demo-operator.log >&2
   exit 1
 fi
+echo "==> waiting for the diagnosis (Degraded=True)"
+if ! k wait --for=condition=Degraded "tj/$JOB" -n "$NAMESPACE" --timeout=120s; then
+  echo "no diagnosis; operator log:" >&2
+  tail -40 .demo-operator.log >&2
+  exit 1
+fi
+sleep 2  # the Event follows the status by a moment
 
-echo; echo "==> kubectl get tj,svc,pods -n $NAMESPACE -o wide"
-k get tj,svc,pods -n "$NAMESPACE" -o wide
+echo; echo "==> kubectl get tj,pods -n $NAMESPACE -o wide"
+k get tj,pods -n "$NAMESPACE" -o wide
 echo; echo "==> kubectl describe tj $JOB -n $NAMESPACE"
 k describe tj "$JOB" -n "$NAMESPACE"
-echo; echo "==> what rankwatch injected into worker 0"
-k get pod "$JOB-worker-0" -n "$NAMESPACE" \
-  -o jsonpath='{range .spec.initContainers[*]}init container: {.name} (restartPolicy={.restartPolicy}){"\n"}{end}{range .spec.containers[0].env[*]}  env {.name}={.value}{"\n"}{end}'
+echo; echo "==> the diagnosis"
+k get tj "$JOB" -n "$NAMESPACE" -o jsonpath='{.status.diagnosis}' | "$BIN/python" -m json.tool
+echo; echo "==> the full report (ConfigMap $JOB-rankwatch-report)"
+k get configmap "$JOB-rankwatch-report" -n "$NAMESPACE" -o jsonpath='{.data.report\.txt}'; echo
+echo; echo "==> nodes (cordoning the suspect node is the remediation step, not built yet)"
+k get nodes
 echo
 echo "The cluster keeps running: export KUBECONFIG=$KUBECONFIG; 'make cluster-down' removes it."

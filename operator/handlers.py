@@ -3,6 +3,8 @@
 create/resume  -> create the token Secret, the headless Service and the worker Pods
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
                   post Events on transitions, recreate pods lost before the job started
+startup        -> the collector (sidecar summaries, /metrics) and the monitor (detector, diagnosis)
+                  in this event loop; job events tell the monitor which jobs run
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from kubernetes.client.exceptions import ApiException
 
 import rankwatch.operator.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
 from rankwatch.operator import api, children, job_status
+from rankwatch.operator.collector import Collector, CollectorSettings, SecretTokens
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.job_state import JobStore
+from rankwatch.operator.monitor import Monitor
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 CONFIG = OperatorConfig.from_env()
@@ -46,6 +51,69 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     except kubernetes.config.ConfigException:
         # The library reads $KUBECONFIG at import time; read it now, as kubectl would.
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+class Watch:
+    """The collector and the monitor of this operator process (one each, made at startup)."""
+
+    collector: Collector | None = None
+    monitor: Monitor | None = None
+    alerts: Any = None
+
+
+WATCH = Watch()
+
+
+async def _start_alerting(config: OperatorConfig) -> Any:
+    """The alert pipeline when RANKWATCH_ALERTING_CONFIG is set; a bad config stops the operator."""
+    if not config.alerting_config:
+        return None
+    from pathlib import Path
+
+    from rankwatch.operator.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config
+
+    try:
+        secrets = kubernetes_resolver(os.environ.get("POD_NAMESPACE", "rankwatch-system"))
+        alerting = await asyncio.to_thread(load_config, Path(config.alerting_config), secrets)
+    except ConfigError as error:
+        raise kopf.PermanentError(f"alerting config {config.alerting_config}: {error}") from error
+    pipeline = AlertPipeline(alerting)
+    await pipeline.start()
+    return pipeline
+
+
+@kopf.on.startup()
+async def start_watch(**_: Any) -> None:
+    """Collector and monitor, in kopf's event loop (settings read now, not at import)."""
+    config = OperatorConfig.from_env()
+    host, port = config.collector_address
+    store, tokens = JobStore(), SecretTokens()
+    WATCH.alerts = await _start_alerting(config)
+    WATCH.monitor = Monitor(store, tokens, config.sidecar_metrics_port, alerts=WATCH.alerts)
+    settings = CollectorSettings(
+        host=host,
+        port=port,
+        rate_per_job=config.collector_rate_per_job,
+        burst_per_job=10 * config.collector_rate_per_job,
+    )
+    WATCH.collector = Collector(store, tokens, settings, on_stall=WATCH.monitor.wake)
+    if WATCH.alerts is not None:
+        from rankwatch.operator.alerting import add_routes
+
+        add_routes(WATCH.collector.app, WATCH.alerts)
+    await WATCH.collector.start()
+    WATCH.monitor.start()
+
+
+@kopf.on.cleanup()
+async def stop_watch(**_: Any) -> None:
+    if WATCH.monitor:
+        await WATCH.monitor.stop()
+    if WATCH.collector:
+        await WATCH.collector.stop()
+    if WATCH.alerts is not None:
+        await WATCH.alerts.stop()
+    WATCH.collector = WATCH.monitor = WATCH.alerts = None
 
 
 @kopf.on.login()
@@ -136,9 +204,16 @@ async def pod_changed(namespace: str, labels: dict[str, str], worker_pods: kopf.
 
 
 @kopf.on.event(*JOBS)
-async def job_changed(namespace: str, name: str, type: str | None, worker_pods: kopf.Index, **_: Any) -> None:
-    if type != "DELETED":
-        _schedule_sync(namespace, name, worker_pods)
+async def job_changed(
+    namespace: str, name: str, type: str | None, body: kopf.Body, worker_pods: kopf.Index, **_: Any
+) -> None:
+    if type == "DELETED":
+        if WATCH.monitor:
+            WATCH.monitor.forget(namespace, name)
+        return
+    if WATCH.monitor:
+        WATCH.monitor.track(namespace, name, dict(body))
+    _schedule_sync(namespace, name, worker_pods)
 
 
 def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod]) -> None:

@@ -227,6 +227,8 @@ def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: O
     pod_spec["subdomain"] = api.service_name(name)
     pod_spec.setdefault("restartPolicy", "Never")
     if tracing:
+        # The sidecar tells a live rank from a dead one by its pid in /proc: it must see the trainer's.
+        pod_spec["shareProcessNamespace"] = True
         pod_spec["initContainers"] = [
             _init_container(config),
             _sidecar_container(name, namespace, spec, index, config),

@@ -9,6 +9,16 @@ import sys
 
 
 def _cluster(args: argparse.Namespace) -> int:
+    if args.action == "run-pods":
+        from pathlib import Path
+
+        from rankwatch.cluster.pod_runner import run_pods
+
+        if not args.collector_url:
+            print("rankwatch cluster run-pods: --collector-url is required", file=sys.stderr)
+            return 2
+        work_dir = Path(args.work_dir or Path.home() / ".rankwatch" / "pods")
+        return run_pods(args.collector_url, args.namespace, work_dir, log=lambda m: print(m, flush=True))
     from rankwatch.cluster.binaries import BuildError
     from rankwatch.cluster.local import ClusterError, LocalCluster
 
@@ -85,6 +95,17 @@ def _simulate(args: argparse.Namespace) -> int:
     killed = sum(o.exit_code is None for o in outcomes)
     print(f"{len(outcomes)} ranks, {killed} stopped after the injected hang; rings in {args.out}")
     return 0
+
+
+def _simulate_pod(args: argparse.Namespace) -> int:
+    from rankwatch.native import NativeBuildError
+    from rankwatch.simulate import PodRun, SimulationError, run_pod
+
+    try:
+        return run_pod(PodRun(args.tp, args.pp, args.steps, args.microbatches, args.compute_us))
+    except (SimulationError, NativeBuildError) as error:
+        print(f"rankwatch simulate-pod: {error}", file=sys.stderr)
+        return 2
 
 
 def _sidecar(args: argparse.Namespace) -> int:
@@ -176,12 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     cluster = commands.add_parser("cluster", help="the built-in local Kubernetes cluster (no containers)")
-    cluster.add_argument("action", choices=["up", "down", "status", "kubeconfig", "build"])
+    cluster.add_argument("action", choices=["up", "down", "status", "kubeconfig", "build", "run-pods"])
     cluster.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (8 GPUs each) for `up`")
     cluster.add_argument("--timeout", type=float, default=180.0, help="seconds `up` waits for readiness")
     cluster.add_argument(
         "--tools", action="store_true", help="`build` the test tools (helm, promtool) instead of the cluster binaries"
     )
+    cluster.add_argument(
+        "--collector-url",
+        help="`run-pods`: the operator's collector as this machine reaches it, e.g. http://127.0.0.1:8080",
+    )
+    cluster.add_argument(
+        "--namespace", "-n", action="append", default=[], help="`run-pods`: only these namespaces (repeatable)"
+    )
+    cluster.add_argument("--work-dir", help="`run-pods`: volumes and logs of the pods (default ~/.rankwatch/pods)")
     cluster.set_defaults(handler=_cluster)
 
     operator = commands.add_parser("operator", help="run the TrainingJob operator")
@@ -232,6 +261,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--timeout", type=float, default=300.0)
     simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
     simulate.set_defaults(handler=_simulate)
+
+    simulate_pod = commands.add_parser(
+        "simulate-pod",
+        help="a worker pod's ranks of the Megatron-shaped driver (as torchrun would start them), from the "
+        "operator's env (NODE_RANK, NPROC_PER_NODE, WORLD_SIZE); RANKWATCH_STANDIN_* faults on the rank "
+        "RANKWATCH_STANDIN_FAULT_RANK names",
+    )
+    simulate_pod.add_argument("--tp", type=int, default=1)
+    simulate_pod.add_argument("--pp", type=int, default=1)
+    simulate_pod.add_argument("--steps", type=int, default=10)
+    simulate_pod.add_argument("--microbatches", type=int, default=2)
+    simulate_pod.add_argument("--compute-us", type=int, default=2000)
+    simulate_pod.set_defaults(handler=_simulate_pod)
 
     sidecar = commands.add_parser(
         "sidecar", help="follow a pod's trace rings: stall watch, window summaries to the collector, /metrics, /dump"

@@ -216,3 +216,80 @@ def run(simulation: Simulation, out: Path, log=print) -> list[RankOutcome]:
     if not simulation.faults.hangs and any(o.exit_code is None for o in outcomes):
         raise SimulationError("ranks were still running without an injected hang")
     return outcomes
+
+
+# ---- one pod of a job: what torchrun does for a pod, on the stand-in NCCL ------------------------------
+FAULT_PREFIX = "RANKWATCH_STANDIN_"
+FAULT_RANK = "RANKWATCH_STANDIN_FAULT_RANK"
+RENDEZVOUS = "RANKWATCH_STANDIN_RENDEZVOUS"
+POD_FAULT_VARIABLES = (
+    "RANKWATCH_STANDIN_SLOWDOWN",
+    "RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL",
+    "RANKWATCH_STANDIN_HANG_BEFORE_CALL",
+    "RANKWATCH_STANDIN_STUCK_IN_CALL",
+    "RANKWATCH_STANDIN_LINK_PEER",
+    "RANKWATCH_STANDIN_LINK_LATENCY_US",
+)
+
+
+@dataclass
+class PodRun:
+    """The ranks of one worker pod: ``NODE_RANK`` x ``NPROC_PER_NODE`` ... of ``WORLD_SIZE``."""
+
+    tp: int = 1
+    pp: int = 1
+    steps: int = 10
+    microbatches: int = 2
+    compute_us: int = 2000
+
+
+def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
+    """The environment of one rank of this pod: RANK / LOCAL_RANK, the stand-in on the library path,
+    and the fault variables only on the rank ``RANKWATCH_STANDIN_FAULT_RANK`` names (all ranks when unset),
+    so a job template (the same for every pod) can slow or hang exactly one rank of the job."""
+    try:
+        node_rank, nproc = int(environ["NODE_RANK"]), int(environ["NPROC_PER_NODE"])
+        int(environ["WORLD_SIZE"])
+    except (KeyError, ValueError) as error:
+        raise SimulationError(
+            f"NODE_RANK, NPROC_PER_NODE and WORLD_SIZE must be set (the operator sets them): {error}"
+        ) from None
+    rank = node_rank * nproc + local_rank
+    env = dict(environ)
+    fault_rank = environ.get(FAULT_RANK)
+    if fault_rank not in (None, "") and int(fault_rank) != rank:
+        for name in POD_FAULT_VARIABLES:
+            env.pop(name, None)
+    artifacts = native_artifacts()
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(artifacts.standin_dir), environ.get("LD_LIBRARY_PATH")]))
+    env["RANK"], env["LOCAL_RANK"] = str(rank), str(local_rank)
+    return env
+
+
+def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
+    """Start this pod's ranks of the Megatron-shaped driver, wait, return the first failure's exit code.
+
+    Ranks of all pods meet through files in ``RANKWATCH_STANDIN_RENDEZVOUS`` and the stand-in's shared
+    memory (``RANKWATCH_STANDIN_SESSION``): every pod of a job must run on this machine with the same two
+    values (the e2e pod runner sets them per job). SIGTERM stops the ranks."""
+    environ = dict(os.environ if environ is None else environ)
+    nproc = int(environ.get("NPROC_PER_NODE", "0") or 0)
+    default_dir = f"/tmp/rankwatch-standin/{environ.get('MASTER_ADDR', 'local')}-{environ.get('MASTER_PORT', '0')}"
+    rendezvous = Path(environ.get(RENDEZVOUS) or default_dir)
+    rendezvous.mkdir(parents=True, exist_ok=True)
+    driver = native_artifacts().megatron_driver
+    argv = [
+        str(driver), "--rendezvous", str(rendezvous), "--tp", str(pod.tp), "--pp", str(pod.pp),
+        "--steps", str(pod.steps), "--microbatches", str(pod.microbatches), "--compute-us", str(pod.compute_us),
+    ]  # fmt: skip
+    processes = [subprocess.Popen(argv, env=pod_rank_env(environ, local)) for local in range(nproc)]
+
+    def stop(signum: int, _frame: object) -> None:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    codes = [process.wait() for process in processes]
+    return next((code for code in codes if code != 0), 0)

@@ -18,6 +18,7 @@ send/receive numbers count per peer and are not comparable across calls.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import types
@@ -239,15 +240,78 @@ def _parse(body: bytes, cls: type[T]) -> T:
             f"{cls.__name__}: schema {schema!r}, this side speaks {SCHEMA_VERSION} (upgrade the older of sidecar "
             "and operator)"
         )
-    return _build(cls, document, cls.__name__)
+    try:
+        return _compiled(cls)(document)
+    except _Invalid:  # the slow path names the first bad field
+        return _build(cls, document, cls.__name__)
+
+
+class _Invalid(Exception):
+    """Raised by the compiled checkers; the message is then made by ``_build``."""
+
+
+@functools.cache
+def _compiled(hint: Any) -> Any:
+    """A checker for ``hint`` made once: the same rules as ``_check`` without building the name of every
+    field on the way (a 1,000-rank job sends ~100k values per window)."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        (inner,) = [option for option in typing.get_args(hint) if option is not type(None)]
+        inner_check = _compiled(inner)
+        return lambda value: None if value is None else inner_check(value)
+    if origin is list:
+        item_check = _compiled(typing.get_args(hint)[0])
+
+        def check_list(value: Any) -> list:
+            if type(value) is not list:
+                raise _Invalid
+            return [item_check(element) for element in value]
+
+        return check_list
+    if origin is dict:
+        value_check = _compiled(typing.get_args(hint)[1])
+
+        def check_dict(value: Any) -> dict:
+            if type(value) is not dict:
+                raise _Invalid
+            return {str(key): value_check(element) for key, element in value.items()}
+
+        return check_dict
+    if is_dataclass(hint):
+        hints, names = _fields_of(hint)
+        checks = [(name, _compiled(hints[name])) for name in names]
+
+        def check_object(value: Any) -> Any:
+            if type(value) is not dict or value.keys() != names:
+                raise _Invalid
+            return hint(**{name: check(value[name]) for name, check in checks})
+
+        return check_object
+    kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+    if hint not in kinds:
+        raise TypeError(f"no check for {hint!r}")
+    allowed = kinds[hint]
+
+    def check_scalar(value: Any) -> Any:
+        if type(value) not in allowed:
+            raise _Invalid
+        return float(value) if hint is float else value
+
+    return check_scalar
+
+
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
+    """A dataclass's resolved annotations and field names, once per class (``get_type_hints`` evaluates
+    every annotation string anew: it was three quarters of the collector's parsing time)."""
+    return typing.get_type_hints(cls), frozenset(f.name for f in fields(cls))
 
 
 def _build(cls: type[T], value: Any, where: str) -> T:
     """A dataclass from a JSON object, checking every field against its annotation (no extra keys)."""
     if not isinstance(value, dict):
         raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    hints, names = _fields_of(cls)
     unknown = sorted(set(value) - names)
     if unknown:
         raise ProtocolError(f"{where}: unknown field {unknown[0]!r}")

@@ -14,7 +14,9 @@ The operator runs in-process with ``kopf.testing.KopfRunner``, watching only nam
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -98,6 +100,20 @@ def crd(kubectl: Callable[..., Any]) -> None:
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def collector_url() -> str:
+    """Where the session operator's collector listens (loopback; sidecars of the pod runner post here)."""
+    port = free_port()
+    os.environ["RANKWATCH_COLLECTOR_LISTEN"] = f"127.0.0.1:{port}"
+    return f"http://127.0.0.1:{port}"
+
+
 def _chart_service_account_kubeconfig(admin_kubeconfig: str, kubectl: Callable[..., Any], directory: Path) -> str:
     """A kubeconfig holding a token of the Helm chart's operator ServiceAccount, bound to the chart's
     own RBAC (rendered for namespaces rw-e2e-*, as the session operator watches)."""
@@ -158,10 +174,15 @@ def _chart_service_account_kubeconfig(admin_kubeconfig: str, kubectl: Callable[.
 
 @pytest.fixture(scope="session")
 def operator(
-    kubeconfig: str, crd: None, kubectl: Callable[..., Any], tmp_path_factory: pytest.TempPathFactory
+    kubeconfig: str,
+    crd: None,
+    kubectl: Callable[..., Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    collector_url: str,
 ) -> Iterator[KopfRunner]:
-    """The real operator, in-process, for namespaces rw-e2e-*. With RANKWATCH_E2E_SERVICE_ACCOUNT=1 it
-    runs as the Helm chart's ServiceAccount, so the e2e tests prove the chart's RBAC sufficient."""
+    """The real operator, in-process, for namespaces rw-e2e-*, its collector on ``collector_url``. With
+    RANKWATCH_E2E_SERVICE_ACCOUNT=1 it runs as the Helm chart's ServiceAccount, so the e2e tests prove
+    the chart's RBAC sufficient."""
     if os.environ.get("RANKWATCH_E2E_SERVICE_ACCOUNT") == "1":
         operator_kubeconfig = _chart_service_account_kubeconfig(kubeconfig, kubectl, tmp_path_factory.mktemp("sa"))
         # The handlers read $KUBECONFIG at startup; the tests' own clients keep the admin one explicitly.
@@ -225,3 +246,57 @@ def eventually() -> Callable[..., Any]:
 def example_job() -> Callable[[], dict[str, Any]]:
     """A fresh copy of examples/trainingjob.yaml."""
     return lambda: yaml.safe_load((REPO / "examples" / "trainingjob.yaml").read_text())
+
+
+def start_pod_runner(kubeconfig: str, collector_url: str, namespace: str, work_dir: Path) -> subprocess.Popen:
+    """`rankwatch cluster run-pods` for one namespace: runs its worker pods as local processes."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "pod-runner.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-url", collector_url,
+             "--namespace", namespace, "--work-dir", str(work_dir)],
+            env={**os.environ, "KUBECONFIG": kubeconfig},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def pod_runner(kubeconfig: str, collector_url: str, namespace: str, tmp_path: Path) -> Iterator[Path]:
+    """The pod runner for this test's namespace, sending to the session operator; yields its work dir."""
+    work_dir = tmp_path / "pods"
+    process = start_pod_runner(kubeconfig, collector_url, namespace, work_dir)
+    yield work_dir
+    stop_process(process)
+
+
+def start_operator_process(kubeconfig: str, namespace: str, log: Path, collector_port: int) -> subprocess.Popen:
+    """`rankwatch operator` as a real process for one namespace, its collector on loopback:collector_port."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{collector_port}"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+@pytest.fixture(scope="session")
+def processes() -> Any:
+    """Helpers for tests that run their own operator and pod runner processes."""
+    import types
+
+    return types.SimpleNamespace(
+        free_port=free_port, operator=start_operator_process, pod_runner=start_pod_runner, stop=stop_process
+    )

@@ -18,7 +18,8 @@ REPLICAS = 40
 
 
 def start_operator(kubeconfig: str, namespace: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    # its own collector on a free port (not the session operator's, which the environment may name)
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": "127.0.0.1:0"}
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],

@@ -112,6 +112,12 @@ def test_user_ld_preload_is_kept_after_ours():
     assert env["LD_PRELOAD"] == "/rankwatch/lib/librankwatch-nccl.so:/usr/lib/libjemalloc.so"
 
 
+def test_traced_pod_shares_its_process_namespace_so_the_sidecar_sees_trainer_pids():
+    assert pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG)["spec"]["shareProcessNamespace"] is True
+    untraced = pod_spec.worker_pod(JOB, make_spec(tracing=Tracing(enabled=False)), 0, CONFIG)
+    assert "shareProcessNamespace" not in untraced["spec"]
+
+
 def test_tracing_disabled_adds_only_rendezvous():
     spec = make_spec(tracing=Tracing(enabled=False))
     pod = pod_spec.worker_pod(JOB, spec, 1, CONFIG)

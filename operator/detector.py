@@ -1,0 +1,205 @@
+"""Cheap suspicion from window summaries: is the job stalled, slower than its own baseline, or is one
+rank's wait out of line with its tensor-parallel peers?
+
+This only decides whether to look closer; the diagnosis (raw dumps + ``rankwatch.analysis``) names
+the culprit and decides what is written on the job. Pure functions of a ``JobState`` and the clock,
+linear in ranks x communicators, so a timer can run them every window for thousands of ranks.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankwatch.analysis.topology import Layout
+from rankwatch.operator.job_state import CommState, JobState
+
+WAIT_WINDOWS = 3
+"""Windows of wait quantiles a rank's score is taken over (median of their p50s)."""
+WAIT_RATIO = 0.3
+"""A rank whose wait is at most this fraction of its peers' median waits out of line..."""
+WAIT_MARGIN_S = 100e-6
+"""... and by at least this much: sub-100 µs differences are scheduling noise, not a slow GPU."""
+STEP_RISE = 0.10
+"""Step time up by at least 10% over the job's baseline..."""
+STEP_SIGMAS = 4.0
+"""... and by more than this many robust standard deviations of the baseline."""
+STEP_MIN_BASELINE = 6
+STEP_CURRENT_WINDOWS = 3
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    sensitivity_s: float
+    window_s: float
+
+
+@dataclass(frozen=True)
+class Suspicion:
+    """Why the detector wants a diagnosis. ``kind``: hang | straggler | slowdown."""
+
+    kind: str
+    ranks: list[int]
+    summary: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: float) -> list[Suspicion]:
+    """Suspicions, strongest first (a hang makes slowness moot)."""
+    hang = stalled(state, thresholds, now)
+    if hang:
+        return [hang]
+    found = []
+    outliers = wait_outliers(state, layout, thresholds, now)
+    if outliers:
+        found.append(outliers)
+    slowdown = step_time_up(state, thresholds, now)
+    if slowdown:
+        found.append(slowdown)
+    return found
+
+
+def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | None:
+    """A stall report not followed by progress, a call in flight longer than the sensitivity, or no
+    communicator of the job advancing for the sensitivity while its sidecars keep reporting."""
+    sensitivity = thresholds.sensitivity_s
+    for received, report in reversed(state.stalls):
+        if now - received > sensitivity * 2:
+            break
+        moved = [
+            rank
+            for rank in report.stalled_ranks
+            if rank in state.ranks and any(c.advanced_at > received for c in state.ranks[rank].comms.values())
+        ]
+        if report.stalled_ranks and not moved:
+            return Suspicion(
+                "hang",
+                sorted(report.stalled_ranks),
+                f"sidecar of pod {report.pod} reported a stall: {report.summary}",
+                {"source": "stall_report", "pod": report.pod, "node": report.node},
+            )
+    oldest: tuple[float, int, str] | None = None
+    fresh = 3 * (thresholds.window_s + 5)
+    for rank in state.ranks.values():
+        if now - rank.seen_at > fresh:
+            continue  # its sidecar stopped reporting (pod gone): not something a dump can explain
+        for comm_id, comm in rank.comms.items():
+            if comm.in_flight and comm.oldest_in_flight_s is not None:
+                age = comm.oldest_in_flight_s + (now - comm.seen_at)
+                if age >= sensitivity and (oldest is None or age > oldest[0]):
+                    oldest = (age, rank.rank, comm_id)
+    if oldest is not None:
+        age, rank_id, comm_id = oldest
+        return Suspicion(
+            "hang",
+            [],  # the oldest waiter is a victim more often than the culprit: the analysis decides
+            f"rank {rank_id} has been inside a call on communicator {comm_id} for {age:.0f} s "
+            f"(sensitivity {sensitivity:.0f} s)",
+            {"source": "in_flight", "rank": rank_id, "communicator": comm_id, "seconds": round(age, 1)},
+        )
+    quiet = now - state.progress_at
+    if (
+        state.ranks
+        and now - state.first_seen >= sensitivity
+        and quiet >= sensitivity
+        and now - state.last_seen < 3 * (thresholds.window_s + 5)
+    ):
+        return Suspicion(
+            "hang",
+            [],
+            f"no communicator of the job completed a collective for {quiet:.0f} s (sensitivity {sensitivity:.0f} s)",
+            {"source": "no_progress", "seconds": round(quiet, 1)},
+        )
+    return None
+
+
+def _recent_wait(comm: CommState, since: float) -> float | None:
+    waits = [p50 for received, p50, _ in comm.waits if received >= since]
+    if len(waits) < 2:
+        return None
+    return statistics.median(waits[-WAIT_WINDOWS:])
+
+
+def peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:
+    """Communicator -> its members' states, restricted to the groups whose members do the same work:
+    TP groups when the layout has tensor parallelism, else every communicator of 3 or more."""
+    groups: dict[str, dict[int, CommState]] = defaultdict(dict)
+    for rank in state.ranks.values():
+        for comm_id, comm in rank.comms.items():
+            groups[comm_id][rank.rank] = comm
+    chosen = {}
+    for comm_id, members in groups.items():
+        size = next(iter(members.values())).comm_size
+        if size < 2 or len(members) < size:
+            continue  # not every member reported yet: no fair comparison
+        if layout is not None and layout.tp > 1:
+            if max(members) >= layout.world_size or layout.group_kind(set(members)) != "TP":
+                continue
+        elif size < 3:
+            continue
+        chosen[comm_id] = members
+    return chosen
+
+
+def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Suspicion | None:
+    """The ranks that wait far less than their peers (a straggler arrives last and waits least)."""
+    since = now - (WAIT_WINDOWS + 0.5) * thresholds.window_s
+    flagged: dict[int, dict[str, Any]] = {}
+    for comm_id, members in peer_groups(state, layout).items():
+        waits = {rank: _recent_wait(comm, since) for rank, comm in members.items()}
+        if any(value is None for value in waits.values()):
+            continue
+        values: dict[int, float] = waits  # type: ignore[assignment]
+        for rank, value in values.items():
+            others = [other for peer, other in values.items() if peer != rank]
+            median = statistics.median(others)  # leave-one-out: the suspect does not shift its own yardstick
+            mad = statistics.median(abs(other - median) for other in others)
+            z = (value - median) / (1.4826 * mad + max(0.05 * median, 20e-6))
+            # A straggler's peers wait for it in every collective, so its own wait is a small fraction of
+            # theirs; jitter moves waits by tens of percent, not by a factor of three. (A z score over a
+            # handful of peers is too easily extreme to decide on its own; it is kept as evidence.)
+            margin = 2 * WAIT_MARGIN_S if len(values) == 2 else WAIT_MARGIN_S
+            out_of_line = value <= WAIT_RATIO * median and median - value >= margin
+            if out_of_line:
+                flagged[rank] = {
+                    "communicator": comm_id,
+                    "wait_s": round(value, 6),
+                    "peers_median_s": round(median, 6),
+                    "z": round(z, 1),
+                }
+    if not flagged:
+        return None
+    first = min(flagged)
+    info = flagged[first]
+    return Suspicion(
+        "straggler",
+        sorted(flagged),
+        f"rank {first} waits {info['wait_s'] * 1e3:.2f} ms in communicator {info['communicator']} vs its peers' "
+        f"median {info['peers_median_s'] * 1e3:.2f} ms over the last {WAIT_WINDOWS} windows",
+        {"source": "wait_outlier", "ranks": {str(rank): value for rank, value in sorted(flagged.items())}},
+    )
+
+
+def step_time_up(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | None:
+    """The step time of the last windows against the job's own earlier steps (the first half of what
+    is kept: a slow drift is measured against where the job started, not against itself)."""
+    since = now - (STEP_CURRENT_WINDOWS + 0.5) * thresholds.window_s
+    current = [value for received, value in state.step_times if received >= since]
+    older = [value for received, value in state.step_times if received < since]
+    baseline = older[: max(STEP_MIN_BASELINE, len(older) // 2)]
+    if len(current) < STEP_CURRENT_WINDOWS or len(baseline) < STEP_MIN_BASELINE:
+        return None
+    base = statistics.median(baseline)
+    spread = 1.4826 * statistics.median(abs(value - base) for value in baseline)
+    now_step = statistics.median(current)
+    if base <= 0 or now_step < base * (1 + STEP_RISE) or now_step - base <= STEP_SIGMAS * spread:
+        return None
+    return Suspicion(
+        "slowdown",
+        [],
+        f"step time {now_step * 1e3:.1f} ms, {100 * (now_step / base - 1):.0f}% above the job's baseline "
+        f"{base * 1e3:.1f} ms",
+        {"source": "step_time", "step_s": round(now_step, 6), "baseline_s": round(base, 6)},
+    )

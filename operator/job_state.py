@@ -1,0 +1,168 @@
+"""What the operator knows of each running job from its sidecars: in memory, rebuilt from what they send.
+
+Nothing here is persisted: after an operator restart the next window summaries (every few seconds,
+from every pod) rebuild progress, waits and step times, and what is "in flight too long" is carried
+by the summaries themselves (``oldest_in_flight_s``), so a hang that began before the restart is
+still seen. Per job the cost is one small record per (rank, communicator) and a short window
+history: a 16k-rank job is tens of thousands of small objects, not a trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from rankwatch.sidecar.protocol import StallReport, WindowSummary
+
+HISTORY_WINDOWS = 12
+"""Wait quantiles kept per (rank, communicator): enough for a robust score over the last minute."""
+STEP_HISTORY = 240
+"""Job step-time points kept (one per pod summary): the baseline for "step time up"."""
+DEDUPE_KEYS = 20_000
+STALL_REPORTS_KEPT = 64
+
+
+@dataclass
+class CommState:
+    """One rank's progress and waits on one communicator."""
+
+    comm_size: int
+    last_entered: int | None = None
+    last_completed: int | None = None
+    advanced_at: float = 0.0  # operator monotonic time the completed sequence number last grew
+    in_flight: int = 0
+    oldest_in_flight_s: float | None = None  # as of ``seen_at``
+    seen_at: float = 0.0
+    waits: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    """(received at, wait p50 in seconds, collective calls in the window) per window with calls."""
+
+
+@dataclass
+class RankState:
+    rank: int
+    pod: str
+    node: str
+    alive: bool = True
+    seen_at: float = 0.0
+    records: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    step_time_s: float | None = None
+    comms: dict[str, CommState] = field(default_factory=dict)
+
+
+@dataclass
+class PodState:
+    name: str
+    node: str
+    replica_index: int
+    seen_at: float = 0.0
+    ranks: set[int] = field(default_factory=set)
+
+
+@dataclass
+class JobState:
+    """Everything the detector reads for one job. Times are ``time.monotonic()`` of the operator."""
+
+    namespace: str
+    name: str
+    first_seen: float = 0.0
+    last_seen: float = 0.0
+    progress_at: float = 0.0  # last time any communicator of any rank completed a collective
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    pods: dict[str, PodState] = field(default_factory=dict)
+    stalls: deque[tuple[float, StallReport]] = field(default_factory=lambda: deque(maxlen=STALL_REPORTS_KEPT))
+    step_times: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=STEP_HISTORY))
+    """(received at, median step time of the pod's ranks) per summary that had one."""
+    summaries: int = 0
+    dropped_summaries: int = 0
+    _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict, repr=False)
+
+    def duplicate(self, key: tuple[str, int, int]) -> bool:
+        """True if this (pod, start_ns, window) was taken before; remembers it otherwise."""
+        if key in self._seen:
+            return True
+        self._seen[key] = None
+        if len(self._seen) > DEDUPE_KEYS:
+            self._seen.popitem(last=False)
+        return False
+
+    def add_summary(self, summary: WindowSummary, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if not self.first_seen:
+            self.first_seen = self.progress_at = now
+        self.last_seen = now
+        self.summaries += 1
+        self.dropped_summaries += summary.dropped_summaries
+        pod = self.pods.get(summary.pod)
+        if pod is None:
+            pod = self.pods[summary.pod] = PodState(summary.pod, summary.node, summary.replica_index)
+        pod.seen_at, pod.node = now, summary.node or pod.node
+        steps = []
+        for window in summary.ranks:
+            if window.global_rank < 0:
+                continue  # a ring without RANK cannot be placed in the job
+            rank = self.ranks.get(window.global_rank)
+            if rank is None or rank.pod != summary.pod:
+                rank = self.ranks[window.global_rank] = RankState(window.global_rank, summary.pod, summary.node)
+            pod.ranks.add(window.global_rank)
+            rank.alive, rank.seen_at = window.alive, now
+            rank.records.append(window.records)
+            if window.step_time_s:
+                rank.step_time_s = window.step_time_s
+                steps.append(window.step_time_s)
+            for comm in window.comms:
+                state = rank.comms.get(comm.comm_id)
+                if state is None:
+                    state = rank.comms[comm.comm_id] = CommState(comm.comm_size, advanced_at=now)
+                if comm.last_completed is not None and (
+                    state.last_completed is None or comm.last_completed > state.last_completed
+                ):
+                    state.last_completed, state.advanced_at = comm.last_completed, now
+                    self.progress_at = now
+                if comm.last_entered is not None:
+                    state.last_entered = max(comm.last_entered, state.last_entered or comm.last_entered)
+                state.in_flight, state.oldest_in_flight_s, state.seen_at = comm.in_flight, comm.oldest_in_flight_s, now
+                collectives = sum(n for op, n in comm.calls.items() if op not in ("Send", "Recv"))
+                if comm.wait is not None and collectives:
+                    state.waits.append((now, comm.wait.p50, collectives))
+        if steps:
+            steps.sort()
+            self.step_times.append((now, steps[len(steps) // 2]))
+
+    def add_stall(self, report: StallReport, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if not self.first_seen:
+            self.first_seen = self.progress_at = now
+        self.last_seen = now
+        pod = self.pods.get(report.pod)
+        if pod is None:
+            pod = self.pods[report.pod] = PodState(report.pod, report.node, report.replica_index)
+        for position in report.positions:
+            if position.global_rank >= 0 and position.global_rank not in self.ranks:
+                self.ranks[position.global_rank] = RankState(position.global_rank, report.pod, report.node)
+                pod.ranks.add(position.global_rank)
+        self.stalls.append((now, report))
+
+    def node_of_pod(self, pod: str) -> str:
+        state = self.pods.get(pod)
+        return state.node if state else ""
+
+
+class JobStore:
+    """The per-job states, keyed by (namespace, name)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[tuple[str, str], JobState] = {}
+
+    def get(self, namespace: str, name: str) -> JobState:
+        key = (namespace, name)
+        state = self.jobs.get(key)
+        if state is None:
+            state = self.jobs[key] = JobState(namespace, name)
+        return state
+
+    def peek(self, namespace: str, name: str) -> JobState | None:
+        return self.jobs.get((namespace, name))
+
+    def drop(self, namespace: str, name: str) -> None:
+        self.jobs.pop((namespace, name), None)

@@ -1,0 +1,40 @@
+"""The operator's own Prometheus metrics (served at /metrics on the collector's port).
+
+Labels are bounded: message kinds, results and finding kinds, never job or rank names (a cluster
+has unbounded jobs; per-job detail is on the job itself).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+COLLECTOR_MESSAGES = Counter(
+    "rankwatch_collector_messages_total",
+    "Sidecar messages received by the collector, by kind (summary, stall) and result (accepted, duplicate, "
+    "unauthorized, unknown_job, too_large, invalid, rate_limited, error)",
+    ["kind", "result"],
+)
+COLLECTOR_RANK_WINDOWS = Counter(
+    "rankwatch_collector_rank_windows_total", "Per-rank windows taken from accepted summaries"
+)
+SUSPICIONS = Counter(
+    "rankwatch_detector_suspicions_total",
+    "Suspicions raised by the detector (hang, straggler, slowdown), before diagnosis",
+    ["kind"],
+)
+DETECTIONS = Counter(
+    "rankwatch_detections_total",
+    "Diagnoses written onto jobs, by finding kind (hang, straggler, slow_link, fail_slow)",
+    ["kind"],
+)
+DIAGNOSES = Counter(
+    "rankwatch_diagnoses_total",
+    "Diagnosis runs by outcome (finding, no_finding, failed)",
+    ["outcome"],
+)
+DIAGNOSIS_SECONDS = Histogram(
+    "rankwatch_diagnosis_duration_seconds",
+    "From suspicion to the diagnosis written on the job (dumps fetched, analysis, writes)",
+    buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+)
+RECOVERIES = Counter("rankwatch_recoveries_total", "Findings cleared because the job recovered", ["kind"])

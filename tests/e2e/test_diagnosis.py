@@ -1,0 +1,229 @@
+"""In-cluster diagnosis end to end: real operator (collector, detector, diagnosis), real sidecars and
+interposer, worker pods run as local processes by the pod runner on the stand-in NCCL, faults
+injected through the job template's env on one rank."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import kubernetes
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
+SENSITIVITY = 10
+WINDOW = 2
+DIAGNOSIS_KINDS = ("Hang", "StuckInCollective", "Straggler", "SlowLink", "FailSlow")
+
+
+def standin_job(name: str, faults: dict[str, str] | None = None, gpu_timing: bool = False) -> dict[str, Any]:
+    """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2; faults on the rank RANKWATCH_STANDIN_FAULT_RANK names."""
+    env = [{"name": key, "value": value} for key, value in (faults or {}).items()]
+    return {
+        "apiVersion": "rankwatch.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "nprocPerNode": 4,
+            "parallelism": {"tensor": 4, "pipeline": 1},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "rankwatch/rankwatch:0.1.0",
+                            "command": ["rankwatch", "simulate-pod", "--tp", "4", "--steps", "1000000"],
+                            "env": env,
+                            "resources": {"limits": {"nvidia.com/gpu": 4}},
+                        }
+                    ]
+                }
+            },
+            "tracing": {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW, "gpuTiming": gpu_timing},
+        },
+    }
+
+
+def get_job(api, namespace: str, name: str) -> dict:
+    return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], name
+    )
+
+
+def create_job(api, namespace: str, manifest: dict) -> None:
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], manifest
+    )
+
+
+def condition(job: dict, type_: str) -> dict:
+    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def node_of_pod(api, namespace: str, pod: str) -> str:
+    return kubernetes.client.CoreV1Api(api).read_namespaced_pod(pod, namespace).spec.node_name
+
+
+def events(api, namespace: str, job: str) -> list:
+    items = kubernetes.client.CoreV1Api(api).list_namespaced_event(namespace).items
+    return [e for e in items if e.involved_object.kind == "TrainingJob" and e.involved_object.name == job]
+
+
+def wait_running(api, namespace: str, name: str, eventually) -> float:
+    eventually(lambda: get_job(api, namespace, name).get("status", {}).get("phase") == "Running", 60, what="Running")
+    return time.monotonic()
+
+
+def diagnosed(api, namespace: str, name: str, type_: str):
+    job = get_job(api, namespace, name)
+    return job if condition(job, type_).get("status") == "True" else None
+
+
+def report(api, namespace: str, job: dict) -> dict:
+    configmap = kubernetes.client.CoreV1Api(api).read_namespaced_config_map(
+        job["status"]["diagnosis"]["report"], namespace
+    )
+    assert configmap.metadata.owner_references[0].name == job["metadata"]["name"]
+    return json.loads(configmap.data["report.json"])
+
+
+def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(api, kubectl, namespace, pod_runner, eventually):
+    create_job(
+        api, namespace, standin_job("slow", {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"})
+    )
+    started = wait_running(api, namespace, "slow", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "slow", "Degraded"), 90, interval=1, what="Degraded=True")
+    latency = time.monotonic() - started
+    node = node_of_pod(api, namespace, "slow-worker-1")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] == "Straggler" and diagnosis["active"] is True
+    assert diagnosis["ranks"] == [5] and diagnosis["nodes"] == [node] and diagnosis["pods"] == ["slow-worker-1"]
+    assert job["status"]["health"] == "Degraded" and job["status"]["suspects"] == node
+    assert job["metadata"]["annotations"]["rankwatch.io/suspect-nodes"] == node
+    assert job["metadata"]["annotations"]["rankwatch.io/suspect-ranks"] == "5"
+    assert condition(job, "Degraded")["reason"] == "Straggler"
+    assert condition(job, "Hung")["status"] == "False"
+    assert "rank 5 (tp 1, dp 1, pp 0)" in diagnosis["summary"] and node in diagnosis["summary"]
+    assert report(api, namespace, job)["findings"][0]["ranks"] == [5]
+
+    described = eventually(
+        lambda: (
+            (out := kubectl("describe", "tj", "slow", "-n", namespace).stdout) and "Warning  Straggler" in out and out
+        ),
+        20,
+        what="the Straggler Event in kubectl describe",
+    )
+    assert "rank 5 (tp 1, dp 1, pp 0)" in described
+    print(f"straggler (30% slower) diagnosed {latency:.1f} s after the job started running: {diagnosis['summary']}")
+
+
+def test_rank_that_never_calls_makes_the_job_hung_naming_it(api, kubectl, namespace, pod_runner, eventually):
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    create_job(api, namespace, standin_job("hang", faults))
+    wait_running(api, namespace, "hang", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "hang", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    node = node_of_pod(api, namespace, "hang-worker-0")
+    assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2] and diagnosis["nodes"] == [node]
+    assert condition(job, "Hung")["reason"] == "Hang" and job["status"]["health"] == "Hung"
+    finding = report(api, namespace, job)["findings"][0]
+    waited = finding["evidence"]["waiting_seconds"]  # since the culprit's peers entered the call it never made
+    assert waited <= SENSITIVITY + 15, f"hang diagnosed {waited} s after it began (target sensitivity + 15 s)"
+    described = eventually(
+        lambda: (out := kubectl("describe", "tj", "hang", "-n", namespace).stdout) and "Warning  Hang" in out and out,
+        20,
+        what="the Hang Event in kubectl describe",
+    )
+    assert "rank 2" in described
+    print(f"hang diagnosed {waited:.1f} s after onset (sensitivity {SENSITIVITY} s): {diagnosis['summary']}")
+
+
+def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespace, pod_runner, eventually):
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "6", "RANKWATCH_STANDIN_STUCK_IN_CALL": "300"}
+    create_job(api, namespace, standin_job("stuck", faults, gpu_timing=True))
+    wait_running(api, namespace, "stuck", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "stuck", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] == "StuckInCollective", diagnosis
+    # The stand-in's stuck call looks the same on the GPU for every member (its GPU timing cannot single
+    # the stuck one out), so the members of the collective nobody left are named: the TP group on one
+    # node; the ranks merely waiting for them (the other pod's, in the DP AllReduce) are not.
+    assert 6 in diagnosis["ranks"] and set(diagnosis["ranks"]) <= {4, 5, 6, 7}, diagnosis
+    assert diagnosis["nodes"] == [node_of_pod(api, namespace, "stuck-worker-1")]
+    assert condition(job, "Hung")["reason"] == "StuckInCollective"
+
+
+def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eventually):
+    create_job(api, namespace, standin_job("calm"))
+    wait_running(api, namespace, "calm", eventually)
+    job = eventually(
+        lambda: (
+            (j := get_job(api, namespace, "calm"))
+            and condition(j, "Degraded").get("reason") == "TelemetryHealthy"
+            and j
+        ),
+        60,
+        what="telemetry flowing",
+    )
+    assert job["status"]["health"] == "Healthy" and job["status"].get("stepTime")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job = get_job(api, namespace, "calm")
+        assert condition(job, "Degraded")["status"] == "False" and condition(job, "Hung")["status"] == "False", job
+        assert "diagnosis" not in job["status"]
+        time.sleep(2)
+    assert not [e for e in events(api, namespace, "calm") if e.reason in DIAGNOSIS_KINDS]
+
+
+def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
+    api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path
+):
+    """Operator A diagnoses a straggler and is killed; B re-learns the job from the next summaries,
+    reports nothing twice, and diagnoses the hang that follows; C after it adds nothing."""
+    namespace = unwatched_namespace
+    port = processes.free_port()
+    log = tmp_path / "operator.log"
+    operator = processes.operator(kubeconfig, namespace, log, port)
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+
+    def restart(operator):
+        operator.send_signal(signal.SIGKILL)  # no chance to clean up
+        operator.wait(10)
+        return processes.operator(kubeconfig, namespace, log, port)
+
+    def warnings(reason: str) -> int:
+        return sum(e.reason == reason for e in events(api, namespace, "flaky"))
+
+    try:
+        faults = {
+            "RANKWATCH_STANDIN_FAULT_RANK": "5",
+            "RANKWATCH_STANDIN_SLOWDOWN": "0.3",
+            "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "9000",
+        }
+        create_job(api, namespace, standin_job("flaky", faults))
+        wait_running(api, namespace, "flaky", eventually)
+        eventually(lambda: diagnosed(api, namespace, "flaky", "Degraded"), 60, interval=1, what="Degraded (A)")
+        eventually(lambda: warnings("Straggler") == 1, 20, what="one Straggler Event")
+
+        operator = restart(operator)  # B
+        job = eventually(lambda: diagnosed(api, namespace, "flaky", "Hung"), 120, interval=1, what="Hung (B)")
+        assert job["status"]["diagnosis"]["kind"] == "Hang" and job["status"]["diagnosis"]["ranks"] == [5]
+        assert condition(job, "Degraded")["status"] == "False" and condition(job, "Degraded")["reason"] == "Superseded"
+        eventually(lambda: warnings("Hang") == 1, 20, what="one Hang Event")
+
+        operator = restart(operator)  # C: the job is still hung; it must not say so again
+        time.sleep(4 * WINDOW + SENSITIVITY)
+        job = get_job(api, namespace, "flaky")
+        assert condition(job, "Hung")["status"] == "True"
+        assert (warnings("Straggler"), warnings("Hang")) == (1, 1), [
+            (e.reason, e.message) for e in events(api, namespace, "flaky")
+        ]
+    finally:
+        processes.stop(runner)
+        processes.stop(operator)
+        print(log.read_text()[-3000:])

@@ -1,0 +1,185 @@
+"""The collector on loopback (real aiohttp server and client), speaking the sidecar protocol module."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import aiohttp
+import pytest
+
+from rankwatch.operator.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
+from rankwatch.operator.job_state import JobStore
+from rankwatch.sidecar import protocol
+from rankwatch.sidecar.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
+
+TOKEN = "job-token-0123456789"
+
+
+def summary(pod: str = "llama-worker-0", window: int = 1, job: str = "llama", wait: float = 0.001) -> WindowSummary:
+    comm = CommWindow(
+        comm_id="00000000000000ab", comm_rank=0, comm_size=4, first_entered=1, last_entered=10,
+        first_completed=1, last_completed=10, in_flight=0, oldest_in_flight_s=None, calls={"AllReduce": 10},
+        failed=0, wait=Quantiles(10, wait, wait, wait, wait), gap=None, gpu=None,
+    )  # fmt: skip
+    rank = RankWindow(
+        global_rank=0, local_rank=0, pid=42, ring="r.ring", alive=True, records=20, torn=0, overwritten=0,
+        lost_updates=0, last_call_ns=1, step_time_s=0.02, comms=[comm],
+    )  # fmt: skip
+    return WindowSummary(
+        schema=1, namespace="team-a", job=job, pod=pod, node="gpu-node-0", replica_index=0, expected_ranks=1,
+        window=window, start_ns=1_000 * window, end_ns=1_000 * (window + 1), dropped_summaries=0, ranks=[rank],
+    )  # fmt: skip
+
+
+def stall() -> StallReport:
+    return StallReport(
+        schema=1, namespace="team-a", job="llama", pod="llama-worker-0", node="gpu-node-0", replica_index=0,
+        detected_ns=123, sensitivity_s=10.0, stalled_ranks=[0], summary="rank 0 waits 10 s", megatrace_dir=None,
+        positions=[],
+    )  # fmt: skip
+
+
+class Tokens:
+    def __init__(self) -> None:
+        self.tokens = {("team-a", "llama"): TOKEN}
+        self.reads = 0
+        self.fail = False
+
+    async def __call__(self, namespace: str, name: str, stale: bool = False) -> str | None:
+        self.reads += 1
+        if self.fail:
+            raise TokenUnavailable("API server down")
+        return self.tokens.get((namespace, name))
+
+
+@pytest.fixture
+async def collector() -> AsyncIterator[tuple[Collector, str]]:
+    stalls: list[tuple[str, str]] = []
+    server = Collector(
+        JobStore(),
+        Tokens(),
+        CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1000, burst_per_job=1000),
+        on_stall=lambda ns, name: stalls.append((ns, name)),
+    )
+    server.stalls_seen = stalls  # type: ignore[attr-defined]
+    await server.start()
+    yield server, f"http://127.0.0.1:{server.port}"
+    await server.stop()
+
+
+async def post(url: str, path: str, body: bytes, token: str | None = TOKEN, gzip_it: bool = True) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = protocol.bearer(token)
+    if gzip_it:
+        headers["Content-Encoding"] = "gzip"
+    async with aiohttp.ClientSession() as session, session.post(url + path, data=body, headers=headers) as response:
+        return response.status, await response.json()
+
+
+SUMMARIES = protocol.summaries_path("team-a", "llama")
+
+
+async def test_summary_with_the_jobs_token_is_taken_into_the_jobs_state(collector):
+    server, url = collector
+    status, answer = await post(url, SUMMARIES, protocol.encode(summary()))
+    assert (status, answer) == (202, {"accepted": True})
+    state = server.store.peek("team-a", "llama")
+    assert state.summaries == 1 and state.ranks[0].pod == "llama-worker-0"
+    assert state.ranks[0].comms["00000000000000ab"].last_completed == 10
+
+
+async def test_missing_or_wrong_token_is_401_and_changes_nothing(collector):
+    server, url = collector
+    assert (await post(url, SUMMARIES, protocol.encode(summary()), token=None))[0] == 401
+    status, answer = await post(url, SUMMARIES, protocol.encode(summary()), token="someone-elses")
+    assert status == 401 and "not this job's" in answer["error"]
+    assert server.store.peek("team-a", "llama") is None
+
+
+async def test_job_without_a_token_secret_is_404_refused_for_good(collector):
+    _, url = collector
+    status, answer = await post(url, protocol.summaries_path("team-a", "ghost"), protocol.encode(summary(job="ghost")))
+    assert status == 404 and "ghost" in answer["error"]
+
+
+async def test_token_store_outage_is_503_so_the_sidecar_retries(collector):
+    server, url = collector
+    server.tokens.fail = True
+    status, answer = await post(url, SUMMARIES, protocol.encode(summary()))
+    assert status == 503 and "retry" in answer["error"]
+
+
+async def test_redelivered_summary_is_acknowledged_once_counted_once(collector):
+    server, url = collector
+    body = protocol.encode(summary(window=7))
+    assert (await post(url, SUMMARIES, body))[0] == 202
+    status, answer = await post(url, SUMMARIES, body)
+    assert (status, answer) == (208, {"duplicate": True})
+    assert (await post(url, SUMMARIES, protocol.encode(summary(window=8))))[0] == 202
+    assert server.store.peek("team-a", "llama").summaries == 2
+
+
+async def test_oversized_bodies_are_413(collector):
+    _, url = collector
+    huge = gzip.compress(b"x" * (protocol.MAX_BODY_BYTES * 3), compresslevel=0)
+    status, answer = await post(url, SUMMARIES, huge)
+    assert status == 413 and "limit" in answer["error"]
+    bomb = gzip.compress(b" " * (protocol.MAX_DECODED_BYTES + 10))  # small on the wire, huge inside
+    status, _ = await post(url, SUMMARIES, bomb)
+    assert status == 413
+
+
+async def test_bad_messages_are_refused_naming_the_field(collector):
+    _, url = collector
+    document = json.loads(gzip.decompress(protocol.encode(summary())))
+    document["ranks"][0]["comms"][0]["wait"]["p50"] = "fast"
+    status, answer = await post(url, SUMMARIES, gzip.compress(json.dumps(document).encode()))
+    assert status == 422 and "ranks[0].comms[0].wait.p50" in answer["error"]
+    status, answer = await post(url, SUMMARIES, b"\x1f\x8bnot gzip at all")
+    assert status == 400
+    other_job = protocol.encode(replace(summary(), job="other"))
+    status, answer = await post(url, SUMMARIES, other_job)
+    assert status == 422 and "team-a/other" in answer["error"]
+
+
+async def test_stall_report_wakes_the_detector(collector):
+    server, url = collector
+    status, _ = await post(url, protocol.stalls_path("team-a", "llama"), protocol.encode(stall()))
+    assert status == 202
+    assert server.stalls_seen == [("team-a", "llama")]
+    assert server.store.peek("team-a", "llama").stalls[0][1].stalled_ranks == [0]
+
+
+async def test_a_job_over_its_rate_gets_429_with_retry_after():
+    server = Collector(
+        JobStore(), Tokens(), CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1, burst_per_job=2)
+    )
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        statuses = [(await post(url, SUMMARIES, protocol.encode(summary(window=w))))[0] for w in range(4)]
+        assert statuses[:2] == [202, 202] and statuses[2:] == [429, 429]
+    finally:
+        await server.stop()
+
+
+def test_rate_limiter_refills_with_time():
+    now = [0.0]
+    limiter = RateLimiter(rate=2, burst=1, clock=lambda: now[0])
+    assert limiter.take(("a", "b")) == 0
+    assert limiter.take(("a", "b")) == pytest.approx(0.5)
+    assert limiter.take(("c", "d")) == 0, "jobs have separate buckets"
+    now[0] = 0.5
+    assert limiter.take(("a", "b")) == 0
+
+
+async def test_metrics_endpoint_counts_messages_by_result(collector):
+    _, url = collector
+    await post(url, SUMMARIES, protocol.encode(summary(window=3)), token="bad")
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
+        text = await response.text()
+    assert 'rankwatch_collector_messages_total{kind="summary",result="unauthorized"}' in text
