@@ -1,52 +1,53 @@
-"""The one place a new diagnosis is handed to remediation (cordon / taint, issue 6 item 4).
+"""The one place a new diagnosis is handed to remediation (cordon and taint the suspect nodes).
 
-Remediation lives in ``rankwatch.operator.remediation``, built separately. Its entry point is
-
-    remediate(job: dict, diagnosis: rankwatch.operator.diagnosis.Diagnosis) -> Any   (sync or async)
-
-``job`` is the TrainingJob as just read from the API server (metadata, spec, status before the
-diagnosis was written); ``diagnosis`` carries kind, ranks, nodes, pods, confidence, summary, time and
-the analysis finding. It is called once per new diagnosis (not again for the same culprit after an
-operator restart: the job's status says it was reported), from the operator's event loop; a sync
-entry point runs in a worker thread. Until that module exists this is a no-op; its errors are
-logged and never stop the diagnosis from being written or alerted.
+Called once per new diagnosis (not again for the same culprit after an operator restart: the job's
+status says it was reported), from the operator's event loop. The job's ``spec.remediation`` and the
+operator-wide safeguards decide what happens (``rankwatch.operator.remediation``); every node's
+outcome is logged, and an error is logged without stopping the diagnosis from being written or
+alerted.
 """
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
 import logging
 from typing import Any
 
+import kubernetes
+
+from rankwatch.operator.cordon_decision import RemediationPolicy, Suspicion
 from rankwatch.operator.diagnosis import Diagnosis
+from rankwatch.operator.remediation import RemediationResult, remediate_async
+from rankwatch.operator.spec import TrainingJobSpec
 
 log = logging.getLogger(__name__)
 
-MODULE = "rankwatch.operator.remediation"
-ENTRY_POINT = "remediate"
+
+def suspicion_of(job: dict[str, Any], diagnosis: Diagnosis) -> Suspicion:
+    """The diagnosis as remediation reads it: the finding's kind, the Kubernetes nodes it blames."""
+    metadata = job["metadata"]
+    finding = diagnosis.finding
+    return Suspicion(
+        job_namespace=metadata["namespace"],
+        job_name=metadata["name"],
+        job_uid=metadata.get("uid", ""),
+        kind=str(finding.get("kind", "")),
+        nodes=tuple(diagnosis.nodes),
+        ranks=tuple(diagnosis.ranks),
+        confidence=float(diagnosis.confidence),
+        summary=diagnosis.summary,
+        evidence=dict(finding.get("evidence") or {}),
+    )
 
 
-def _entry_point() -> Any:
-    try:
-        module = importlib.import_module(MODULE)
-    except ModuleNotFoundError as error:
-        if error.name != MODULE:
-            raise
-        return None
-    return getattr(module, ENTRY_POINT, None)
-
-
-async def remediate(job: dict[str, Any], diagnosis: Diagnosis) -> None:
-    entry = _entry_point()
-    if entry is None:
-        return
+async def remediate(job: dict[str, Any], diagnosis: Diagnosis) -> RemediationResult | None:
     name = f"{job['metadata']['namespace']}/{job['metadata']['name']}"
     try:
-        if inspect.iscoroutinefunction(entry):
-            await entry(job, diagnosis)
-        else:
-            await asyncio.to_thread(entry, job, diagnosis)
+        spec = TrainingJobSpec.from_manifest(dict(job.get("spec") or {}))
+        policy = RemediationPolicy.for_job(spec.remediation)
+        result = await remediate_async(kubernetes.client.ApiClient(), suspicion_of(job, diagnosis), policy)
     except Exception:
         log.exception("remediation of TrainingJob %s (%s on %s) failed", name, diagnosis.kind, diagnosis.nodes)
+        return None
+    for decision in result.decisions:
+        log.info("TrainingJob %s: node %s: %s (%s)", name, decision.node, decision.outcome.value, decision.message)
+    return result

@@ -20,8 +20,11 @@ WINDOW = 2
 DIAGNOSIS_KINDS = ("Hang", "StuckInCollective", "Straggler", "SlowLink", "FailSlow")
 
 
-def standin_job(name: str, faults: dict[str, str] | None = None, gpu_timing: bool = False) -> dict[str, Any]:
-    """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2; faults on the rank RANKWATCH_STANDIN_FAULT_RANK names."""
+def standin_job(
+    name: str, faults: dict[str, str] | None = None, gpu_timing: bool = False, remediation: dict | None = None
+) -> dict[str, Any]:
+    """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2; faults on the rank RANKWATCH_STANDIN_FAULT_RANK
+    names. Nodes are not cordoned unless ``remediation`` says so (the tests share four nodes)."""
     env = [{"name": key, "value": value} for key, value in (faults or {}).items()]
     return {
         "apiVersion": "rankwatch.io/v1alpha1",
@@ -45,6 +48,7 @@ def standin_job(name: str, faults: dict[str, str] | None = None, gpu_timing: boo
                 }
             },
             "tracing": {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW, "gpuTiming": gpu_timing},
+            "remediation": remediation or {"cordon": False},
         },
     }
 
@@ -92,17 +96,40 @@ def report(api, namespace: str, job: dict) -> dict:
     return json.loads(configmap.data["report.json"])
 
 
-def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(api, kubectl, namespace, pod_runner, eventually):
-    create_job(
-        api, namespace, standin_job("slow", {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"})
-    )
-    started = wait_running(api, namespace, "slow", eventually)
-    job = eventually(lambda: diagnosed(api, namespace, "slow", "Degraded"), 90, interval=1, what="Degraded=True")
+@pytest.fixture
+def uncordon_afterwards(api, namespace, monkeypatch):
+    """Whatever the test's jobs got cordoned is undone, so the next tests have all four nodes; the
+    per-node cooldown after an undo is off meanwhile (the two variants may land on one node)."""
+    from rankwatch.operator.remediation import uncordon_job
+
+    monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")  # read per diagnosis by the in-process operator
+    yield
+    for name in ("slow", "slow-dry"):
+        uncordon_job(api, namespace, name, via="test")
+
+
+def node_marks(api, name: str) -> tuple[bool, list[str], dict[str, str]]:
+    """(unschedulable, taint keys, rankwatch annotations) of a node."""
+    node = kubernetes.client.CoreV1Api(api).read_node(name)
+    taints = [f"{t.key}={t.value}:{t.effect}" for t in node.spec.taints or []]
+    marks = {k: v for k, v in (node.metadata.annotations or {}).items() if k.startswith("rankwatch.io/")}
+    return bool(node.spec.unschedulable), taints, marks
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "cordon"])
+def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
+    api, kubectl, namespace, pod_runner, eventually, uncordon_afterwards, dry_run
+):
+    name = "slow-dry" if dry_run else "slow"
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True, "dryRun": dry_run}))
+    started = wait_running(api, namespace, name, eventually)
+    job = eventually(lambda: diagnosed(api, namespace, name, "Degraded"), 90, interval=1, what="Degraded=True")
     latency = time.monotonic() - started
-    node = node_of_pod(api, namespace, "slow-worker-1")
+    node = node_of_pod(api, namespace, f"{name}-worker-1")
     diagnosis = job["status"]["diagnosis"]
     assert diagnosis["kind"] == "Straggler" and diagnosis["active"] is True
-    assert diagnosis["ranks"] == [5] and diagnosis["nodes"] == [node] and diagnosis["pods"] == ["slow-worker-1"]
+    assert diagnosis["ranks"] == [5] and diagnosis["nodes"] == [node] and diagnosis["pods"] == [f"{name}-worker-1"]
     assert job["status"]["health"] == "Degraded" and job["status"]["suspects"] == node
     assert job["metadata"]["annotations"]["rankwatch.io/suspect-nodes"] == node
     assert job["metadata"]["annotations"]["rankwatch.io/suspect-ranks"] == "5"
@@ -113,12 +140,28 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(api, kubect
 
     described = eventually(
         lambda: (
-            (out := kubectl("describe", "tj", "slow", "-n", namespace).stdout) and "Warning  Straggler" in out and out
+            (out := kubectl("describe", "tj", name, "-n", namespace).stdout) and "Warning  Straggler" in out and out
         ),
         20,
         what="the Straggler Event in kubectl describe",
     )
     assert "rank 5 (tp 1, dp 1, pp 0)" in described
+
+    # remediation: that node (and only it) cordoned, tainted and annotated; in dry run only annotated
+    marked = eventually(
+        lambda: (m := node_marks(api, node)[2]).get("rankwatch.io/cordon-job") == f"{namespace}/{name}" and m,
+        30,
+        what="the suspect node's annotations",
+    )
+    assert marked.get("rankwatch.io/dry-run") == ("true" if dry_run else None), marked
+    unschedulable, taints, _ = node_marks(api, node)
+    if dry_run:
+        assert not unschedulable and not [t for t in taints if t.startswith("rankwatch.io/suspect")]
+    else:
+        assert unschedulable and [t for t in taints if t.startswith("rankwatch.io/suspect=")], taints
+    others = [n.metadata.name for n in kubernetes.client.CoreV1Api(api).list_node().items if n.metadata.name != node]
+    touched = [n for n in others if node_marks(api, n)[0] or node_marks(api, n)[2].get("rankwatch.io/cordon-job")]
+    assert not touched, f"only the suspect node is touched, not {touched}"
     print(f"straggler (30% slower) diagnosed {latency:.1f} s after the job started running: {diagnosis['summary']}")
 
 
