@@ -2,7 +2,8 @@
 # `make demo`: the main path a user takes, end to end on the built-in local cluster.
 # 1. bring up the local cluster (real control plane + 4 kwok GPU nodes), 2. install the CRD,
 # 3. run the operator and the pod runner (the workers and sidecars run here, on the stand-in NCCL),
-# 4. apply examples/straggler-job.yaml (4 nodes, one slow rank), 5. show the diagnosis kubectl shows.
+# 4. apply examples/straggler-job.yaml (4 nodes, one slow rank), 5. show the diagnosis kubectl shows
+# and the suspect node cordoned and tainted.
 # With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,8 @@ k wait --for=condition=Established --timeout=60s crd/trainingjobs.rankwatch.io
 
 PORT=$("$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "==> operator (collector on 127.0.0.1:$PORT; log: $PWD/.demo-operator.log)"
-RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
+# The cooldown after an undo is off so that the demo can be run again at once.
+RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
   >.demo-operator.log 2>&1 &
 OPERATOR=$!
 echo "==> pod runner: runs each worker pod's ranks and sidecar here (log: $PWD/.demo-pods/pod-runner.log)"
@@ -47,6 +49,7 @@ trap cleanup EXIT
 echo "==> kubectl apply -f examples/straggler-job.yaml  (rank 9 computes 30% slower)"
 k create namespace "$NAMESPACE" --dry-run=client -o yaml | k apply -f -
 if k get tj "$JOB" -n "$NAMESPACE" >/dev/null 2>&1; then
+  "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$JOB" || true  # the previous run's cordon
   k delete tj "$JOB" -n "$NAMESPACE" --wait=true
   k wait --for=delete pod -l "rankwatch.io/job-name=$JOB" -n "$NAMESPACE" --timeout=60s || true
 fi
@@ -72,7 +75,11 @@ echo; echo "==> the diagnosis"
 k get tj "$JOB" -n "$NAMESPACE" -o jsonpath='{.status.diagnosis}' | "$BIN/python" -m json.tool
 echo; echo "==> the full report (ConfigMap $JOB-rankwatch-report)"
 k get configmap "$JOB-rankwatch-report" -n "$NAMESPACE" -o jsonpath='{.data.report\.txt}'; echo
-echo; echo "==> nodes (cordoning the suspect node is the remediation step, not built yet)"
-k get nodes
+NODE=$(k get tj "$JOB" -n "$NAMESPACE" -o jsonpath='{.status.diagnosis.nodes[0]}')
+echo; echo "==> the suspect node $NODE: cordoned and tainted"
+k wait --for=jsonpath='{.spec.unschedulable}'=true "node/$NODE" --timeout=30s >/dev/null || true
+k get nodes -o custom-columns='NAME:.metadata.name,UNSCHEDULABLE:.spec.unschedulable,TAINTS:.spec.taints[*].key,CORDONED-BY:.metadata.annotations.rankwatch\.io/cordoned-by,JOB:.metadata.annotations.rankwatch\.io/cordon-job'
+k get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$NODE" -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message'
 echo
+echo "Undo: .venv/bin/rankwatch uncordon $NODE   (or: kubectl annotate node $NODE rankwatch.io/uncordon=true)"
 echo "The cluster keeps running: export KUBECONFIG=$KUBECONFIG; 'make cluster-down' removes it."
