@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e bench cluster-binaries tools cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e e2e-rbac bench cluster-binaries tools cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
@@ -57,7 +57,15 @@ e2e: cluster-binaries
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
 test: lint native cluster-binaries tools
 	$(BIN)/pytest tests $(PYTEST_ARGS); status=$$?; \
-	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; exit $$status
+	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; \
+	if [ $$status -eq 0 ] && [ -z "$(PYTEST_ARGS)" ]; then $(MAKE) --no-print-directory e2e-rbac || status=$$?; fi; \
+	exit $$status
+
+# The operator's e2e flows again (jobs, diagnosis, cordoning), run as the Helm chart's ServiceAccount
+# instead of admin: the chart's RBAC is enough for everything the operator does.
+e2e-rbac: cluster-binaries tools
+	RANKWATCH_E2E_SERVICE_ACCOUNT=1 $(BIN)/pytest tests/e2e/test_trainingjob.py tests/e2e/test_diagnosis.py \
+		-k "not healthy and not restarted"
 
 bench: native $(INSTALLED)
 	$(BIN)/python bench/interposer_overhead.py

@@ -6,8 +6,9 @@ between its calls marks one iteration (the loss or gradient AllReduce). The step
 median, over the ranks, of the gaps between those calls. The baseline is the first third of the run
 (median and MAD); onset is the first step of ``RUN`` consecutive steps above baseline + k*MAD and
 at least ``MIN_RISE`` slower (k-sigma rather than a change-point fit: it is cheap enough to run on
-every window, and the run length stops single outliers). The ranks behind it are the stragglers of
-the steps after the onset.
+every window, and the run length stops single outliers); the steps after it must stay slower (median
+rise >= ``MIN_RISE``, most of them high), or it was a burst that passed. The ranks behind it are
+the stragglers of the steps after the onset.
 """
 
 from __future__ import annotations
@@ -83,9 +84,13 @@ def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | 
     runs = np.convolve(high.astype(int), np.ones(RUN, int), mode="valid") == RUN
     if not runs.any():
         return []
-    onset = int(np.argmax(runs))
-    after = float(np.median(durations[onset:]))
-    rise = after / baseline - 1
+    for onset in np.flatnonzero(runs).tolist():  # a burst that passed (a busy machine, a checkpoint) is skipped
+        after = float(np.median(durations[onset:]))
+        rise = after / baseline - 1
+        if rise >= MIN_RISE and high[onset:].mean() >= 0.5:
+            break
+    else:
+        return []
     ranks = sorted(culprits_after(int(starts[onset]))) if culprits_after else []
     who = f"; ranks behind it: {', '.join(trace.label(r) for r in ranks)}" if ranks else ""
     return [

@@ -103,13 +103,15 @@ def test_operator_env_points_sidecars_at_the_collector_service(render):
     assert set(re.findall(r'"(RANKWATCH_[A-Z_]+)"', config_source)) <= set(env)
 
 
-def test_services_reach_named_container_ports(render):
+def test_services_reach_the_operators_http_port(render):
     objects = render()
     container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RANKWATCH_COLLECTOR_LISTEN"] == f"0.0.0.0:{ports['http']}"
     for service in by_kind(objects, "Service"):
         (port,) = service["spec"]["ports"]
-        assert port["targetPort"] in ports and port["port"] == ports[port["targetPort"]]
+        assert port["targetPort"] == "http"
     assert {s["metadata"]["name"].rsplit("-", 1)[1] for s in by_kind(objects, "Service")} == {
         "collector",
         "intake",
