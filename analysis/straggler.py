@@ -138,8 +138,9 @@ def detect_stragglers(
         consistent = np.zeros_like(maybe)
         where = np.nonzero(maybe)
         consistent[where] = _sign_tail(below[where], trials[where]) <= max_p_value
-        # many members consistently early together is the job's structure (a pipeline stage), not a fault
-        structural = consistent.sum(axis=1) > max(1, size // 4)
+        # many members mostly early together is the job's structure (a pipeline stage), not a fault
+        mostly = (trials >= MIN_INSTANCES) & (below >= 0.7 * trials)
+        structural = (consistent | mostly).sum(axis=1) > max(1, size // 4)
         chosen_members = consistent & ~structural[:, None] & (share >= min(2 / size, 0.5))
         for comm_position, position in zip(*np.nonzero(chosen_members), strict=True):
             in_comm = comm_of == comm_position
@@ -196,12 +197,14 @@ def _findings(
             excess = float(np.nanmedian(gaps[:, position] - np.nanmedian(np.delete(gaps, position, axis=1), axis=1)))
         if delay < max(min_delay_ns, RELATIVE_DELAY * typical_gap):
             continue
-        # Lateness passed on by someone else (a pipeline partner) comes with normal compute; the
-        # straggler's own compute is longer. Call times alone cannot tell the two apart.
+        # Lateness passed on by someone else (a pipeline partner, its place in the pipeline) comes with
+        # normal compute; a straggler's own compute is longer. Call times alone cannot tell them apart.
         own_compute = not trace.has_returns or not np.isfinite(excess) or excess >= 0.5 * delay
+        if not own_compute:
+            continue
         rank = int(candidate.ranks[position])
         spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3
-        confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns)) * (1.0 if own_compute else 0.5)
+        confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns))
         what = "waits" if trace.has_returns else "arrives later: it waits"
         own_wait, peers_wait = float(np.median(own)), float(np.median(peer_median))
         finding = Finding(
