@@ -210,9 +210,16 @@ async def diagnose(
     document["records_per_ring"] = limit
     if problems:
         text += "\n" + "\n".join(f"warning: {problem}" for problem in problems)
-    if not document["findings"]:
+    # A finding that blames no rank (the whole job's step time drifting, with no straggler behind it)
+    # is the machine or the environment, not a fault rankwatch can localise or cordon: it is logged
+    # with the report, and the job is not marked Degraded for it.
+    blaming = [finding for finding in document["findings"] if finding["ranks"]]
+    for finding in document["findings"]:
+        if not finding["ranks"]:
+            document["problems"].append(f"job-wide, no rank behind it (not a diagnosis): {finding['summary']}")
+    if not blaming:
         return None, document
-    finding = document["findings"][0]
+    finding = blaming[0]
     pod_names = sorted({pod_of_node_rank[rank] for rank in finding["ranks"] if rank in pod_of_node_rank})
     diagnosis = Diagnosis(
         kind=finding_kind(finding),
