@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api, job_events, job_status
 from rankwatch.operator.diagnosis import Diagnosis
+from rankwatch.operator.status_patch import Patched, patch_status_of_version
 
 log = logging.getLogger(__name__)
 
@@ -130,22 +131,10 @@ def _patch_status(
         fields = change(job)
         if not fields:
             return None
-        try:
-            objects.patch_namespaced_custom_object_status(
-                api.GROUP,
-                api.VERSION,
-                namespace,
-                api.PLURAL,
-                name,
-                {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": fields},
-            )
-        except ApiException as error:
-            if error.status == 409:
-                continue
-            if error.status == 404:
-                return None
-            raise
-        return job, fields
+        patched = patch_status_of_version(objects, job, fields)
+        if patched is Patched.CONFLICT:
+            continue
+        return (job, fields) if patched is Patched.WRITTEN else None
     raise RuntimeError(f"TrainingJob {namespace}/{name}: status kept changing; diagnosis not written")
 
 

@@ -26,6 +26,7 @@ from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.job_state import JobStore
 from rankwatch.operator.monitor import Monitor
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.operator.status_patch import Patched, patch_status_of_version
 
 CONFIG = OperatorConfig.from_env()
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
@@ -244,22 +245,11 @@ def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod]) -> 
         changed = {key: value for key, value in new.items() if previous.get(key) != value}
         if not changed:
             return
-        try:
-            # resourceVersion makes the patch conditional: a concurrent writer means recompute.
-            objects.patch_namespaced_custom_object_status(
-                api.GROUP,
-                api.VERSION,
-                namespace,
-                api.PLURAL,
-                name,
-                {"metadata": {"resourceVersion": job["metadata"]["resourceVersion"]}, "status": changed},
-            )
-        except ApiException as error:
-            if error.status == 409:
-                continue
-            if error.status == 404:
-                return
-            raise
+        patched = patch_status_of_version(objects, job, changed)  # a concurrent writer means recompute
+        if patched is Patched.CONFLICT:
+            continue
+        if patched is Patched.GONE:
+            return
         for event in events:
             kopf.event(job, type=event.type, reason=event.reason, message=event.message)
         return

@@ -1,0 +1,40 @@
+"""A TrainingJob status patch that applies only to the version of the job it was computed from.
+
+The operator's status writers (pod-driven status, diagnosis) compute fields from what they read; the
+job's resourceVersion in the patch makes the API server refuse it when someone wrote in between, and
+the writer reads again and recomputes.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.operator import api
+
+
+class Patched(enum.Enum):
+    WRITTEN = "written"
+    CONFLICT = "conflict"  # the job changed since it was read: read again
+    GONE = "gone"  # the job was deleted
+
+
+def patch_status_of_version(
+    objects: kubernetes.client.CustomObjectsApi, job: dict[str, Any], fields: dict[str, Any]
+) -> Patched:
+    metadata = job["metadata"]
+    body = {"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": fields}
+    try:
+        objects.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, metadata["namespace"], api.PLURAL, metadata["name"], body
+        )
+    except ApiException as error:
+        if error.status == 409:
+            return Patched.CONFLICT
+        if error.status == 404:
+            return Patched.GONE
+        raise
+    return Patched.WRITTEN
