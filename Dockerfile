@@ -33,6 +33,7 @@ COPY operator/ operator/
 COPY sidecar/ sidecar/
 COPY analysis/ analysis/
 COPY cluster/ cluster/
+COPY alerting/ alerting/
 RUN python -m venv "$VENV" \
     && "$VENV/bin/pip" install . \
     && "$VENV/bin/rankwatch" --help > /dev/null

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,11 +23,14 @@ import aiohttp
 import yaml
 from prometheus_client import CollectorRegistry
 
-from rankwatch.operator.alerting import AlertPipeline, load_config, mapping_resolver, serve
-from rankwatch.operator.alerting.fake_feishu import FakeFeishu
-from rankwatch.operator.alerting.metrics import AlertMetrics
-from rankwatch.operator.alerting.model import Alert, Level
-from rankwatch.operator.alerting.webhook import alert_json
+from rankwatch.alerting import AlertPipeline, load_config, mapping_resolver, serve
+from rankwatch.alerting.metrics import AlertMetrics
+from rankwatch.alerting.model import Alert, Level
+from rankwatch.alerting.webhook import alert_json
+
+# The local Feishu is a test double: it lives with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "alerting"))
+from fake_feishu import FakeFeishu
 
 
 def config_text(feishu: FakeFeishu, store: Path, group_by: list[str]) -> str:

@@ -22,8 +22,8 @@ import time
 
 import aiohttp
 
-from rankwatch.sidecar import protocol
-from rankwatch.sidecar.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
+from rankwatch import protocol
+from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 
 TOKEN = "bench-token"
 RANKS_PER_POD = 8

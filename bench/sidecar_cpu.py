@@ -86,9 +86,9 @@ class BatchWriter:
 
 
 def per_million(ranks: int) -> dict[str, float]:
+    from rankwatch.protocol import encode
     from rankwatch.sidecar.config import load
     from rankwatch.sidecar.main import Sidecar
-    from rankwatch.sidecar.protocol import encode
 
     with tempfile.TemporaryDirectory() as directory:
         writers = [BatchWriter(Path(directory) / f"rankwatch-bench-{rank}.ring", rank) for rank in range(ranks)]

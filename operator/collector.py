@@ -1,4 +1,4 @@
-"""The collector: the operator's HTTP side of the sidecar protocol (``rankwatch.sidecar.protocol``).
+"""The collector: the operator's HTTP side of the sidecar protocol (``rankwatch.protocol``).
 
 Runs on the operator's event loop (aiohttp). Each request is checked in order of cost: rate limit
 (per job), bearer token (the job's Secret, constant-time compare), size, gzip, schema, that the
@@ -25,9 +25,9 @@ from aiohttp.web_protocol import RequestPayloadError
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from rankwatch import protocol
 from rankwatch.operator import api, metrics
 from rankwatch.operator.job_state import JobStore
-from rankwatch.sidecar import protocol
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import aiohttp
 
+from rankwatch import protocol
 from rankwatch.analysis.analyze import analyze, summary_text
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import RankSource, load_path
 from rankwatch.operator.detector import Suspicion
 from rankwatch.operator.job_state import JobState
-from rankwatch.sidecar import protocol
 from rankwatch.sidecar.dump import split_dump
 
 log = logging.getLogger(__name__)

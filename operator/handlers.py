@@ -71,7 +71,7 @@ async def _start_alerting(config: OperatorConfig) -> Any:
         return None
     from pathlib import Path
 
-    from rankwatch.operator.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config
+    from rankwatch.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config
 
     try:
         secrets = kubernetes_resolver(os.environ.get("POD_NAMESPACE", "rankwatch-system"))
@@ -99,7 +99,7 @@ async def start_watch(**_: Any) -> None:
     )
     WATCH.collector = Collector(store, tokens, settings, on_stall=WATCH.monitor.wake)
     if WATCH.alerts is not None:
-        from rankwatch.operator.alerting import add_routes
+        from rankwatch.alerting import add_routes
 
         add_routes(WATCH.collector.app, WATCH.alerts)
     await WATCH.collector.start()

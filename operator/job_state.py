@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from rankwatch.sidecar.protocol import StallReport, WindowSummary
+from rankwatch.protocol import StallReport, WindowSummary
 
 HISTORY_WINDOWS = 12
 """Wait quantiles kept per (rank, communicator): enough for a robust score over the last minute."""

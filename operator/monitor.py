@@ -323,7 +323,7 @@ class Monitor:
     async def _alert(self, job: WatchedJob, diagnosis: Diagnosis) -> None:
         if self.alerts is None:
             return
-        from rankwatch.operator.alerting import alert_from_finding
+        from rankwatch.alerting import alert_from_finding
 
         try:
             finding = Finding(**{key: diagnosis.finding[key] for key in Finding.__dataclass_fields__})

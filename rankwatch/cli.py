@@ -154,7 +154,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _alerts(args: argparse.Namespace) -> int:
-    from rankwatch.operator.alerting import commands
+    from rankwatch.alerting import commands
 
     if args.action == "report":
         return commands.report(args.config, args.secrets, args.namespace, args.store, args.receiver, args.print)

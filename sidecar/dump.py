@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, RECORD_SIZE
-from rankwatch.sidecar.protocol import OP_NAMES, ProtocolError
+from rankwatch.protocol import OP_NAMES, ProtocolError
 from rankwatch.sidecar.ring_tail import RingTail
 
 

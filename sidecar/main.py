@@ -17,10 +17,10 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from rankwatch.protocol import StallReport, WindowSummary
 from rankwatch.sidecar.config import SidecarConfig, TokenSource
 from rankwatch.sidecar.metrics import LiveRank, LiveState, SidecarMetrics
 from rankwatch.sidecar.progress import RankProgress
-from rankwatch.sidecar.protocol import StallReport, WindowSummary
 from rankwatch.sidecar.ring_tail import RingSet, RingTail
 from rankwatch.sidecar.server import build_app
 from rankwatch.sidecar.shipper import Shipper

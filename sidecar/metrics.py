@@ -15,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from rankwatch.analysis.ring import Op
+from rankwatch.protocol import OP_NAMES
 from rankwatch.sidecar.progress import Entered, Finished
-from rankwatch.sidecar.protocol import OP_NAMES
 from rankwatch.sidecar.ring_tail import PolledRing
 
 WAIT_BUCKETS = np.array(

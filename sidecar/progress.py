@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankwatch.analysis.ring import Op, State, take
-from rankwatch.sidecar.protocol import OP_NAMES, CommPosition, RankPosition
+from rankwatch.protocol import OP_NAMES, CommPosition, RankPosition
 from rankwatch.sidecar.ring_tail import RingTail, TailBatch
 
 NO_SEQ = 0  # sequence numbers start at 1

@@ -15,7 +15,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from rankwatch.sidecar import dump, protocol
+from rankwatch import protocol
+from rankwatch.sidecar import dump
 from rankwatch.sidecar.ring_tail import RingTail
 
 MAX_DUMP_LIMIT = 1 << 20

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from rankwatch.sidecar import protocol
-from rankwatch.sidecar.protocol import StallReport, WindowSummary
+from rankwatch import protocol
+from rankwatch.protocol import StallReport, WindowSummary
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rankwatch.protocol import SCHEMA_VERSION, RankPosition, StallReport
 from rankwatch.sidecar.progress import RankProgress
-from rankwatch.sidecar.protocol import SCHEMA_VERSION, RankPosition, StallReport
 from rankwatch.sidecar.summary import PodIdentity
 
 DEFAULT_SENSITIVITY_S = 300.0

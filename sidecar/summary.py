@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from rankwatch.protocol import OP_NAMES, SCHEMA_VERSION, CommWindow, Quantiles, RankWindow, WindowSummary
 from rankwatch.sidecar.progress import Entered, Finished, RankProgress, comm_hex, is_call, is_collective
-from rankwatch.sidecar.protocol import OP_NAMES, SCHEMA_VERSION, CommWindow, Quantiles, RankWindow, WindowSummary
 from rankwatch.sidecar.ring_tail import PolledRing
 
 MIN_REPEATS_FOR_STEP = 3

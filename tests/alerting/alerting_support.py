@@ -8,11 +8,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fake_feishu import FakeFeishu
 from prometheus_client import CollectorRegistry
 
-from rankwatch.operator.alerting import mapping_resolver
-from rankwatch.operator.alerting.fake_feishu import FakeFeishu
-from rankwatch.operator.alerting.model import Alert, Level
+from rankwatch.alerting import mapping_resolver
+from rankwatch.alerting.model import Alert, Level
 
 BOT_TOKEN = "b0t-t0ken-7f3a9c"
 SIGNING_SECRET = "s1gning-s3cret-9d8e"

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 sys.path.insert(0, str(Path(__file__).parent))  # the tests import alerting_support (pytest runs in importlib mode)
 
 from alerting_support import APP_ID, APP_SECRET, BOT_TOKEN, SIGNING_SECRET, USERS, config_data, merge, secrets_for
+from fake_feishu import FakeFeishu
 
-from rankwatch.operator.alerting import AlertPipeline, load_config
-from rankwatch.operator.alerting.fake_feishu import FakeFeishu
-from rankwatch.operator.alerting.metrics import AlertMetrics
+from rankwatch.alerting import AlertPipeline, load_config
+from rankwatch.alerting.metrics import AlertMetrics
 
 
 @pytest.fixture

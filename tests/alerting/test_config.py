@@ -8,9 +8,9 @@ import pytest
 import yaml
 from alerting_support import SIGNING_SECRET, config_data, merge, secrets_for
 
-from rankwatch.operator.alerting import ConfigError, load_config, mapping_resolver
-from rankwatch.operator.alerting.config import FeishuBot, FeishuPhone, Webhook, parse_duration
-from rankwatch.operator.alerting.model import Level
+from rankwatch.alerting import ConfigError, load_config, mapping_resolver
+from rankwatch.alerting.config import FeishuBot, FeishuPhone, Webhook, parse_duration
+from rankwatch.alerting.model import Level
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "alerting.yaml"
 EXAMPLE_SECRETS = mapping_resolver(

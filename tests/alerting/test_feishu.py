@@ -10,12 +10,12 @@ import aiohttp
 import pytest
 from alerting_support import BOT_TOKEN, SECRET_VALUES, SIGNING_SECRET, job_alert, metric, secrets_for, wait_for
 
-from rankwatch.operator.alerting.config import DeliveryConfig, FeishuBot
-from rankwatch.operator.alerting.delivery import DeliveryError, deliver
-from rankwatch.operator.alerting.feishu import FeishuBotReceiver, sign
-from rankwatch.operator.alerting.messages import Notification
-from rankwatch.operator.alerting.model import Alert, Level
-from rankwatch.operator.alerting.secrets import Secret
+from rankwatch.alerting.config import DeliveryConfig, FeishuBot
+from rankwatch.alerting.delivery import DeliveryError, deliver
+from rankwatch.alerting.feishu import FeishuBotReceiver, sign
+from rankwatch.alerting.messages import Notification
+from rankwatch.alerting.model import Alert, Level
+from rankwatch.alerting.secrets import Secret
 
 FAST = DeliveryConfig(timeout=0.5, attempts=3, backoff=0.01, max_backoff=0.05)
 

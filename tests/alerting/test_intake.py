@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from alerting_support import wait_for
 
-from rankwatch.operator.alerting.config import IntakeConfig
-from rankwatch.operator.alerting.intake import IntakeError, alerts_from_alertmanager, serve
-from rankwatch.operator.alerting.model import Level
+from rankwatch.alerting.config import IntakeConfig
+from rankwatch.alerting.intake import IntakeError, alerts_from_alertmanager, serve
+from rankwatch.alerting.model import Level
 
 STARTED = int(time.time()) - 3600
 STARTS_AT = time.strftime("%Y-%m-%dT%H:%M:%S.123456789Z", time.gmtime(STARTED))

@@ -8,13 +8,13 @@ import pytest
 import yaml
 from alerting_support import config_data, job_alert, merge, secrets_for
 
+from rankwatch.alerting import alert_from_finding, load_config
+from rankwatch.alerting.config import InhibitRule
+from rankwatch.alerting.inhibition import inhibited_by
+from rankwatch.alerting.matchers import Matcher, MatcherError
+from rankwatch.alerting.model import Alert, Level, fingerprint
+from rankwatch.alerting.routing import group_keys, matching_routes
 from rankwatch.analysis.findings import Finding
-from rankwatch.operator.alerting import alert_from_finding, load_config
-from rankwatch.operator.alerting.config import InhibitRule
-from rankwatch.operator.alerting.inhibition import inhibited_by
-from rankwatch.operator.alerting.matchers import Matcher, MatcherError
-from rankwatch.operator.alerting.model import Alert, Level, fingerprint
-from rankwatch.operator.alerting.routing import group_keys, matching_routes
 from rankwatch.operator.spec import Alerting, AlertLevels
 
 

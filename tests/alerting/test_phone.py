@@ -6,12 +6,12 @@ import aiohttp
 import pytest
 from alerting_support import APP_ID, APP_SECRET, USERS, job_alert
 
-from rankwatch.operator.alerting.config import DeliveryConfig, FeishuPhone
-from rankwatch.operator.alerting.delivery import DeliveryError, deliver
-from rankwatch.operator.alerting.messages import Notification
-from rankwatch.operator.alerting.model import Level
-from rankwatch.operator.alerting.phone import FeishuPhoneReceiver
-from rankwatch.operator.alerting.secrets import Secret
+from rankwatch.alerting.config import DeliveryConfig, FeishuPhone
+from rankwatch.alerting.delivery import DeliveryError, deliver
+from rankwatch.alerting.messages import Notification
+from rankwatch.alerting.model import Level
+from rankwatch.alerting.phone import FeishuPhoneReceiver
+from rankwatch.alerting.secrets import Secret
 
 FAST = DeliveryConfig(timeout=1.0, attempts=3, backoff=0.01, max_backoff=0.05)
 

@@ -7,7 +7,7 @@ import time
 
 from alerting_support import USERS, job_alert, metric, wait_for
 
-from rankwatch.operator.alerting.model import Alert, Level
+from rankwatch.alerting.model import Alert, Level
 
 
 def titles(feishu) -> list[str]:

@@ -11,11 +11,11 @@ import time
 import yaml
 from alerting_support import APP_ID, APP_SECRET, BOT_TOKEN, SIGNING_SECRET, config_data, job_alert, wait_for
 
-from rankwatch.operator.alerting.config import ReportConfig
-from rankwatch.operator.alerting.model import Alert, Level
-from rankwatch.operator.alerting.pipeline import REPORT_SLOT
-from rankwatch.operator.alerting.report import WEEK, last_slot, weekly_report
-from rankwatch.operator.alerting.store import AlertStore
+from rankwatch.alerting.config import ReportConfig
+from rankwatch.alerting.model import Alert, Level
+from rankwatch.alerting.pipeline import REPORT_SLOT
+from rankwatch.alerting.report import WEEK, last_slot, weekly_report
+from rankwatch.alerting.store import AlertStore
 
 NOW = datetime.datetime(2026, 11, 23, 9, 0, tzinfo=datetime.UTC).timestamp()  # a Monday
 HOUR = 3600.0

@@ -10,13 +10,13 @@ import textwrap
 import yaml
 from alerting_support import APP_ID, APP_SECRET, BOT_TOKEN, SIGNING_SECRET, config_data, merge, wait_for
 
-from rankwatch.operator.alerting import AlertPipeline, file_resolver, load_config
+from rankwatch.alerting import AlertPipeline, file_resolver, load_config
 
 OPERATOR = textwrap.dedent(
     """
     import asyncio, sys, time
     from pathlib import Path
-    from rankwatch.operator.alerting import Alert, AlertPipeline, Level, file_resolver, load_config
+    from rankwatch.alerting import Alert, AlertPipeline, Level, file_resolver, load_config
 
     def alert(name, node):
         labels = {"alertname": name, "namespace": "ml", "trainingjob": "llama-70b", "node": node}

@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 from chart_support import CHART, REPO, RULES, by_kind, one
 
+from rankwatch.alerting import intake
+from rankwatch.alerting.config import parse_config
 from rankwatch.operator import pod_spec
-from rankwatch.operator.alerting import intake
-from rankwatch.operator.alerting.config import parse_config
 
 MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
 

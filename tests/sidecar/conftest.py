@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
+from rankwatch import protocol
 from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, Op, State, read_ring
-from rankwatch.sidecar import protocol
 from rankwatch.sidecar.config import load
 from rankwatch.sidecar.main import Sidecar
 from rankwatch.sidecar.shipper import Backoff, Shipper

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from rankwatch.sidecar.protocol import WindowSummary
+from rankwatch.protocol import WindowSummary
 
 
 async def run_until(sidecar, condition, timeout: float = 20.0) -> None:

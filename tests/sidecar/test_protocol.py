@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from rankwatch.sidecar import protocol
-from rankwatch.sidecar.protocol import (
+from rankwatch import protocol
+from rankwatch.protocol import (
     CommPosition,
     CommWindow,
     ProtocolError,

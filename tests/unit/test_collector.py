@@ -10,10 +10,10 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
+from rankwatch import protocol
 from rankwatch.operator.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
 from rankwatch.operator.job_state import JobStore
-from rankwatch.sidecar import protocol
-from rankwatch.sidecar.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
+from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
 TOKEN = "job-token-0123456789"
 

@@ -7,7 +7,7 @@ import random
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.detector import Thresholds, detect, wait_outliers
 from rankwatch.operator.job_state import JobState
-from rankwatch.sidecar.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
+from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
 WINDOW = 5.0
 THRESHOLDS = Thresholds(sensitivity_s=60.0, window_s=WINDOW)

@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
-from rankwatch.operator.alerting import cards
-from rankwatch.operator.alerting.config import FeishuBot
-from rankwatch.operator.alerting.delivery import DeliveryError
-from rankwatch.operator.alerting.messages import Message
-from rankwatch.operator.alerting.transport import Response, host_of, request_json, server_error
+from rankwatch.alerting import cards
+from rankwatch.alerting.config import FeishuBot
+from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.messages import Message
+from rankwatch.alerting.transport import Response, host_of, request_json, server_error
 
 BAD_SIGNATURE = 19021  # "sign match fail or timestamp is not within one hour from current time"
 IP_NOT_ALLOWED = 19022

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from rankwatch.operator.alerting.delivery import DeliveryError
+from rankwatch.alerting.delivery import DeliveryError
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from rankwatch.operator.alerting.matchers import Matcher, MatcherError
-from rankwatch.operator.alerting.model import Level, parse_rfc3339
-from rankwatch.operator.alerting.secrets import Secret, SecretResolver
+from rankwatch.alerting.matchers import Matcher, MatcherError
+from rankwatch.alerting.model import Level, parse_rfc3339
+from rankwatch.alerting.secrets import Secret, SecretResolver
 
 
 class ConfigError(ValueError):

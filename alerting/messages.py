@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rankwatch.operator.alerting.model import Alert, Level, most_urgent
+from rankwatch.alerting.model import Alert, Level, most_urgent
 
 
 @dataclass(frozen=True)

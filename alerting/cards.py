@@ -11,8 +11,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from rankwatch.operator.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
-from rankwatch.operator.alerting.model import Alert, Level, job_of, node_of, rfc3339
+from rankwatch.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
+from rankwatch.alerting.model import Alert, Level, job_of, node_of, rfc3339
 
 COLOURS = {Level.P0: "red", Level.P1: "orange", Level.P2: "yellow", Level.P3: "blue"}
 RESOLVED_COLOUR = "green"

@@ -24,9 +24,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankwatch.operator.alerting.matchers import Matcher
-from rankwatch.operator.alerting.model import Alert, Level, job_of, node_of
-from rankwatch.operator.alerting.silences import Silence
+from rankwatch.alerting.matchers import Matcher
+from rankwatch.alerting.model import Alert, Level, job_of, node_of
+from rankwatch.alerting.silences import Silence
 
 SCHEMA = 1
 

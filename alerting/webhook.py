@@ -10,12 +10,12 @@ from typing import Any
 
 import aiohttp
 
-from rankwatch.operator.alerting import cards
-from rankwatch.operator.alerting.config import Webhook
-from rankwatch.operator.alerting.delivery import DeliveryError
-from rankwatch.operator.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
-from rankwatch.operator.alerting.model import Alert, rfc3339
-from rankwatch.operator.alerting.transport import host_of, request_json, server_error
+from rankwatch.alerting import cards
+from rankwatch.alerting.config import Webhook
+from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
+from rankwatch.alerting.model import Alert, rfc3339
+from rankwatch.alerting.transport import host_of, request_json, server_error
 
 ZERO_TIME = "0001-01-01T00:00:00Z"  # Alertmanager's endsAt for a firing alert
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from rankwatch.operator.alerting.config import AlertingConfig, FeishuBot, FeishuPhone
-from rankwatch.operator.alerting.delivery import Receiver
-from rankwatch.operator.alerting.feishu import FeishuBotReceiver
-from rankwatch.operator.alerting.phone import FeishuPhoneReceiver
-from rankwatch.operator.alerting.webhook import WebhookReceiver
+from rankwatch.alerting.config import AlertingConfig, FeishuBot, FeishuPhone
+from rankwatch.alerting.delivery import Receiver
+from rankwatch.alerting.feishu import FeishuBotReceiver
+from rankwatch.alerting.phone import FeishuPhoneReceiver
+from rankwatch.alerting.webhook import WebhookReceiver
 
 
 def build_receivers(config: AlertingConfig) -> dict[str, Receiver]:

@@ -21,19 +21,19 @@ from typing import Any
 
 import aiohttp
 
-from rankwatch.operator.alerting.config import AlertingConfig
-from rankwatch.operator.alerting.delivery import DeliveryError, Receiver, deliver
-from rankwatch.operator.alerting.inhibition import inhibited_by
-from rankwatch.operator.alerting.matchers import Matcher, matches_all
-from rankwatch.operator.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
-from rankwatch.operator.alerting.metrics import AlertMetrics
-from rankwatch.operator.alerting.model import Alert, Level
-from rankwatch.operator.alerting.receivers import build_receivers
-from rankwatch.operator.alerting.report import last_slot, weekly_report
-from rankwatch.operator.alerting.routing import GroupKey, group_keys
-from rankwatch.operator.alerting.silences import Silence, silenced_by
-from rankwatch.operator.alerting.store import AlertStore, NotifyRecord
-from rankwatch.operator.alerting.storm import StormGate
+from rankwatch.alerting.config import AlertingConfig
+from rankwatch.alerting.delivery import DeliveryError, Receiver, deliver
+from rankwatch.alerting.inhibition import inhibited_by
+from rankwatch.alerting.matchers import Matcher, matches_all
+from rankwatch.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
+from rankwatch.alerting.metrics import AlertMetrics
+from rankwatch.alerting.model import Alert, Level
+from rankwatch.alerting.receivers import build_receivers
+from rankwatch.alerting.report import last_slot, weekly_report
+from rankwatch.alerting.routing import GroupKey, group_keys
+from rankwatch.alerting.silences import Silence, silenced_by
+from rankwatch.alerting.store import AlertStore, NotifyRecord
+from rankwatch.alerting.storm import StormGate
 
 log = logging.getLogger(__name__)
 

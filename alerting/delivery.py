@@ -16,8 +16,8 @@ from typing import Protocol
 
 import aiohttp
 
-from rankwatch.operator.alerting.config import DeliveryConfig
-from rankwatch.operator.alerting.messages import Message
+from rankwatch.alerting.config import DeliveryConfig
+from rankwatch.alerting.messages import Message
 
 log = logging.getLogger(__name__)
 

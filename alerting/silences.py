@@ -10,8 +10,8 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rankwatch.operator.alerting.matchers import Matcher, matches_all
-from rankwatch.operator.alerting.model import Alert, rfc3339
+from rankwatch.alerting.matchers import Matcher, matches_all
+from rankwatch.alerting.model import Alert, rfc3339
 
 
 @dataclass(frozen=True)

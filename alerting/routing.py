@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from rankwatch.operator.alerting.config import ALL_LABELS, RouteConfig
-from rankwatch.operator.alerting.matchers import matches_all
-from rankwatch.operator.alerting.model import Alert
+from rankwatch.alerting.config import ALL_LABELS, RouteConfig
+from rankwatch.alerting.matchers import matches_all
+from rankwatch.alerting.model import Alert
 
 
 @dataclass(frozen=True)

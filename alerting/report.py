@@ -10,10 +10,10 @@ import datetime
 import zoneinfo
 from collections import Counter
 
-from rankwatch.operator.alerting.config import ReportConfig
-from rankwatch.operator.alerting.messages import TopAlert, WeeklyReport
-from rankwatch.operator.alerting.model import Level, most_urgent
-from rankwatch.operator.alerting.store import AlertStore
+from rankwatch.alerting.config import ReportConfig
+from rankwatch.alerting.messages import TopAlert, WeeklyReport
+from rankwatch.alerting.model import Level, most_urgent
+from rankwatch.alerting.store import AlertStore
 
 WEEK = 7 * 86400.0
 

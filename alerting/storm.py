@@ -8,8 +8,8 @@ order people read is kept) and told as one summary when the window ends.
 
 from __future__ import annotations
 
-from rankwatch.operator.alerting.config import StormConfig
-from rankwatch.operator.alerting.messages import Notification, StormSummary
+from rankwatch.alerting.config import StormConfig
+from rankwatch.alerting.messages import Notification, StormSummary
 
 
 class StormGate:

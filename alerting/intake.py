@@ -15,11 +15,11 @@ from typing import Any
 
 from aiohttp import web
 
-from rankwatch.operator.alerting.config import IntakeConfig, parse_duration
-from rankwatch.operator.alerting.delivery import DeliveryError
-from rankwatch.operator.alerting.matchers import MatcherError
-from rankwatch.operator.alerting.model import Alert, Level, parse_rfc3339, rfc3339
-from rankwatch.operator.alerting.pipeline import AlertPipeline
+from rankwatch.alerting.config import IntakeConfig, parse_duration
+from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.matchers import MatcherError
+from rankwatch.alerting.model import Alert, Level, parse_rfc3339, rfc3339
+from rankwatch.alerting.pipeline import AlertPipeline
 
 log = logging.getLogger(__name__)
 

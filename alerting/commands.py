@@ -13,13 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from rankwatch.operator.alerting import cards
-from rankwatch.operator.alerting.config import AlertingConfig, ConfigError, load_config
-from rankwatch.operator.alerting.delivery import DeliveryError
-from rankwatch.operator.alerting.model import Level
-from rankwatch.operator.alerting.pipeline import AlertPipeline
-from rankwatch.operator.alerting.secrets import SecretResolver, file_resolver, kubernetes_resolver
-from rankwatch.operator.alerting.store import AlertStore, StoreError
+from rankwatch.alerting import cards
+from rankwatch.alerting.config import AlertingConfig, ConfigError, load_config
+from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.model import Level
+from rankwatch.alerting.pipeline import AlertPipeline
+from rankwatch.alerting.secrets import SecretResolver, file_resolver, kubernetes_resolver
+from rankwatch.alerting.store import AlertStore, StoreError
 
 DEFAULT_CONFIG = "/etc/rankwatch/alerting/config.yaml"
 

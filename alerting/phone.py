@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
-from rankwatch.operator.alerting import cards
-from rankwatch.operator.alerting.config import FeishuPhone
-from rankwatch.operator.alerting.delivery import DeliveryError
-from rankwatch.operator.alerting.messages import Message, Notification, WeeklyReport
-from rankwatch.operator.alerting.transport import Response, host_of, request_json, server_error
+from rankwatch.alerting import cards
+from rankwatch.alerting.config import FeishuPhone
+from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.messages import Message, Notification, WeeklyReport
+from rankwatch.alerting.transport import Response, host_of, request_json, server_error
 
 TOKEN_PATH = "/open-apis/auth/v3/tenant_access_token/internal"
 MESSAGES_PATH = "/open-apis/im/v1/messages"

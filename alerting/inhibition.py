@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rankwatch.operator.alerting.config import InhibitRule
-from rankwatch.operator.alerting.matchers import matches_all
-from rankwatch.operator.alerting.model import Alert
+from rankwatch.alerting.config import InhibitRule
+from rankwatch.alerting.matchers import matches_all
+from rankwatch.alerting.model import Alert
 
 
 def inhibited_by(

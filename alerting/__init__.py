@@ -9,13 +9,13 @@ The operator uses:
 - ``add_routes(app, pipeline)`` on its aiohttp app for the Alertmanager webhook and silences.
 """
 
-from rankwatch.operator.alerting.config import AlertingConfig, ConfigError, load_config
-from rankwatch.operator.alerting.delivery import DeliveryError
-from rankwatch.operator.alerting.findings import alert_from_finding
-from rankwatch.operator.alerting.intake import add_routes, alerts_from_alertmanager, serve
-from rankwatch.operator.alerting.model import Alert, Level
-from rankwatch.operator.alerting.pipeline import AlertPipeline
-from rankwatch.operator.alerting.secrets import Secret, file_resolver, kubernetes_resolver, mapping_resolver
+from rankwatch.alerting.config import AlertingConfig, ConfigError, load_config
+from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.findings import alert_from_finding
+from rankwatch.alerting.intake import add_routes, alerts_from_alertmanager, serve
+from rankwatch.alerting.model import Alert, Level
+from rankwatch.alerting.pipeline import AlertPipeline
+from rankwatch.alerting.secrets import Secret, file_resolver, kubernetes_resolver, mapping_resolver
 
 __all__ = [
     "Alert",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import time
 
+from rankwatch.alerting.model import Alert, Level
 from rankwatch.analysis.findings import Finding
-from rankwatch.operator.alerting.model import Alert, Level
 from rankwatch.operator.spec import Alerting
 
 ALERT_NAMES = {
