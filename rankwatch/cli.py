@@ -164,7 +164,7 @@ def _alerts(args: argparse.Namespace) -> int:
 def _uncordon(args: argparse.Namespace) -> int:
     import kubernetes
 
-    from rankwatch.operator.remediation import uncordon, uncordon_job
+    from rankwatch.operator.remediation.cordon import uncordon, uncordon_job
 
     if not args.node and not args.all_from_job:
         print("rankwatch uncordon: give NODE(s) or --all-from-job NAMESPACE/NAME", file=sys.stderr)

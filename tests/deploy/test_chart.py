@@ -12,7 +12,7 @@ from chart_support import CHART, REPO, RULES, by_kind, one
 
 from rankwatch.alerting import intake
 from rankwatch.alerting.config import parse_config
-from rankwatch.operator import pod_spec
+from rankwatch.operator.lifecycle import pod_spec
 
 MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
 

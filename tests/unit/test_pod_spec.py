@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from rankwatch.operator import pod_spec
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, Parallelism, Tracing, TrainingJobSpec
 
 CONFIG = OperatorConfig(image="registry.example/rankwatch:test", collector_url="http://collector:8080")

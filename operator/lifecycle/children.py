@@ -15,8 +15,9 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api, pod_spec
+from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 

@@ -21,9 +21,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api, job_events, job_status
-from rankwatch.operator.diagnosis import Diagnosis
-from rankwatch.operator.status_patch import Patched, patch_status_of_version
+from rankwatch.operator import api
+from rankwatch.operator.diagnosis.diagnose import Diagnosis
+from rankwatch.operator.lifecycle import job_events, job_status
+from rankwatch.operator.lifecycle.status_patch import Patched, patch_status_of_version
 
 log = logging.getLogger(__name__)
 

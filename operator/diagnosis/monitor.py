@@ -21,11 +21,15 @@ import kubernetes
 
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.topology import Layout, LayoutError
-from rankwatch.operator import api, diagnosis_writer, job_status, metrics, remediation_hook
-from rankwatch.operator.collector import SecretTokens, TokenUnavailable
-from rankwatch.operator.detector import Suspicion, Thresholds, detect
-from rankwatch.operator.diagnosis import Diagnosis, SidecarPod, diagnose
-from rankwatch.operator.job_state import JobStore
+from rankwatch.operator import api
+from rankwatch.operator.diagnosis import metrics
+from rankwatch.operator.diagnosis import writer as diagnosis_writer
+from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
+from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
+from rankwatch.operator.diagnosis.diagnose import Diagnosis, SidecarPod, diagnose
+from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.lifecycle import job_status
+from rankwatch.operator.remediation import hook as remediation_hook
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 log = logging.getLogger(__name__)
