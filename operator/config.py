@@ -23,6 +23,8 @@ class OperatorConfig:
     """Sidecar messages per second a job may send (bursts of 10x); beyond, HTTP 429."""
     alerting_config: str | None = None
     """Path of the alerting config (a mounted ConfigMap); unset: no alerts are sent."""
+    metrics_ranks_per_job: int = 32
+    """At most this many per-rank series (``rankwatch_rank_wait_seconds``) per job on /metrics."""
 
     @property
     def collector_address(self) -> tuple[str, int]:
@@ -50,6 +52,9 @@ class OperatorConfig:
                     os.environ.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", defaults.collector_rate_per_job)
                 ),
                 alerting_config=os.environ.get("RANKWATCH_ALERTING_CONFIG") or None,
+                metrics_ranks_per_job=int(
+                    os.environ.get("RANKWATCH_METRICS_RANKS_PER_JOB", defaults.metrics_ranks_per_job)
+                ),
             )
         except ValueError as error:
             raise SystemExit(f"rankwatch operator: bad number in environment: {error}") from error

@@ -5,6 +5,8 @@ pod/job events -> derive the status from the worker pods (kept in a kopf index, 
                   post Events on transitions, recreate pods lost before the job started
 startup        -> the collector (sidecar summaries, /metrics) and the monitor (detector, diagnosis)
                   in this event loop; job events tell the monitor which jobs run
+job/pod/node   -> the per-job series of /metrics (job_metrics.JobMetrics) follow the jobs' status,
+events            their pods and rankwatch's cordons; a deleted job's series go
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 
 import kopf
 import kubernetes
+from prometheus_client import REGISTRY
 
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, SecretTokens
+from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.operator.diagnosis.job_state import JobStore
 from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.lifecycle import children, job_status
@@ -55,6 +59,7 @@ class Watch:
     collector: Collector | None = None
     monitor: Monitor | None = None
     alerts: Any = None
+    job_metrics: JobMetrics | None = None
 
 
 WATCH = Watch()
@@ -85,7 +90,11 @@ async def start_watch(**_: Any) -> None:
     host, port = config.collector_address
     store, tokens = JobStore(), SecretTokens()
     WATCH.alerts = await _start_alerting(config)
-    WATCH.monitor = Monitor(store, tokens, config.sidecar_metrics_port, alerts=WATCH.alerts)
+    WATCH.job_metrics = JobMetrics(store, JobMetricsSettings(rank_series_per_job=config.metrics_ranks_per_job))
+    REGISTRY.register(WATCH.job_metrics)
+    WATCH.monitor = Monitor(
+        store, tokens, config.sidecar_metrics_port, alerts=WATCH.alerts, job_metrics=WATCH.job_metrics
+    )
     settings = CollectorSettings(
         host=host,
         port=port,
@@ -109,7 +118,9 @@ async def stop_watch(**_: Any) -> None:
         await WATCH.collector.stop()
     if WATCH.alerts is not None:
         await WATCH.alerts.stop()
-    WATCH.collector = WATCH.monitor = WATCH.alerts = None
+    if WATCH.job_metrics is not None:
+        REGISTRY.unregister(WATCH.job_metrics)
+    WATCH.collector = WATCH.monitor = WATCH.alerts = WATCH.job_metrics = None
 
 
 @kopf.on.login()
@@ -174,7 +185,12 @@ STATUS = StatusSync(CONFIG)
 
 @kopf.on.event("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
 async def pod_changed(namespace: str, labels: dict[str, str], worker_pods: kopf.Index, **_: Any) -> None:
-    STATUS.schedule(namespace, labels[api.JOB_NAME_LABEL], worker_pods)
+    job = labels[api.JOB_NAME_LABEL]
+    STATUS.schedule(namespace, job, worker_pods)
+    if WATCH.job_metrics:
+        WATCH.job_metrics.observe_pods(
+            namespace, job, (pod.name for pod in worker_pods.get((namespace, job), []) if not pod.deleting)
+        )
 
 
 @kopf.on.event(*JOBS)
@@ -184,7 +200,18 @@ async def job_changed(
     if type == "DELETED":
         if WATCH.monitor:
             WATCH.monitor.forget(namespace, name)
+        if WATCH.job_metrics:
+            WATCH.job_metrics.forget(namespace, name)
         return
+    if WATCH.job_metrics:
+        WATCH.job_metrics.observe(namespace, name, body.get("status") or {})
     if WATCH.monitor:
         WATCH.monitor.track(namespace, name, dict(body))
     STATUS.schedule(namespace, name, worker_pods)
+
+
+@kopf.on.event("nodes")
+async def node_changed(name: str, type: str | None, annotations: kopf.Annotations, **_: Any) -> None:
+    """Counts rankwatch's cordons for /metrics (kopf watches the nodes anyway, for the undo handler)."""
+    if WATCH.job_metrics:
+        WATCH.job_metrics.observe_node(name, dict(annotations), deleted=type == "DELETED")

@@ -143,6 +143,11 @@ class JobState:
                 pod.ranks.add(position.global_rank)
         self.stalls.append((now, report))
 
+    def recent_step_time(self) -> float | None:
+        """Median of the last 8 step-time points (one per pod summary), None before the first."""
+        recent = sorted(value for _, value in list(self.step_times)[-8:])
+        return recent[len(recent) // 2] if recent else None
+
     def node_of_pod(self, pod: str) -> str:
         state = self.pods.get(pod)
         return state.node if state else ""

@@ -1,7 +1,8 @@
 """The operator's own Prometheus metrics (served at /metrics on the collector's port).
 
-Labels are bounded: message kinds, results and finding kinds, never job or rank names (a cluster
-has unbounded jobs; per-job detail is on the job itself).
+Labels are bounded: message kinds, results and finding kinds, never job or rank names. The per-job
+series (phase, health, conditions, detections, step and wait times) are computed at scrape time by
+``job_metrics.JobMetrics`` and go with the job.
 """
 
 from __future__ import annotations
@@ -20,11 +21,6 @@ COLLECTOR_RANK_WINDOWS = Counter(
 SUSPICIONS = Counter(
     "rankwatch_detector_suspicions_total",
     "Suspicions raised by the detector (hang, straggler, slowdown), before diagnosis",
-    ["kind"],
-)
-DETECTIONS = Counter(
-    "rankwatch_detections_total",
-    "Diagnoses written onto jobs, by finding kind (hang, straggler, slow_link, fail_slow)",
     ["kind"],
 )
 DIAGNOSES = Counter(

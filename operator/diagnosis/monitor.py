@@ -27,6 +27,7 @@ from rankwatch.operator.diagnosis import writer as diagnosis_writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
 from rankwatch.operator.diagnosis.diagnose import Diagnosis, SidecarPod, diagnose
+from rankwatch.operator.diagnosis.job_metrics import JobMetrics
 from rankwatch.operator.diagnosis.job_state import JobStore
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.remediation import hook as remediation_hook
@@ -77,11 +78,19 @@ class WatchedJob:
 class Monitor:
     """Owns the per-job watch; ``track`` / ``forget`` come from kopf handlers, ``wake`` from the collector."""
 
-    def __init__(self, store: JobStore, tokens: SecretTokens, sidecar_port: int, alerts: Any = None) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        tokens: SecretTokens,
+        sidecar_port: int,
+        alerts: Any = None,
+        job_metrics: JobMetrics | None = None,
+    ) -> None:
         self.store = store
         self.tokens = tokens
         self.sidecar_port = sidecar_port
         self.alerts = alerts  # an AlertPipeline, when alerting is configured
+        self.job_metrics = job_metrics
         self.jobs: dict[tuple[str, str], WatchedJob] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -150,7 +159,7 @@ class Monitor:
         state = self.store.peek(job.namespace, job.name)
         if state is None or not state.summaries:
             return  # awaiting telemetry
-        step = self._step_time(state)
+        step = state.recent_step_time()
         if not job.telemetry_written:
             await asyncio.to_thread(
                 diagnosis_writer.write_telemetry_flowing,
@@ -222,13 +231,6 @@ class Monitor:
         return not suspicion.ranks or set(suspicion.ranks) <= ranks or suspicion.kind == "slowdown"
 
     @staticmethod
-    def _step_time(state: Any) -> float | None:
-        recent = [value for _, value in list(state.step_times)[-8:]]
-        if not recent:
-            return None
-        return sorted(recent)[len(recent) // 2]
-
-    @staticmethod
     def _step_changed(job: WatchedJob, step: float, now: float) -> bool:
         if job.step_written is None:
             return True
@@ -295,7 +297,8 @@ class Monitor:
             )
         else:
             elapsed = time.monotonic() - started
-            metrics.DETECTIONS.labels(diagnosis.finding["kind"]).inc()
+            if self.job_metrics is not None:
+                self.job_metrics.detected(job.namespace, job.name, diagnosis.finding["kind"])
             metrics.DIAGNOSIS_SECONDS.observe(elapsed)
             log.warning(
                 "TrainingJob %s/%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
