@@ -1,7 +1,9 @@
-"""The sidecar's HTTP endpoints: /metrics and /dump behind the job's bearer token, /healthz open.
+"""The sidecar's HTTP endpoints: /dump behind the job's bearer token, /metrics and /healthz open.
 
-Tokens are compared in constant time (``hmac.compare_digest``). Without a token configured every
-authenticated endpoint answers 401: the sidecar never serves raw traces to anyone who asks.
+/metrics is open as every exporter's is (the cluster's Prometheus scrapes the sidecars of every job
+with one scrape config and cannot hold each job's token); it carries counts and wait histograms per
+rank and operation, no trace records. Tokens are compared in constant time (``hmac.compare_digest``).
+Without a token configured /dump answers 401: the sidecar never serves raw traces to anyone who asks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rankwatch.sidecar import dump
 from rankwatch.sidecar.ring_tail import RingTail
 
 MAX_DUMP_LIMIT = 1 << 20
+OPEN_PATHS = (protocol.HEALTH_PATH, protocol.METRICS_PATH)
 
 
 def authorized(request: web.Request, token: str | None) -> bool:
@@ -45,7 +48,7 @@ def build_app(
 ) -> web.Application:
     @web.middleware
     async def require_token(request: web.Request, handler):
-        if request.path != protocol.HEALTH_PATH and not authorized(request, token()):
+        if request.path not in OPEN_PATHS and not authorized(request, token()):
             raise web.HTTPUnauthorized(
                 text="a bearer token is required (the job's rankwatch token)\n",
                 headers={"WWW-Authenticate": 'Bearer realm="rankwatch-sidecar"'},
