@@ -49,6 +49,10 @@ RENDEZVOUS_ENV = (
 )
 
 
+SIDECAR_METRICS_PORT_NAME = "rw-metrics"
+"""The sidecar's /metrics port: the chart's PodMonitor and the local Prometheus select it by this name."""
+
+
 def _env(name: str, value: Any) -> dict[str, str]:
     return {"name": name, "value": str(value)}
 
@@ -179,7 +183,7 @@ def _sidecar_container(
             _env("RANKWATCH_METRICS_PORT", config.sidecar_metrics_port),
             *field_env,
         ],
-        "ports": [{"name": "rw-metrics", "containerPort": config.sidecar_metrics_port, "protocol": "TCP"}],
+        "ports": [{"name": SIDECAR_METRICS_PORT_NAME, "containerPort": config.sidecar_metrics_port, "protocol": "TCP"}],
         "volumeMounts": [
             {"name": TRACE_VOLUME, "mountPath": TRACE_DIR},
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},

@@ -36,7 +36,7 @@ def test_chart_crds_include_kopf_peering():
 
 def test_without_prometheus_operator_no_monitoring_objects(render):
     kinds = {o["kind"] for o in render()}
-    assert "ServiceMonitor" not in kinds and "PrometheusRule" not in kinds
+    assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule"} & kinds
     assert {"Deployment", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "ConfigMap"} <= kinds
 
 
@@ -51,6 +51,21 @@ def test_with_prometheus_operator_servicemonitor_and_all_rule_groups(render):
     )
     rule = one(objects, "PrometheusRule")
     assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]  # the file, unaltered
+
+
+def test_with_prometheus_operator_a_podmonitor_scrapes_the_injected_sidecars(render):
+    from rankwatch.operator import api
+    from rankwatch.operator.lifecycle.pod_spec import SIDECAR_METRICS_PORT_NAME
+
+    monitor = one(render(*MONITORING), "PodMonitor")
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["selector"]["matchExpressions"] == [{"key": api.JOB_NAME_LABEL, "operator": "Exists"}]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == SIDECAR_METRICS_PORT_NAME  # the port the operator injects
+    assert {"targetLabel": "job", "replacement": "rankwatch-sidecar"} in endpoint["relabelings"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_rankwatch_io_job_name"], "targetLabel": "trainingjob"} in (
+        endpoint["relabelings"]
+    )
 
 
 def test_rule_groups_can_be_switched_off(render):
