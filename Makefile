@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e e2e-rbac bench cluster-binaries tools cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e e2e-rbac bench cluster-binaries tools monitoring cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ cluster-binaries: $(INSTALLED)
 tools: $(INSTALLED)
 	$(BIN)/rankwatch cluster build --tools
 
+# Prometheus and Alertmanager for the local monitoring stack (`rankwatch cluster up --monitoring`,
+# tests/monitoring); cached like the cluster binaries.
+monitoring: $(INSTALLED)
+	$(BIN)/rankwatch cluster build --monitoring
+
 cluster-up: cluster-binaries
 	$(BIN)/rankwatch cluster up
 
@@ -37,7 +42,7 @@ cluster-down: $(INSTALLED)
 cluster-status: $(INSTALLED)
 	$(BIN)/rankwatch cluster status
 
-demo: cluster-binaries
+demo: cluster-binaries monitoring
 	bash examples/demo.sh
 
 lint: $(INSTALLED)
@@ -55,7 +60,7 @@ e2e: cluster-binaries
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
-test: lint native cluster-binaries tools
+test: lint native cluster-binaries tools monitoring
 	$(BIN)/pytest tests $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; \
 	if [ $$status -eq 0 ] && [ -z "$(PYTEST_ARGS)" ]; then $(MAKE) --no-print-directory e2e-rbac || status=$$?; fi; \

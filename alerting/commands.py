@@ -113,3 +113,52 @@ async def _test(config: AlertingConfig, receiver: str, level: Level) -> int:
         await pipeline.stop()
     print(f"sent a {level} test {'call' if pipeline.receivers[receiver].rings else 'card'} to {receiver}")
     return 0
+
+
+def serve(config_path: str | None, secrets_file: str | None, namespace: str | None, listen: str) -> int:
+    """`rankwatch alerts serve`: the alert pipeline and its Alertmanager intake without the operator."""
+    host, _, port = listen.rpartition(":")
+    try:
+        config = _config(config_path, secrets_file, namespace, store=None)
+        address = (host or "127.0.0.1", int(port))
+    except ValueError as error:
+        print(f"rankwatch alerts serve: --listen {listen!r}: expected HOST:PORT ({error})", file=sys.stderr)
+        return 2
+    except (ConfigError, OSError) as error:
+        print(f"rankwatch alerts serve: {error}", file=sys.stderr)
+        return 1
+    return asyncio.run(_serve(config, *address))
+
+
+async def _serve(config: AlertingConfig, host: str, port: int) -> int:
+    import signal
+
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    from rankwatch.alerting.intake import add_routes
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    pipeline = AlertPipeline(config)
+    await pipeline.start()
+    app = web.Application()
+    add_routes(app, pipeline)
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1]
+        print(f"rankwatch alerts: Alertmanager webhook at http://{host}:{bound}/alerting/alertmanager", flush=True)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        await pipeline.stop()
+    return 0

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
+from rankwatch.alerting.model import Level
+
 SUPPRESSION_REASONS = ("duplicate", "silenced", "inhibited", "storm")
+SOURCES = ("rankwatch", "alertmanager")
 
 
 class AlertMetrics:
@@ -36,6 +41,19 @@ class AlertMetrics:
             ["level", "reason"],
             registry=registry,
         )
+
+    def start_at_zero(self, receivers: Iterable[str], reasons: Iterable[str]) -> None:
+        """Create every (level, receiver[, reason]) series at 0: ``increase()`` in a rule then sees the
+        first alert or failure (a counter series born at 1 shows no increase)."""
+        levels = [level.value for level in Level]
+        reasons = tuple(reasons)
+        for level in levels:
+            for source in SOURCES:
+                self.received.labels(level, source)
+            for receiver in receivers:
+                self.sent.labels(level, receiver)
+                for reason in reasons:
+                    self.failed.labels(level, receiver, reason)
 
     @classmethod
     def default(cls) -> AlertMetrics:

@@ -111,10 +111,12 @@ NODE_LABELS = ("node", "kubernetes_node", "nodename", "hostname", "instance")
 
 
 def job_of(alert: Alert) -> str:
+    """``namespace/trainingjob``, or empty: a Prometheus alert's ``job`` label is its scrape job
+    (``dcgm-exporter``), which tells the person paged nothing; the node does."""
     labels = alert.labels
     if labels.get("trainingjob"):
         return f"{labels.get('namespace', '')}/{labels['trainingjob']}".lstrip("/")
-    return labels.get("job", "")
+    return ""
 
 
 def node_of(alert: Alert) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from rankwatch.alerting.config import AlertingConfig
-from rankwatch.alerting.delivery import DeliveryError, Receiver, deliver
+from rankwatch.alerting.delivery import REASONS, DeliveryError, Receiver, deliver
 from rankwatch.alerting.inhibition import inhibited_by
 from rankwatch.alerting.matchers import Matcher, matches_all
 from rankwatch.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
@@ -107,6 +107,7 @@ class AlertPipeline:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.delivery.timeout))
         if not evaluate:
             return
+        self.metrics.start_at_zero(self.receivers, REASONS)
         now = self._clock()
         self._nlog = self.store.load_notify_log()
         self._silences = self._config_silences() + self.store.load_silences(now)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rankwatch.cluster import binaries, kubeconfig, pki, processes
 from rankwatch.cluster.binaries import Log
+from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
 from rankwatch.cluster.nodes import KWOK_ANNOTATION, MANAGED_LABEL, fake_gpu_node, node_name
 
 DEFAULT_NODES = 4
@@ -182,8 +183,15 @@ class LocalCluster:
         raise KeyError(name)
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def up(self, nodes: int = DEFAULT_NODES, log: Log = print, timeout: float = 180.0) -> ClusterState:
-        """Bring every component up (building binaries on first use); wait until usable."""
+    def up(
+        self,
+        nodes: int = DEFAULT_NODES,
+        log: Log = print,
+        timeout: float = 180.0,
+        monitoring: MonitoringSettings | bool = False,
+    ) -> ClusterState:
+        """Bring every component up (building binaries on first use); wait until usable. With
+        ``monitoring`` also Prometheus and Alertmanager (``True``: the settings of the last time)."""
         if nodes < 1:
             raise ClusterError(f"--nodes must be at least 1, got {nodes}")
         paths = binaries.ensure_all(log)
@@ -226,6 +234,12 @@ class LocalCluster:
             "kube-controller-manager (default ServiceAccount)",
             deadline,
         )
+        if monitoring:
+            settings = monitoring if isinstance(monitoring, MonitoringSettings) else None
+            try:
+                LocalMonitoring(self).up(state, settings, log, deadline)
+            finally:
+                state.save(self.state_path)
         log(f"cluster ready: {nodes} GPU nodes; export KUBECONFIG={self.kubeconfig}")
         return state
 
@@ -233,6 +247,7 @@ class LocalCluster:
         """Stop every component (no orphans) and delete the state directory."""
         state = ClusterState.load(self.state_path)
         if state is not None:
+            LocalMonitoring(self).stop(state, log)
             for name in reversed(ORDER):
                 pid = state.pids.get(name)
                 if pid:
@@ -249,7 +264,8 @@ class LocalCluster:
             return {"exists": False, "components": {}, "ready": False}
         components = {name: processes.is_running(state.pids.get(name), binaries.binary_path(name)) for name in ORDER}
         ready = components["kube-apiserver"] and self._healthy(state, "/readyz")
-        return {
+        components.update(LocalMonitoring(self).status(state))
+        status: dict[str, object] = {
             "exists": True,
             "components": components,
             "ready": bool(ready and all(components.values())),
@@ -257,6 +273,10 @@ class LocalCluster:
             "kubeconfig": str(self.kubeconfig),
             "nodes": state.nodes,
         }
+        if "prometheus" in state.ports:
+            status["prometheus"] = f"http://127.0.0.1:{state.ports['prometheus']}"
+            status["alertmanager"] = f"http://127.0.0.1:{state.ports['alertmanager']}"
+        return status
 
     # ---- readiness ---------------------------------------------------------------------------
     def _ssl_context(self) -> ssl.SSLContext:
@@ -322,10 +342,10 @@ class LocalCluster:
         raise ClusterError(f"timed out waiting for {what}\n{tails}")
 
 
-def _free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free loopback ports below the kernel's ephemeral range, chosen once and kept in
-    state.json: a port from bind(0) can be handed to some outgoing connection before the component
-    binds it, one below the range cannot."""
+def _free_ports(names: list[str], avoid: set[int] | None = None) -> dict[str, int]:
+    """Distinct free loopback ports below the kernel's ephemeral range (none of ``avoid``), chosen once
+    and kept in state.json: a port from bind(0) can be handed to some outgoing connection before the
+    component binds it, one below the range cannot."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -334,6 +354,8 @@ def _free_ports(names: list[str]) -> dict[str, int]:
     for candidate in random.sample(range(20000, max(low, 20000 + 4 * len(names))), k=200):
         if len(ports) == len(names):
             break
+        if candidate in (avoid or ()) or candidate in ports.values():
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", candidate))

@@ -150,3 +150,14 @@ def generate(directory: Path) -> None:
     (directory / "sa.pub").write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
+
+
+def issue_client(directory: Path, client: ClientIdentity) -> None:
+    """Write ``{stem}.crt``/``.key`` for ``client``, signed by the cluster's existing CA (for identities
+    added after the cluster was made, such as the local Prometheus')."""
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key, cert = _leaf(ca_key, ca_cert, _name(client.user, client.groups), ExtendedKeyUsageOID.CLIENT_AUTH)
+    _write_key(directory / f"{client.stem}.key", key)
+    _write_cert(directory / f"{client.stem}.crt", cert)

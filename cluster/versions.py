@@ -15,6 +15,11 @@ KWOK_VERSION = "v0.8.0"
 # needs a hashicorp/nomad/api pseudo-version the module proxy refuses to serve).
 HELM_VERSION = "v3.22.0"
 PROMETHEUS_MODULE_VERSION = "v0.315.0"
+PROMETHEUS_VERSION = "3.15.0"
+# The local monitoring stack (`rankwatch cluster up --monitoring`, the monitoring tests). Alertmanager
+# v0.32 and later embed a web UI bundle (ui/app/dist) that their Go module does not ship, so they do
+# not build from the module proxy; v0.31.1 is the newest release that does (its UI is committed Go).
+ALERTMANAGER_VERSION = "v0.31.1"
 
 
 @dataclass(frozen=True)
@@ -72,11 +77,29 @@ PROMTOOL = Component(
     name="promtool",
     version=PROMETHEUS_MODULE_VERSION,
     packages={"promtool": "github.com/prometheus/prometheus/cmd/promtool"},
-    ldflags=("-X github.com/prometheus/common/version.Version=3.15.0",),
+    ldflags=(f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",),
     # promtool only checks and tests rules here: leave out the ~30 service-discovery plugins (cloud
     # SDKs), most of its build time. Prometheus' own build tag for this.
     tags=("remove_all_sd",),
 )
 
+PROMETHEUS = Component(
+    name="prometheus",
+    version=PROMETHEUS_MODULE_VERSION,
+    packages={"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
+    ldflags=(f"-X github.com/prometheus/common/version.Version={PROMETHEUS_VERSION}",),
+    # Scrape targets come from the local cluster's API server (pods, with the sidecar endpoint the pod
+    # runner annotates) and from static configs: Kubernetes SD only, not the ~30 cloud ones. Without
+    # `builtinassets` the web UI is not compiled in; the HTTP API, all the tests and the demo use, is.
+    tags=("remove_all_sd", "enable_kubernetes_sd"),
+)
+ALERTMANAGER = Component(
+    name="alertmanager",
+    version=ALERTMANAGER_VERSION,
+    packages={"alertmanager": "github.com/prometheus/alertmanager/cmd/alertmanager"},
+    ldflags=(f"-X github.com/prometheus/common/version.Version={ALERTMANAGER_VERSION.lstrip('v')}",),
+)
+
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
 TOOLS = (HELM, PROMTOOL)  # built by `rankwatch cluster build --tools` / `make tools`
+MONITORING = (PROMETHEUS, ALERTMANAGER)  # built by `rankwatch cluster build --monitoring` / `make monitoring`

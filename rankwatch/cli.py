@@ -21,12 +21,20 @@ def _cluster(args: argparse.Namespace) -> int:
         return run_pods(args.collector_url, args.namespace, work_dir, log=lambda m: print(m, flush=True))
     from rankwatch.cluster.binaries import BuildError
     from rankwatch.cluster.local import ClusterError, LocalCluster
+    from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringError
 
     cluster = LocalCluster()
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     try:
         if args.action == "up":
-            cluster.up(nodes=args.nodes, log=log, timeout=args.timeout)
+            cluster.up(nodes=args.nodes, log=log, timeout=args.timeout, monitoring=args.monitoring)
+        elif args.action == "scrape":
+            if not args.job:
+                print("rankwatch cluster scrape: --job is required (with --target HOST:PORT, or none to stop)")
+                return 2
+            print(LocalMonitoring(cluster).scrape(args.job, args.target))
+        elif args.action == "route-alerts":
+            LocalMonitoring(cluster).route_alerts_to(args.webhook or None, args.bearer_token_file)
         elif args.action == "down":
             cluster.down(log=log)
         elif args.action == "status":
@@ -37,11 +45,12 @@ def _cluster(args: argparse.Namespace) -> int:
             print(cluster.kubeconfig)
         elif args.action == "build":
             from rankwatch.cluster.binaries import ensure_all
-            from rankwatch.cluster.versions import COMPONENTS, TOOLS
+            from rankwatch.cluster.versions import COMPONENTS, MONITORING, TOOLS
 
-            for name, path in ensure_all(log, TOOLS if args.tools else COMPONENTS).items():
+            which = TOOLS if args.tools else MONITORING if args.monitoring else COMPONENTS
+            for name, path in ensure_all(log, which).items():
                 print(f"{name}\t{path}")
-    except (ClusterError, BuildError) as error:
+    except (ClusterError, BuildError, MonitoringError) as error:
         print(f"rankwatch cluster {args.action}: {error}", file=sys.stderr)
         return 1
     return 0
@@ -158,6 +167,8 @@ def _alerts(args: argparse.Namespace) -> int:
 
     if args.action == "report":
         return commands.report(args.config, args.secrets, args.namespace, args.store, args.receiver, args.print)
+    if args.action == "serve":
+        return commands.serve(args.config, args.secrets, args.namespace, args.listen)
     return commands.test(args.config, args.secrets, args.namespace, args.receiver, args.level)
 
 
@@ -197,12 +208,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     cluster = commands.add_parser("cluster", help="the built-in local Kubernetes cluster (no containers)")
-    cluster.add_argument("action", choices=["up", "down", "status", "kubeconfig", "build", "run-pods"])
+    cluster.add_argument(
+        "action", choices=["up", "down", "status", "kubeconfig", "build", "run-pods", "scrape", "route-alerts"]
+    )
     cluster.add_argument("--nodes", type=int, default=4, help="fake GPU nodes (8 GPUs each) for `up`")
     cluster.add_argument("--timeout", type=float, default=180.0, help="seconds `up` waits for readiness")
     cluster.add_argument(
         "--tools", action="store_true", help="`build` the test tools (helm, promtool) instead of the cluster binaries"
     )
+    cluster.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="`up`: also Prometheus and Alertmanager (loading the chart's rules); `build`: only those two",
+    )
+    cluster.add_argument("--job", help="`scrape`: the job label of the targets (e.g. rankwatch-operator)")
+    cluster.add_argument(
+        "--target", action="append", default=[], help="`scrape`: HOST:PORT serving /metrics (repeatable)"
+    )
+    cluster.add_argument(
+        "--webhook", help="`route-alerts`: Alertmanager webhook for P0-P3 alerts, e.g. .../alerting/alertmanager"
+    )
+    cluster.add_argument("--bearer-token-file", help="`route-alerts`: the webhook's bearer token, from this file")
     cluster.add_argument(
         "--collector-url",
         help="`run-pods`: the operator's collector as this machine reaches it, e.g. http://127.0.0.1:8080",
@@ -311,8 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
     uncordon.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
     uncordon.set_defaults(handler=_uncordon)
 
-    alerts = commands.add_parser("alerts", help="alerting: the weekly report or a test message, now")
-    alerts.add_argument("action", choices=["report", "test"])
+    alerts = commands.add_parser(
+        "alerts", help="alerting: the weekly report or a test message now, or serve the Alertmanager intake alone"
+    )
+    alerts.add_argument("action", choices=["report", "test", "serve"])
     alerts.add_argument("--config", help="alerting config YAML (default $RANKWATCH_ALERTING_CONFIG)")
     alerts.add_argument(
         "--secrets", help="YAML {secret-name: {key: value}} instead of reading Secrets from the cluster"
@@ -325,6 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.add_argument("--print", action="store_true", help="`report`: print the card JSON, send nothing")
     alerts.add_argument(
         "--level", default="P3", help="`test`: level of the test message (P0 on a phone receiver rings)"
+    )
+    alerts.add_argument(
+        "--listen", default="127.0.0.1:8081", help="`serve`: HOST:PORT of the intake and /metrics (port 0: any free)"
     )
     alerts.set_defaults(handler=_alerts)
     return parser

@@ -73,11 +73,11 @@ async def test_an_alertmanager_payload_produces_the_right_feishu_card_and_pages(
     (card,) = feishu.cards()
     assert card["header"] == {
         "template": "red",
-        "title": {"tag": "plain_text", "content": "[P0] GPUFellOffTheBus · dcgm-exporter"},
+        "title": {"tag": "plain_text", "content": "[P0] GPUFellOffTheBus · gpu-node-3"},  # not the scrape job
     }
     text = json.dumps(card, ensure_ascii=False)
     fields = [f["text"]["content"] for f in card["elements"][0]["fields"]]
-    assert fields == ["**Job**\ndcgm-exporter", "**Node**\ngpu-node-3", "**Rank**\n—", "**Level**\nP0"]
+    assert fields == ["**Job**\n—", "**Node**\ngpu-node-3", "**Rank**\n—", "**Level**\nP0"]
     assert "GPU 5 on gpu-node-3 fell off the bus (XID 79)" in text
     assert "DCGM reports XID 79 on GPU 5 for 2m" in text  # the description as evidence
     assert "**Started** " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(STARTED)) in text

@@ -1,0 +1,517 @@
+"""rankwatch inside a real Prometheus and Alertmanager (built from their Go modules, run beside the local
+control plane): the chart's rules evaluated on the series the operator and the sidecars export, alerts
+routed by Alertmanager to rankwatch's intake (`rankwatch alerts serve`, a process of its own) and from
+there to Feishu (the local Feishu of tests/alerting), cards and phone calls.
+
+The session operator runs without an alerting config: rankwatch's own alerting is off, so every page
+seen here went Prometheus -> Alertmanager -> intake. Prometheus scrapes and evaluates every second;
+the rules are the chart's file with each ``for:`` cut to a few seconds (their hold times are
+promtool-tested in tests/deploy); their expressions are as shipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Feishu lives with the alerting tests
+
+from fake_feishu import FakeFeishu
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).parents[2]
+RULES = REPO / "helm" / "rankwatch" / "rules" / "rankwatch-rules.yaml"
+DASHBOARD = REPO / "helm" / "rankwatch" / "dashboards" / "rankwatch.json"
+FOR_IN_TESTS = "2s"
+BOT_TOKEN, SIGNING_SECRET = "m0nitoring-bot", "m0nitoring-signing"
+APP_ID, APP_SECRET, ONCALL = "cli_m0n", "m0n-app-secret", ["u-oncall-1", "u-oncall-2"]
+INTAKE_TOKEN = "m0nitoring-intake-token"
+THIRD_PARTY_PREFIXES = ("kube_", "DCGM_", "node_")
+"""Series of kube-state-metrics, dcgm-exporter and node-exporter: not rankwatch's to export."""
+
+
+# ---- the stack -----------------------------------------------------------------------------------------
+class LoopThread:
+    """An asyncio loop in a thread, for the aiohttp Feishu beside these synchronous tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def feishu() -> Iterator[FakeFeishu]:
+    loop = LoopThread()
+    fake = loop.run(FakeFeishu().start())
+    fake.add_bot(BOT_TOKEN, SIGNING_SECRET)
+    fake.add_app(APP_ID, APP_SECRET, ONCALL)
+    yield fake
+    loop.run(fake.stop())
+    loop.close()
+
+
+def receiver_config(feishu: FakeFeishu, store: Path) -> dict[str, Any]:
+    """Routes as a site would have them: every alert a card, P0 also a phone call to the on-call."""
+    return {
+        "receivers": [
+            {
+                "name": "gpu-team",
+                "feishu": {
+                    "webhook_url": {"secretKeyRef": {"name": "feishu-bot", "key": "webhook-url"}},
+                    "secret": {"secretKeyRef": {"name": "feishu-bot", "key": "signing-secret"}},
+                },
+            },
+            {
+                "name": "oncall-phone",
+                "feishu_phone": {
+                    "base_url": feishu.base_url,
+                    "app_id": {"secretKeyRef": {"name": "feishu-app", "key": "app-id"}},
+                    "app_secret": {"secretKeyRef": {"name": "feishu-app", "key": "app-secret"}},
+                    "user_ids": ONCALL,
+                },
+            },
+        ],
+        "route": {
+            "receiver": "gpu-team",
+            "group_by": ["alertname", "namespace", "trainingjob", "node"],
+            "group_wait": "0s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+            "routes": [
+                {"matchers": ['level="P0"'], "receiver": "oncall-phone", "continue": True},
+                {"receiver": "gpu-team"},
+            ],
+        },
+        "intake": {"bearer_token": {"secretKeyRef": {"name": "intake", "key": "token"}}},
+        "delivery": {"timeout": "5s", "attempts": 3, "backoff": "100ms", "max_backoff": "1s"},
+        "store": {"path": str(store)},
+        "evaluation_interval": "100ms",
+    }
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(url: str, timeout: float = 10, token: str | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except OSError:
+        return 0, b""
+
+
+@pytest.fixture(scope="module")
+def receiver(feishu: FakeFeishu, tmp_path_factory: pytest.TempPathFactory, eventually: Any) -> Iterator[str]:
+    """`rankwatch alerts serve`: the Alertmanager intake and the alert pipeline, without the operator."""
+    directory = tmp_path_factory.mktemp("receiver")
+    config = directory / "alerting.yaml"
+    config.write_text(yaml.safe_dump(receiver_config(feishu, directory / "alerts.sqlite")))
+    secrets = directory / "secrets.yaml"
+    secrets.write_text(
+        yaml.safe_dump(
+            {
+                "feishu-bot": {"webhook-url": feishu.bot_url(BOT_TOKEN), "signing-secret": SIGNING_SECRET},
+                "feishu-app": {"app-id": APP_ID, "app-secret": APP_SECRET},
+                "intake": {"token": INTAKE_TOKEN},
+            }
+        )
+    )
+    secrets.chmod(0o600)
+    address = f"127.0.0.1:{free_port()}"
+    log = directory / "receiver.log"
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "alerts", "serve", "--config", str(config), "--secrets", str(secrets),
+             "--listen", address],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        url = f"http://{address}"
+        eventually(lambda: get(f"{url}/metrics")[0] == 200, 30, what=f"rankwatch alerts serve on {address}")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(15)
+        print(log.read_text()[-2000:])
+
+
+def rules_for_tests(directory: Path) -> Path:
+    """The chart's rules, every ``for:`` cut to FOR_IN_TESTS; expressions, labels, annotations as shipped."""
+    rules = yaml.safe_load(RULES.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = FOR_IN_TESTS
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RULES.name
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def monitoring(kubeconfig: str, operator: Any, collector_url: str, receiver: str, tmp_path_factory) -> Iterator[Any]:
+    """Prometheus and Alertmanager of the tests' local cluster, scraping the session operator, the pod
+    runner's sidecars and the receiver, sending P0-P3 alerts to the receiver's intake."""
+    if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
+        pytest.skip("the monitoring stack runs beside the built-in local cluster, not an external one")
+    from rankwatch.cluster.local import LocalCluster
+    from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
+
+    cluster = LocalCluster(
+        Path(os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or "~/.rankwatch/test-cluster").expanduser()
+    )
+    settings = MonitoringSettings(
+        scrape_interval="1s",
+        evaluation_interval="1s",
+        rule_files=(rules_for_tests(cluster.root / "monitoring" / "test-rules"),),
+        group_wait="1s",
+        group_interval="2s",
+        repeat_interval="1h",
+    )
+    cluster.up(log=lambda message: print(f"[cluster] {message}", flush=True), monitoring=settings)
+    stack = LocalMonitoring(cluster)
+    token = tmp_path_factory.mktemp("alertmanager") / "intake-token"
+    token.write_text(INTAKE_TOKEN)
+    stack.scrape("rankwatch-operator", [urllib.parse.urlsplit(collector_url).netloc])
+    stack.scrape("rankwatch-alerts", [urllib.parse.urlsplit(receiver).netloc])
+    stack.route_alerts_to(f"{receiver}/alerting/alertmanager", str(token))
+    try:
+        yield stack
+    finally:
+        for job in ("rankwatch-operator", "rankwatch-alerts", "dcgm-exporter", "node-exporter"):
+            stack.scrape(job, [])
+        stack.route_alerts_to(None)
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def api(self, path: str, **params: Any) -> Any:
+        status, body = get(f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=30)
+        assert status == 200, f"Prometheus {path} {params}: HTTP {status}: {body[:500]!r}"
+        return json.loads(body)["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        return self.api("query", query=expr)["result"]
+
+    def query_range(self, expr: str, start: float, end: float, step: float = 1) -> list[dict[str, Any]]:
+        return self.api("query_range", query=expr, start=start, end=end, step=step)["result"]
+
+    def firing(self, alertname: str, **labels: str) -> list[dict[str, Any]]:
+        return [
+            a
+            for a in self.api("alerts")["alerts"]
+            if a["state"] == "firing"
+            and a["labels"]["alertname"] == alertname
+            and all(a["labels"].get(k) == v for k, v in labels.items())
+        ]
+
+    def selectors(self, expr: str) -> set[str]:
+        """Metric names an expression reads, from Prometheus' own parser (/api/v1/parse_query)."""
+        names: set[str] = set()
+
+        def walk(node: Any) -> None:
+            if isinstance(node, dict):
+                if node.get("type") in ("vectorSelector", "matrixSelector") and node.get("name"):
+                    names.add(node["name"])
+                for value in node.values():
+                    walk(value)
+            elif isinstance(node, list):
+                for value in node:
+                    walk(value)
+
+        walk(self.api("parse_query", query=expr))
+        return names
+
+
+@pytest.fixture(scope="module")
+def prometheus(monitoring: Any) -> Prometheus:
+    return Prometheus(monitoring.prometheus_url)
+
+
+# ---- jobs ------------------------------------------------------------------------------------------------
+JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
+
+
+def standin_job(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """2 pods x 4 ranks on the stand-in NCCL (as tests/e2e/test_diagnosis.py), a fault on one rank."""
+    return {
+        "apiVersion": "rankwatch.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "nprocPerNode": 4,
+            "parallelism": {"tensor": 4, "pipeline": 1},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "rankwatch/rankwatch:0.1.0",
+                            "command": ["rankwatch", "simulate-pod", "--tp", "4", "--steps", "1000000"],
+                            "env": [{"name": k, "value": v} for k, v in faults.items()],
+                            "resources": {"limits": {"nvidia.com/gpu": 4}},
+                        }
+                    ]
+                }
+            },
+            "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
+            "remediation": {"cordon": False},
+        },
+    }
+
+
+def create_job(api: Any, namespace: str, manifest: dict[str, Any]) -> None:
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], manifest
+    )
+
+
+def condition_true(api: Any, namespace: str, name: str, type_: str) -> bool:
+    job = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], name
+    )
+    return any(c["type"] == type_ and c["status"] == "True" for c in job.get("status", {}).get("conditions", []))
+
+
+def cards_about(feishu: FakeFeishu, *words: str) -> list[dict[str, Any]]:
+    return [card for card in feishu.cards() if all(word in json.dumps(card, ensure_ascii=False) for word in words)]
+
+
+def calls_about(feishu: FakeFeishu, *words: str) -> list[str]:
+    """Users rung for a message containing all ``words``."""
+    return [
+        user
+        for message_id, user in feishu.calls
+        if all(word in json.dumps(feishu.messages.get(message_id, {}), ensure_ascii=False) for word in words)
+    ]
+
+
+# ---- what the code exports, scraped live -----------------------------------------------------------------
+def exported_names(*urls: str) -> set[str]:
+    """Sample names (``x_total``, ``x_bucket``, ...) the processes at ``urls`` serve on /metrics now."""
+    names: set[str] = set()
+    for url in urls:
+        status, body = get(f"{url}/metrics")
+        assert status == 200, f"{url}/metrics: HTTP {status}"
+        for family in text_string_to_metric_families(body.decode()):
+            names.update(sample.name for sample in family.samples)
+    return names
+
+
+def grafana_expr(expr: str, rate_interval: str = "30s") -> str:
+    """A panel's query as Grafana sends it, for all namespaces and jobs."""
+    expr = expr.replace("$__rate_interval", rate_interval)
+    return re.sub(r"\$\{?(namespace|trainingjob)\}?", ".+", expr)
+
+
+def rule_and_panel_queries() -> dict[str, str]:
+    """Every query the chart ships: alert and recording rules, dashboard panels and variables."""
+    queries = {
+        f"rule {rule.get('alert') or rule.get('record')}": rule["expr"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+    }
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            queries[f"panel {panel['title']!r} {target['refId']}"] = grafana_expr(target["expr"])
+    for variable in dashboard["templating"]["list"]:
+        query = variable.get("query")
+        if isinstance(query, dict):
+            inner = re.fullmatch(r"label_values\((.+),\s*\w+\)", query["query"])
+            queries[f"variable {variable['name']}"] = grafana_expr(inner.group(1) if inner else query["query"])
+    return queries
+
+
+def unexported(prometheus: Prometheus, queries: dict[str, str], exported: set[str]) -> dict[str, set[str]]:
+    """Per query, the rankwatch metrics it reads that no scraped rankwatch process serves."""
+    missing = {}
+    for where, expr in queries.items():
+        names = {n for n in prometheus.selectors(expr) if n.startswith("rankwatch_")} - exported
+        if names:
+            missing[where] = names
+    return missing
+
+
+# ---- tests ----------------------------------------------------------------------------------------------
+def test_hung_job_pages_p0_through_prometheus_and_alertmanager_with_rankwatch_alerting_off(
+    api, namespace, pod_runner, eventually, prometheus, feishu, receiver
+):
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    create_job(api, namespace, standin_job("hang", faults))
+    eventually(lambda: condition_true(api, namespace, "hang", "Hung"), 120, interval=1, what="Hung=True")
+    assert "RANKWATCH_ALERTING_CONFIG" not in os.environ  # the operator pages nobody itself
+
+    hung = f'rankwatch_job_condition{{namespace="{namespace}", trainingjob="hang", condition="Hung"}} == 1'
+    eventually(lambda: prometheus.query(hung), 30, what="the Hung condition in Prometheus")
+    alert = eventually(lambda: prometheus.firing("RankwatchJobHung", namespace=namespace), 60, what="RankwatchJobHung")
+    assert alert[0]["labels"]["severity"] == "P0" and alert[0]["labels"]["trainingjob"] == "hang"
+
+    rung = eventually(lambda: calls_about(feishu, "RankwatchJobHung", f"{namespace}/hang"), 60, what="the P0 call")
+    assert sorted(set(rung)) == sorted(ONCALL), rung  # every on-call user is rung
+    (card,) = eventually(lambda: cards_about(feishu, "RankwatchJobHung", f"{namespace}/hang"), 30, what="a card")
+    assert card["header"]["title"]["content"].startswith("[P0] RankwatchJobHung")
+    assert card["header"]["template"] == "red"
+    status, body = get(f"{receiver}/alerting/alerts", token=INTAKE_TOKEN)
+    taken = [a for a in json.loads(body) if a["labels"].get("alertname") == "RankwatchJobHung"]
+    assert status == 200 and taken and taken[0]["source"] == "alertmanager", taken
+
+
+def test_straggler_p1_carries_namespace_and_job_and_every_panel_has_data(
+    api, namespace, pod_runner, eventually, prometheus, feishu, receiver, collector_url
+):
+    started = time.time()
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    create_job(api, namespace, standin_job("slow", faults))
+    eventually(lambda: condition_true(api, namespace, "slow", "Degraded"), 120, interval=1, what="Degraded=True")
+
+    alert = eventually(
+        lambda: prometheus.firing("RankwatchJobStraggler", namespace=namespace), 60, what="RankwatchJobStraggler"
+    )
+    assert alert[0]["labels"] == {
+        "alertname": "RankwatchJobStraggler",
+        "severity": "P1",
+        "component": "rankwatch",
+        "namespace": namespace,
+        "trainingjob": "slow",
+    }
+    (card,) = eventually(lambda: cards_about(feishu, "RankwatchJobStraggler", namespace), 60, what="the P1 card")
+    assert card["header"]["title"]["content"] == f"[P1] RankwatchJobStraggler · {namespace}/slow"
+    assert card["header"]["template"] == "orange"
+    assert f"{namespace}/slow" in json.dumps(card["elements"], ensure_ascii=False)  # the card's Job field
+    assert not calls_about(feishu, "RankwatchJobStraggler"), "a P1 rings nobody"
+
+    # The dashboard as Grafana would draw it over the job's life: every panel has data from the live
+    # processes (queries of third-party exporters excepted: kube-state-metrics does not run here).
+    sidecar = kubernetes.client.CoreV1Api(api).read_namespaced_pod("slow-worker-1", namespace)
+    sidecar_url = sidecar.metadata.annotations["rankwatch.io/sidecar-endpoint"]
+    eventually(
+        lambda: prometheus.query(f'rankwatch_sidecar_rings{{namespace="{namespace}", trainingjob="slow"}}'),
+        30,
+        what="the sidecars' series (Kubernetes SD of the pod runner's pods)",
+    )
+    end = time.time()
+    dashboard = json.loads(DASHBOARD.read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = grafana_expr(target["expr"])
+            if prometheus.selectors(expr) and all(
+                n.startswith(THIRD_PARTY_PREFIXES) for n in prometheus.selectors(expr)
+            ):
+                continue
+            if not prometheus.query_range(expr, started, end):
+                empty.append(f"{panel['title']} ({target['refId']}): {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)
+    namespaces = prometheus.api("label/namespace/values", **{"match[]": "rankwatch_job_phase"})
+    assert namespace in namespaces  # the dashboard's $namespace variable lists the job's namespace
+
+    # No rule, recording rule, panel or variable reads a rankwatch metric the code does not export,
+    # judged by scraping the running operator, sidecar and alert receiver now.
+    exported = exported_names(collector_url, sidecar_url, receiver)
+    assert {"rankwatch_job_condition", "rankwatch_collective_calls_total"} <= exported
+    missing = unexported(prometheus, rule_and_panel_queries(), exported)
+    assert not missing, f"the chart reads metrics nothing exports: {missing}"
+    # ... and the check would catch one that is not exported.
+    assert unexported(prometheus, {"probe": "rankwatch_job_conditions == 1"}, exported) == {
+        "probe": {"rankwatch_job_conditions"}
+    }
+
+
+class Exporter(ThreadingHTTPServer):
+    """An exporter's /metrics with the series a GPU node's dcgm-exporter and node-exporter serve (there is
+    no GPU or InfiniBand here); the text changes as the test says."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(handler) -> None:
+                body = self.text.encode()
+                handler.send_response(200)
+                handler.send_header("Content-Type", "text/plain; version=0.0.4")
+                handler.send_header("Content-Length", str(len(body)))
+                handler.end_headers()
+                handler.wfile.write(body)
+
+            def log_message(handler, *_: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+def test_infrastructure_alerts_from_alertmanager_become_cards_and_p0_calls(monitoring, prometheus, feishu, eventually):
+    """Sites that route through Alertmanager keep doing so: the chart's GPU and InfiniBand rules on
+    exporter series, Alertmanager, rankwatch's intake, Feishu."""
+    dcgm, node = Exporter(), Exporter()
+    try:
+        dcgm.text = (
+            "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
+            'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-3a1f",Hostname="gpu-node-2",modelName="NVIDIA H100"} 0\n'
+        )
+        node.text = (
+            "# TYPE node_infiniband_link_downed_total counter\n"
+            'node_infiniband_link_downed_total{device="mlx5_1",port="1",instance="gpu-node-3:9100"} 4\n'
+        )
+        monitoring.scrape("dcgm-exporter", [dcgm.address])
+        monitoring.scrape("node-exporter", [node.address])
+        eventually(lambda: prometheus.query('up{job=~"dcgm-exporter|node-exporter"} == 1'), 30, what="exporters up")
+        time.sleep(3)  # a few samples before the faults
+        dcgm.text = dcgm.text.replace("} 0\n", "} 79\n")  # the GPU fell off the bus
+        node.text = node.text.replace("} 4\n", "} 5\n")  # the link went down once more
+
+        rung = eventually(lambda: calls_about(feishu, "GPUFellOffBus", "gpu-node-2"), 60, what="the XID 79 call")
+        assert sorted(set(rung)) == sorted(ONCALL)
+        (xid,) = eventually(lambda: cards_about(feishu, "GPUFellOffBus", "gpu-node-2"), 30, what="the XID card")
+        assert xid["header"]["title"]["content"] == "[P0] GPUFellOffBus · gpu-node-2"  # the node, not the scrape job
+        assert "GPU 3 on gpu-node-2 fell off the bus (XID 79)" in json.dumps(xid, ensure_ascii=False)
+        (link,) = eventually(lambda: cards_about(feishu, "InfiniBandLinkFlapping", "mlx5_1"), 60, what="the IB card")
+        assert link["header"]["title"]["content"].startswith("[P1] InfiniBandLinkFlapping")
+        assert not calls_about(feishu, "InfiniBandLinkFlapping"), "a P1 rings nobody"
+    finally:
+        dcgm.shutdown()
+        node.shutdown()
