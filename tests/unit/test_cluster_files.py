@@ -31,6 +31,31 @@ def test_every_certificate_is_signed_by_the_cluster_ca(pki_dir: Path):
         cert.verify_directly_issued_by(ca)
 
 
+def test_an_identity_added_to_an_existing_cluster_is_a_client_of_its_ca_with_no_group(pki_dir: Path):
+    from rankwatch.cluster.monitoring import PROMETHEUS_IDENTITY
+
+    pki.issue_client(pki_dir, PROMETHEUS_IDENTITY)
+    cert = load(pki_dir / "prometheus.crt")
+    cert.verify_directly_issued_by(load(pki_dir / "ca.crt"))
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == PROMETHEUS_IDENTITY.user
+    assert not cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)  # RBAC grants it pods get/list/watch
+    assert (pki_dir / "prometheus.key").stat().st_mode & 0o077 == 0
+
+
+def test_every_wrapper_module_requires_the_pinned_version_of_what_it_builds():
+    import re
+
+    from rankwatch.cluster.versions import COMPONENTS, MONITORING, TOOLS
+
+    for component in (*COMPONENTS, *TOOLS, *MONITORING):
+        assert (component.module_dir / "go.sum").exists(), component.name
+        gomod = (component.module_dir / "go.mod").read_text()
+        required = dict(re.findall(r"^(?:require\s+|\t)(\S+) (v\S+)", gomod, re.MULTILINE))
+        for package in component.packages.values():
+            module = max((m for m in required if package == m or package.startswith(m + "/")), key=len)
+            assert required[module] == component.version, (component.name, module, required[module])
+
+
 def test_client_identities_carry_user_and_groups(pki_dir: Path):
     admin = load(pki_dir / "admin.crt")
     assert admin.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:masters"
