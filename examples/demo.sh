@@ -3,11 +3,13 @@
 # 1. bring up the local cluster (real control plane + 4 kwok GPU nodes), 2. install the CRD,
 # 3. run the operator and the pod runner (the workers and sidecars run here, on the stand-in NCCL),
 # 4. apply examples/straggler-job.yaml (4 nodes, one slow rank), 5. show the diagnosis kubectl shows
-# and the suspect node cordoned and tainted.
+# and the suspect node cordoned and tainted, 6. the same diagnosis in the local Prometheus (which
+# scrapes the operator and the sidecars and evaluates the chart's rules).
 # With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
+MONITORING=0
 NAMESPACE=rankwatch-demo
 JOB=llama-straggler
 
@@ -16,8 +18,9 @@ if [ "${RANKWATCH_USE_KUBECONFIG:-0}" = 1 ] && [ -n "${KUBECONFIG:-}" ]; then
   echo "==> using the cluster of KUBECONFIG=$KUBECONFIG"
   command -v kubectl >/dev/null && KUBECTL=kubectl
 else
-  echo "==> local cluster"
-  "$BIN/rankwatch" cluster up
+  echo "==> local cluster, with Prometheus and Alertmanager beside it"
+  "$BIN/rankwatch" cluster up --monitoring
+  MONITORING=1
   KUBECONFIG=$("$BIN/rankwatch" cluster kubeconfig)
   export KUBECONFIG
 fi
@@ -39,10 +42,14 @@ mkdir -p .demo-pods
 "$BIN/rankwatch" cluster run-pods --collector-url "http://127.0.0.1:$PORT" --namespace "$NAMESPACE" \
   --work-dir "$PWD/.demo-pods" >.demo-pods/pod-runner.log 2>&1 &
 RUNNER=$!
+if [ "$MONITORING" = 1 ]; then
+  "$BIN/rankwatch" cluster scrape --job rankwatch-operator --target "127.0.0.1:$PORT" >/dev/null
+fi
 cleanup() {
   k delete tj "$JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
   kill "$RUNNER" "$OPERATOR" 2>/dev/null
   wait "$RUNNER" "$OPERATOR" 2>/dev/null || true
+  if [ "$MONITORING" = 1 ]; then "$BIN/rankwatch" cluster scrape --job rankwatch-operator >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 
@@ -80,6 +87,30 @@ echo; echo "==> the suspect node $NODE: cordoned and tainted"
 k wait --for=jsonpath='{.spec.unschedulable}'=true "node/$NODE" --timeout=30s >/dev/null || true
 k get nodes -o custom-columns='NAME:.metadata.name,UNSCHEDULABLE:.spec.unschedulable,TAINTS:.spec.taints[*].key,CORDONED-BY:.metadata.annotations.rankwatch\.io/cordoned-by,JOB:.metadata.annotations.rankwatch\.io/cordon-job'
 k get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$NODE" -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message'
+if [ "$MONITORING" = 1 ]; then
+  STATUS=$("$BIN/rankwatch" cluster status || true)
+  PROMETHEUS=$(echo "$STATUS" | "$BIN/python" -c 'import json, sys; print(json.load(sys.stdin)["prometheus"])')
+  ALERTMANAGER=$(echo "$STATUS" | "$BIN/python" -c 'import json, sys; print(json.load(sys.stdin)["alertmanager"])')
+  QUERY="rankwatch_job_health{namespace=\"$NAMESPACE\", trainingjob=\"$JOB\"} == 1"
+  echo; echo "==> Prometheus at $PROMETHEUS (Alertmanager at $ALERTMANAGER); the diagnosed job there:"
+  echo "    curl -s $PROMETHEUS/api/v1/query --data-urlencode 'query=$QUERY'"
+  "$BIN/python" - "$PROMETHEUS" "$QUERY" <<'PY'
+import json, sys, time, urllib.parse, urllib.request
+prometheus, query = sys.argv[1:]
+def get(path, **params):
+    with urllib.request.urlopen(f"{prometheus}/api/v1/{path}?{urllib.parse.urlencode(params)}", timeout=10) as r:
+        return json.load(r)["data"]
+for _ in range(30):  # the next scrape (every 5 s) carries the new health
+    result = get("query", query=query)["result"]
+    if any(series["metric"].get("health") == "Degraded" for series in result):
+        break
+    time.sleep(1)
+for series in result:
+    print("   ", series["metric"], "=", series["value"][1])
+firing = sorted({a["labels"]["alertname"] for a in get("alerts")["alerts"] if a["state"] == "firing"})
+print("    firing rules:", ", ".join(firing) or "none yet")
+PY
+fi
 echo
 echo "Undo: .venv/bin/rankwatch uncordon $NODE   (or: kubectl annotate node $NODE rankwatch.io/uncordon=true)"
 echo "The cluster keeps running: export KUBECONFIG=$KUBECONFIG; 'make cluster-down' removes it."

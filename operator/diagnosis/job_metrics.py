@@ -9,12 +9,13 @@ The chart's rules and dashboard read these (``helm/rankwatch/rules``, ``helm/ran
 - ``rankwatch_detections_total{…,kind}``: diagnoses written onto the job, by finding kind; every kind
   starts at 0 when the job is first seen, so ``increase()`` sees the first detection.
 - ``rankwatch_job_step_seconds{…}``: median of the job's recent step times (sidecar summaries).
-- ``rankwatch_rank_wait_seconds{…,rank}``: a rank's wait in NCCL collectives in its last window (the
-  median over its communicators of the window's p50). Bounded: all ranks up to ``rank_series_per_job``,
-  beyond that the job's suspects, then the lowest waits (a straggler arrives last and waits least)
-  and the highest.
+- ``rankwatch_rank_wait_seconds{…,rank}``: a rank's wait in NCCL collectives in its last window with
+  collectives (the median over its communicators of the window's p50, kept by the job state).
+  Bounded: all ranks up to ``rank_series_per_job``, beyond that the job's suspects, then the lowest
+  waits (a straggler arrives last and waits least) and the highest.
 - ``rankwatch_collector_last_summary_timestamp_seconds{…,pod}``: when the collector last accepted a
-  summary from the pod (Unix time); only pods the job has now.
+  summary from the pod (Unix time); only pods the job has now (one per node: as many series as
+  kube-state-metrics has per pod).
 - ``rankwatch_cordoned_nodes``: nodes rankwatch has cordoned now (dry runs excluded).
 
 A job's series go when the job is deleted (``forget``). Nothing here is persisted or written to the
@@ -23,7 +24,7 @@ API: a restarted operator rebuilds it from the initial listing of jobs and the n
 
 from __future__ import annotations
 
-import statistics
+import heapq
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -174,20 +175,16 @@ class JobMetrics(Collector):
         yield from (phase, health, condition, detections, step, wait, last_summary)
 
     def _rank_waits(self, state: JobState, suspects: tuple[int, ...]) -> list[tuple[int, float]]:
-        waits = {rank: value for rank, value in _last_window_waits(state)}
+        waits = {rank: r.wait_s for rank, r in state.ranks.items() if r.wait_s is not None}
         limit = self.settings.rank_series_per_job
         if len(waits) <= limit:
             return sorted(waits.items())
-        chosen = [rank for rank in suspects if rank in waits][:limit]
-        ordered = sorted((w for w in waits.items() if w[0] not in chosen), key=lambda w: (w[1], w[0]))
-        low, high = 0, len(ordered) - 1
-        while len(chosen) < limit and low <= high:
-            chosen.append(ordered[low][0])
-            low += 1
-            if len(chosen) < limit and low <= high:
-                chosen.append(ordered[high][0])
-                high -= 1
-        return sorted((rank, waits[rank]) for rank in chosen)
+        chosen = dict.fromkeys(rank for rank in suspects if rank in waits)
+        room = max(0, limit - len(chosen))
+        by_wait = [(wait, rank) for rank, wait in waits.items() if rank not in chosen]
+        chosen.update(dict.fromkeys(rank for _, rank in heapq.nsmallest(room - room // 2, by_wait)))
+        chosen.update(dict.fromkeys(rank for _, rank in heapq.nlargest(room // 2, by_wait)))
+        return sorted((rank, waits[rank]) for rank in list(chosen)[:limit])
 
 
 def _with_current(known: Iterable[str], *current: str) -> list[str]:
@@ -195,12 +192,3 @@ def _with_current(known: Iterable[str], *current: str) -> list[str]:
     values = list(known)
     values.extend(value for value in current if value and value not in values)
     return values
-
-
-def _last_window_waits(state: JobState) -> Iterable[tuple[int, float]]:
-    for rank, rank_state in state.ranks.items():
-        latest = [comm.waits[-1] for comm in rank_state.comms.values() if comm.waits]
-        if not latest:
-            continue
-        newest = max(received for received, _, _ in latest)
-        yield rank, statistics.median(p50 for received, p50, _ in latest if received == newest)

@@ -47,6 +47,8 @@ class RankState:
     seen_at: float = 0.0
     records: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     step_time_s: float | None = None
+    wait_s: float | None = None
+    """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
 
 
@@ -110,6 +112,7 @@ class JobState:
             if window.step_time_s:
                 rank.step_time_s = window.step_time_s
                 steps.append(window.step_time_s)
+            waits = []
             for comm in window.comms:
                 state = rank.comms.get(comm.comm_id)
                 if state is None:
@@ -125,6 +128,11 @@ class JobState:
                 collectives = sum(n for op, n in comm.calls.items() if op not in ("Send", "Recv"))
                 if comm.wait is not None and collectives:
                     state.waits.append((now, comm.wait.p50, collectives))
+                    waits.append(comm.wait.p50)
+            if waits:
+                waits.sort()
+                middle = len(waits) // 2
+                rank.wait_s = waits[middle] if len(waits) % 2 else (waits[middle - 1] + waits[middle]) / 2
         if steps:
             steps.sort()
             self.step_times.append((now, steps[len(steps) // 2]))
