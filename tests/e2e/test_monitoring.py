@@ -33,8 +33,14 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Feishu lives with the alerting tests
+sys.path.insert(0, str(Path(__file__).parent))  # the stand-in jobs of the diagnosis tests
 
 from fake_feishu import FakeFeishu
+from test_diagnosis import (  # 2 pods x 4 ranks on the stand-in NCCL, a fault on one rank
+    create_job,
+    diagnosed,
+    standin_job,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -266,52 +272,7 @@ def prometheus(monitoring: Any) -> Prometheus:
     return Prometheus(monitoring.prometheus_url)
 
 
-# ---- jobs ------------------------------------------------------------------------------------------------
-JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
-
-
-def standin_job(name: str, faults: dict[str, str]) -> dict[str, Any]:
-    """2 pods x 4 ranks on the stand-in NCCL (as tests/e2e/test_diagnosis.py), a fault on one rank."""
-    return {
-        "apiVersion": "rankwatch.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 2,
-            "nprocPerNode": 4,
-            "parallelism": {"tensor": 4, "pipeline": 1},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "rankwatch/rankwatch:0.1.0",
-                            "command": ["rankwatch", "simulate-pod", "--tp", "4", "--steps", "1000000"],
-                            "env": [{"name": k, "value": v} for k, v in faults.items()],
-                            "resources": {"limits": {"nvidia.com/gpu": 4}},
-                        }
-                    ]
-                }
-            },
-            "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
-            "remediation": {"cordon": False},
-        },
-    }
-
-
-def create_job(api: Any, namespace: str, manifest: dict[str, Any]) -> None:
-    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-        *JOB_API[:2], namespace, JOB_API[2], manifest
-    )
-
-
-def condition_true(api: Any, namespace: str, name: str, type_: str) -> bool:
-    job = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-        *JOB_API[:2], namespace, JOB_API[2], name
-    )
-    return any(c["type"] == type_ and c["status"] == "True" for c in job.get("status", {}).get("conditions", []))
-
-
+# ---- what reached Feishu --------------------------------------------------------------------------------
 def cards_about(feishu: FakeFeishu, *words: str) -> list[dict[str, Any]]:
     return [card for card in feishu.cards() if all(word in json.dumps(card, ensure_ascii=False) for word in words)]
 
@@ -378,7 +339,7 @@ def test_hung_job_pages_p0_through_prometheus_and_alertmanager_with_rankwatch_al
 ):
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
     create_job(api, namespace, standin_job("hang", faults))
-    eventually(lambda: condition_true(api, namespace, "hang", "Hung"), 120, interval=1, what="Hung=True")
+    eventually(lambda: diagnosed(api, namespace, "hang", "Hung"), 120, interval=1, what="Hung=True")
     assert "RANKWATCH_ALERTING_CONFIG" not in os.environ  # the operator pages nobody itself
 
     hung = f'rankwatch_job_condition{{namespace="{namespace}", trainingjob="hang", condition="Hung"}} == 1'
@@ -402,7 +363,7 @@ def test_straggler_p1_carries_namespace_and_job_and_every_panel_has_data(
     started = time.time()
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
     create_job(api, namespace, standin_job("slow", faults))
-    eventually(lambda: condition_true(api, namespace, "slow", "Degraded"), 120, interval=1, what="Degraded=True")
+    eventually(lambda: diagnosed(api, namespace, "slow", "Degraded"), 120, interval=1, what="Degraded=True")
 
     alert = eventually(
         lambda: prometheus.firing("RankwatchJobStraggler", namespace=namespace), 60, what="RankwatchJobStraggler"
