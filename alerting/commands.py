@@ -118,16 +118,15 @@ async def _test(config: AlertingConfig, receiver: str, level: Level) -> int:
 def serve(config_path: str | None, secrets_file: str | None, namespace: str | None, listen: str) -> int:
     """`rankwatch alerts serve`: the alert pipeline and its Alertmanager intake without the operator."""
     host, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        print(f"rankwatch alerts serve: --listen {listen!r}: expected HOST:PORT", file=sys.stderr)
+        return 2
     try:
         config = _config(config_path, secrets_file, namespace, store=None)
-        address = (host or "127.0.0.1", int(port))
-    except ValueError as error:
-        print(f"rankwatch alerts serve: --listen {listen!r}: expected HOST:PORT ({error})", file=sys.stderr)
-        return 2
     except (ConfigError, OSError) as error:
         print(f"rankwatch alerts serve: {error}", file=sys.stderr)
         return 1
-    return asyncio.run(_serve(config, *address))
+    return asyncio.run(_serve(config, host or "127.0.0.1", int(port)))
 
 
 async def _serve(config: AlertingConfig, host: str, port: int) -> int:
@@ -154,7 +153,11 @@ async def _serve(config: AlertingConfig, host: str, port: int) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            print(f"rankwatch alerts serve: cannot listen on {host}:{port}: {error.strerror}", file=sys.stderr)
+            return 1
         bound = runner.addresses[0][1]
         print(f"rankwatch alerts: Alertmanager webhook at http://{host}:{bound}/alerting/alertmanager", flush=True)
         await stop.wait()

@@ -133,3 +133,11 @@ async def test_cli_test_with_a_bad_signing_secret_says_so(feishu, tmp_path):
     assert code == 1
     assert "Feishu rejected the signature (code 19021" in err and "Secret feishu-bot/signing-secret" in err
     assert "wr0ng-s3cret" not in err and BOT_TOKEN not in err
+
+
+async def test_cli_serve_refuses_a_bad_listen_address_or_config_with_a_clear_error(feishu, tmp_path):
+    files = cli_files(feishu, tmp_path)
+    code, _, err = await run_cli("serve", *files, "--listen", "127.0.0.1:http")
+    assert code == 2 and "--listen '127.0.0.1:http': expected HOST:PORT" in err
+    code, _, err = await run_cli("serve", "--config", str(tmp_path / "missing.yaml"), files[2], files[3])
+    assert code == 1 and "missing.yaml" in err
