@@ -254,7 +254,10 @@ class LocalMonitoring:
             except Exception as error:
                 tail = processes.log_tail(self.cluster.logs / f"{name}.log")
                 raise MonitoringError(f"{name} did not become ready ({error}):\n{tail}") from None
-        log(f"monitoring ready: Prometheus {self.prometheus_url}, Alertmanager {self.alertmanager_url}")
+        log(
+            f"monitoring ready: Prometheus http://{_local(state, 'prometheus')}, "
+            f"Alertmanager http://{_local(state, 'alertmanager')}"
+        )
 
     def _identity(self, state: ClusterState) -> None:
         """A client certificate that may only read pods, for Kubernetes SD."""
