@@ -72,8 +72,10 @@ def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod], con
             job_spec = TrainingJobSpec.from_manifest(job["spec"])
         except InvalidSpec:
             return  # create_workers has reported it
-        if previous.get("phase") == job_status.PENDING and len(pods) < job_spec.replicas:
-            # A pod deleted before the job started is recreated; after the start it is a failure.
+        attempt = children.current_attempt(previous)
+        current = [pod for pod in pods if pod.attempt == attempt and not pod.deleting]
+        if previous.get("phase") == job_status.PENDING and len(current) < job_spec.replicas:
+            # A pod deleted before the attempt started is recreated; after the start it is a failure.
             created = children.ensure_children(job, job_spec, config, {pod.name for pod in pods})
             if created:
                 kopf.event(job, type="Normal", reason="Recreated", message=f"recreated {', '.join(created)}")
