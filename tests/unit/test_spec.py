@@ -85,7 +85,9 @@ def test_from_manifest_reads_recovery_and_the_archive_without_the_secret_values(
         {
             "template": {},
             "recovery": {"maxRestarts": 1, "restartOn": {"slowdownAbove": 0.5}},
-            "tracing": {"archive": {"s3": {"bucket": "traces", "endpoint": "http://s3:9000", "secretRef": {"name": "s3"}}}},
+            "tracing": {
+                "archive": {"s3": {"bucket": "traces", "endpoint": "http://s3:9000", "secretRef": {"name": "s3"}}}
+            },
         }
     )
     assert spec.recovery == Recovery(maxRestarts=1, restartOn=RestartOn(slowdownAbove=0.5))
