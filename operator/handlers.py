@@ -3,8 +3,9 @@
 create/resume  -> create the token Secret, the headless Service and the worker Pods
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
                   post Events on transitions, recreate pods lost before the job started
-startup        -> the collector (sidecar summaries, /metrics) and the monitor (detector, diagnosis)
-                  in this event loop; job events tell the monitor which jobs run
+startup        -> the collector (sidecar summaries, /metrics), the monitor (detector, diagnosis) and
+                  recovery (archive, restart) in this event loop; job events tell the monitor which
+                  jobs run and recovery which jobs to look at
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rankwatch.operator.diagnosis.job_state import JobStore
 from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
+from rankwatch.operator.recovery.reconcile import Recovery
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 CONFIG = OperatorConfig.from_env()
@@ -54,6 +56,7 @@ class Watch:
 
     collector: Collector | None = None
     monitor: Monitor | None = None
+    recovery: Recovery | None = None
     alerts: Any = None
 
 
@@ -99,17 +102,20 @@ async def start_watch(**_: Any) -> None:
         add_routes(WATCH.collector.app, WATCH.alerts)
     await WATCH.collector.start()
     WATCH.monitor.start()
+    WATCH.recovery = Recovery(config, new_attempt=WATCH.monitor.new_attempt)
 
 
 @kopf.on.cleanup()
 async def stop_watch(**_: Any) -> None:
+    if WATCH.recovery:
+        await WATCH.recovery.stop()
     if WATCH.monitor:
         await WATCH.monitor.stop()
     if WATCH.collector:
         await WATCH.collector.stop()
     if WATCH.alerts is not None:
         await WATCH.alerts.stop()
-    WATCH.collector = WATCH.monitor = WATCH.alerts = None
+    WATCH.collector = WATCH.monitor = WATCH.recovery = WATCH.alerts = None
 
 
 @kopf.on.login()
@@ -184,7 +190,11 @@ async def job_changed(
     if type == "DELETED":
         if WATCH.monitor:
             WATCH.monitor.forget(namespace, name)
+        if WATCH.recovery:
+            WATCH.recovery.forget(namespace, name)
         return
     if WATCH.monitor:
         WATCH.monitor.track(namespace, name, dict(body))
+    if WATCH.recovery:
+        WATCH.recovery.schedule(namespace, name)
     STATUS.schedule(namespace, name, worker_pods)

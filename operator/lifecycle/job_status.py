@@ -118,6 +118,17 @@ def initial_conditions(spec: TrainingJobSpec, now: str, generation: int) -> list
     return conditions
 
 
+def _restarts_on_worker_failure(spec: TrainingJobSpec, previous: Mapping[str, Any]) -> bool:
+    """``spec.recovery`` restarts the job when a worker fails, and restarts are left."""
+    recovery = spec.recovery
+    return (
+        recovery.restarts
+        and recovery.restartOn.workerFailure
+        and not spec.remediation.dryRun
+        and int(previous.get("restarts") or 0) < recovery.maxRestarts
+    )
+
+
 def _describe(pod: WorkerPod) -> str:
     where = f" on node {pod.node}" if pod.node else ""
     return f"worker {pod.index} (pod {pod.name}{where})"
@@ -165,6 +176,17 @@ def derive(
             message += f"; {_describe(blocked[0])}: {blocked[0].problem}"
 
     status: dict[str, Any] = dict(previous)
+    if phase == FAILED and _restarts_on_worker_failure(spec, previous):
+        # Recovery ends this attempt and starts the next (it reads workerFailure); the job goes on.
+        lost = failed or [pod for pod in pods if pod.attempt == attempt]
+        status["workerFailure"] = {
+            "attempt": attempt,
+            "reason": reason,
+            "message": message,
+            "pods": sorted(pod.name for pod in lost)[:32],
+            "nodes": sorted({pod.node for pod in failed if pod.node})[:32],
+        }
+        phase, reason = old_phase, "WorkerFailedRestarting"
     status.update(
         phase=phase,
         message=message,
