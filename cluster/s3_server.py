@@ -26,10 +26,16 @@ class S3ServerError(RuntimeError):
     """The server did not start; the message carries its log's tail."""
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together while chosen, so they differ)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class S3Server:
@@ -51,7 +57,7 @@ class S3Server:
 
     def start(self) -> S3Server:
         self.executable = ensure_component(MINIO) / "minio"
-        self.port = _free_port()
+        self.port, console = _free_ports(2)
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
         env = {
@@ -61,8 +67,8 @@ class S3Server:
             "MINIO_UPDATE": "off",
             "HOME": str(self.directory),
         }
-        argv = [str(self.executable), "server", str(data), "--quiet", "--address", f"127.0.0.1:{self.port}",
-                "--console-address", f"127.0.0.1:{_free_port()}"]  # fmt: skip
+        argv = [str(self.executable), "server", str(data), "--address", f"127.0.0.1:{self.port}",
+                "--console-address", f"127.0.0.1:{console}"]  # fmt: skip
         self.pid = processes.start(argv, self.log_path, env).pid
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -82,8 +82,6 @@ class Recovery:
     abortHungAfterSeconds: int = 0
     """How long a confirmed hang may keep its GPUs (e.g. for a person to look at it) before the attempt
     is ended."""
-    spares: int = 0
-    """Idle workers kept scheduled so that a restart swaps one in for the suspect node's worker."""
     restartOn: RestartOn = field(default_factory=RestartOn)
 
     @property

@@ -36,6 +36,7 @@ class StatusSync:
     def __init__(self, config: OperatorConfig) -> None:
         self.config = config
         self._scheduled: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def schedule(self, namespace: str, name: str, index: kopf.Index) -> None:
         key = (namespace, name)
@@ -46,9 +47,13 @@ class StatusSync:
     async def _sync_later(self, namespace: str, name: str, index: kopf.Index) -> None:
         await asyncio.sleep(self.config.status_debounce_seconds)
         self._scheduled.pop((namespace, name), None)
-        pods = list(index.get((namespace, name), []))
+        # One sync of a job at a time, each with the pods as they are when it starts: a sync still
+        # holding an older view of the pods must not judge a job another sync has seen running.
+        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
         try:
-            await asyncio.to_thread(sync_status, namespace, name, pods, self.config)
+            async with lock:
+                pods = list(index.get((namespace, name), []))
+                await asyncio.to_thread(sync_status, namespace, name, pods, self.config)
         except Exception:  # never kill the loop; try again shortly even if no new event comes
             log.exception("status sync of TrainingJob %s/%s failed; retrying", namespace, name)
             await asyncio.sleep(SYNC_RETRY_SECONDS)

@@ -116,9 +116,10 @@ def _layout(spec: TrainingJobSpec) -> Layout | None:
 class Recovery:
     """``schedule(namespace, name)`` after every job event; the rest happens in its own tasks."""
 
-    def __init__(self, config: OperatorConfig, new_attempt: Any = None) -> None:
+    def __init__(self, config: OperatorConfig, new_attempt: Any = None, diagnosing: Any = None) -> None:
         self.config = config
         self.new_attempt = new_attempt  # callable(namespace, name, ended pod names): the monitor's reset
+        self.diagnosing = diagnosing  # callable(namespace, name) -> bool: a diagnosis still cordoning
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._again: set[tuple[str, str]] = set()
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
@@ -199,6 +200,10 @@ class Recovery:
             return
         if verdict.action is Action.ARCHIVE_FINAL:
             await self._keep(job, spec, verdict.reason)
+            return
+        if self.diagnosing is not None and self.diagnosing(namespace, name):
+            # The finding is written but its cordon may not be: decide where to restart after it.
+            self._wake_at(namespace, name, datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=1))
             return
         if verdict.action is Action.RECORD:
             await self._record(job, spec, verdict)
