@@ -113,3 +113,11 @@ def test_the_status_follows_the_current_attempts_pods_and_ends_restarting_when_t
     assert running["phase"] == "Running" and [e.reason for e in events] == ["AllWorkersRunning"]
     restarting = next(c for c in running["conditions"] if c["type"] == "Restarting")
     assert restarting["status"] == "False" and restarting["message"].startswith("attempt 1: ")
+
+
+def test_a_stragglers_slowdown_is_measured_for_restart_on_slowdown_above():
+    from rankwatch.analysis.analyze import analyze
+    from rankwatch.analysis.scenario import Scenario, generate
+
+    finding = analyze(generate(Scenario(16, tp=4, stragglers=((5, 0.3),))).trace)["findings"][0]
+    assert finding["ranks"] == [5] and finding["evidence"]["slowdown"] == pytest.approx(0.3, abs=0.05)
