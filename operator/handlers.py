@@ -102,7 +102,9 @@ async def start_watch(**_: Any) -> None:
         add_routes(WATCH.collector.app, WATCH.alerts)
     await WATCH.collector.start()
     WATCH.monitor.start()
-    WATCH.recovery = Recovery(config, new_attempt=WATCH.monitor.new_attempt, diagnosing=WATCH.monitor.diagnosing)
+    WATCH.recovery = Recovery(
+        config, tokens, new_attempt=WATCH.monitor.new_attempt, diagnosing=WATCH.monitor.diagnosing
+    )
 
 
 @kopf.on.cleanup()

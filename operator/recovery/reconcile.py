@@ -11,7 +11,6 @@ deleted or created is finished by the next reconcile).
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import datetime
 import json
@@ -28,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.diagnose import SidecarPod
 from rankwatch.operator.lifecycle import children, job_events, job_status
 from rankwatch.operator.recovery import archive, attempts, evidence
@@ -77,17 +77,6 @@ def _report(namespace: str, name: str | None) -> dict[str, str] | None:
         raise
 
 
-def _token(namespace: str, job: str) -> str | None:
-    try:
-        secret = kubernetes.client.CoreV1Api().read_namespaced_secret(api.token_secret_name(job), namespace)
-    except ApiException as error:
-        if error.status == 404:
-            return None
-        raise
-    value = (secret.data or {}).get(api.TOKEN_KEY)
-    return base64.b64decode(value).decode().strip() if value else None
-
-
 def _slowdown(namespace: str, status: dict[str, Any]) -> float | None:
     """The active straggler / fail-slow finding's measured slowdown, from its report."""
     diagnosis = status.get("diagnosis") or {}
@@ -116,8 +105,11 @@ def _layout(spec: TrainingJobSpec) -> Layout | None:
 class Recovery:
     """``schedule(namespace, name)`` after every job event; the rest happens in its own tasks."""
 
-    def __init__(self, config: OperatorConfig, new_attempt: Any = None, diagnosing: Any = None) -> None:
+    def __init__(
+        self, config: OperatorConfig, tokens: SecretTokens, new_attempt: Any = None, diagnosing: Any = None
+    ) -> None:
         self.config = config
+        self.tokens = tokens  # the jobs' sidecar tokens (shared with the collector)
         self.new_attempt = new_attempt  # callable(namespace, name, ended pod names): the monitor's reset
         self.diagnosing = diagnosing  # callable(namespace, name) -> bool: a diagnosis still cordoning
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -247,7 +239,7 @@ class Recovery:
                 for pod in await asyncio.to_thread(attempts.attempt_pods, namespace, name, attempt)
                 if not pod["metadata"].get("deletionTimestamp")
             ]
-            token = await asyncio.to_thread(_token, namespace, name)
+            token = await self.tokens(namespace, name)
             report = await asyncio.to_thread(_report, namespace, (status.get("diagnosis") or {}).get("report"))
             layout = _layout(spec)
             manifest = evidence.Manifest(
@@ -264,7 +256,7 @@ class Recovery:
             kept = Kept(path, tuple(manifest.problems))
         except archive.ArchiveFailed as error:
             kept = Kept("", (str(error),))
-        except (OSError, ApiException) as error:
+        except (OSError, ApiException, TokenUnavailable) as error:
             kept = Kept("", (f"evidence not kept: {error}",))
         entry = {"attempt": attempt, "reason": reason, "time": moment, "path": kept.path}
         if kept.problems:
