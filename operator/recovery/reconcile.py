@@ -218,6 +218,8 @@ class Recovery:
         ended = [pod for pod in existing if int(pod["metadata"]["labels"].get(api.ATTEMPT_LABEL, "0")) < attempt]
         await asyncio.to_thread(attempts.end_pods, namespace, ended)  # a crash between status and delete
         names = {pod["metadata"]["name"] for pod in existing}
+        if len(existing) - len(ended) >= spec.replicas:
+            return  # every worker of this attempt exists (waiting to be scheduled, perhaps)
         created = await asyncio.to_thread(children.ensure_children, job, spec, self.config, names)
         if created:
             log.info("TrainingJob %s/%s: attempt %d: created %s", namespace, name, attempt, ", ".join(created))
