@@ -53,8 +53,8 @@ trap cleanup EXIT
 echo "==> kubectl apply -f examples/straggler-job.yaml  (rank 9 computes 30% slower)"
 k create namespace "$NAMESPACE" --dry-run=client -o yaml | k apply -f -
 for old in "$JOB" "$HANG_JOB"; do
+  "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$old" >/dev/null 2>&1 || true  # a previous run's cordons
   if k get tj "$old" -n "$NAMESPACE" >/dev/null 2>&1; then
-    "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$old" || true  # the previous run's cordon
     k delete tj "$old" -n "$NAMESPACE" --wait=true
     k wait --for=delete pod -l "rankwatch.io/job-name=$old" -n "$NAMESPACE" --timeout=60s || true
   fi
