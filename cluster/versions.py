@@ -20,6 +20,9 @@ PROMETHEUS_VERSION = "3.15.0"
 # v0.32 and later embed a web UI bundle (ui/app/dist) that their Go module does not ship, so they do
 # not build from the module proxy; v0.31.1 is the newest release that does (its UI is committed Go).
 ALERTMANAGER_VERSION = "v0.31.1"
+# MinIO tags releases RELEASE.<date> (not semantic versions), so the module proxy serves it by
+# pseudo-version only: this is the commit of 2026-02-12. The S3-compatible server of the archive tests.
+MINIO_MODULE_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ ALERTMANAGER = Component(
     ldflags=(f"-X github.com/prometheus/common/version.Version={ALERTMANAGER_VERSION.lstrip('v')}",),
 )
 
+MINIO = Component(name="minio", version=MINIO_MODULE_VERSION, packages={"minio": "github.com/minio/minio"})
+
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
-TOOLS = (HELM, PROMTOOL)  # built by `rankwatch cluster build --tools` / `make tools`
+TOOLS = (HELM, PROMTOOL, MINIO)  # built by `rankwatch cluster build --tools` / `make tools`
 MONITORING = (PROMETHEUS, ALERTMANAGER)  # built by `rankwatch cluster build --monitoring` / `make monitoring`

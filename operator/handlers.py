@@ -3,8 +3,9 @@
 create/resume  -> create the token Secret, the headless Service and the worker Pods
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
                   post Events on transitions, recreate pods lost before the job started
-startup        -> the collector (sidecar summaries, /metrics) and the monitor (detector, diagnosis)
-                  in this event loop; job events tell the monitor which jobs run
+startup        -> the collector (sidecar summaries, /metrics), the monitor (detector, diagnosis) and
+                  recovery (archive, restart) in this event loop; job events tell the monitor which
+                  jobs run and recovery which jobs to look at
 job/pod/node   -> the per-job series of /metrics (job_metrics.JobMetrics) follow the jobs' status,
 events            their pods and rankwatch's cordons; a deleted job's series go
 """
@@ -29,6 +30,7 @@ from rankwatch.operator.diagnosis.job_state import JobStore
 from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
+from rankwatch.operator.recovery.reconcile import Recovery
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 CONFIG = OperatorConfig.from_env()
@@ -58,6 +60,7 @@ class Watch:
 
     collector: Collector | None = None
     monitor: Monitor | None = None
+    recovery: Recovery | None = None
     alerts: Any = None
     job_metrics: JobMetrics | None = None
 
@@ -108,10 +111,15 @@ async def start_watch(**_: Any) -> None:
         add_routes(WATCH.collector.app, WATCH.alerts)
     await WATCH.collector.start()
     WATCH.monitor.start()
+    WATCH.recovery = Recovery(
+        config, tokens, new_attempt=WATCH.monitor.new_attempt, diagnosing=WATCH.monitor.diagnosing
+    )
 
 
 @kopf.on.cleanup()
 async def stop_watch(**_: Any) -> None:
+    if WATCH.recovery:
+        await WATCH.recovery.stop()
     if WATCH.monitor:
         await WATCH.monitor.stop()
     if WATCH.collector:
@@ -120,7 +128,7 @@ async def stop_watch(**_: Any) -> None:
         await WATCH.alerts.stop()
     if WATCH.job_metrics is not None:
         REGISTRY.unregister(WATCH.job_metrics)
-    WATCH.collector = WATCH.monitor = WATCH.alerts = WATCH.job_metrics = None
+    WATCH.collector = WATCH.monitor = WATCH.recovery = WATCH.alerts = WATCH.job_metrics = None
 
 
 @kopf.on.login()
@@ -200,6 +208,8 @@ async def job_changed(
     if type == "DELETED":
         if WATCH.monitor:
             WATCH.monitor.forget(namespace, name)
+        if WATCH.recovery:
+            WATCH.recovery.forget(namespace, name)
         if WATCH.job_metrics:
             WATCH.job_metrics.forget(namespace, name)
         return
@@ -207,6 +217,8 @@ async def job_changed(
         WATCH.job_metrics.observe(namespace, name, body.get("status") or {})
     if WATCH.monitor:
         WATCH.monitor.track(namespace, name, dict(body))
+    if WATCH.recovery:
+        WATCH.recovery.schedule(namespace, name)
     STATUS.schedule(namespace, name, worker_pods)
 
 

@@ -1,9 +1,10 @@
-"""The sidecar's HTTP endpoints: /dump behind the job's bearer token, /metrics and /healthz open.
+"""The sidecar's HTTP endpoints: /dump and /evidence behind the job's bearer token, /metrics and /healthz open.
 
 /metrics is open as every exporter's is (the cluster's Prometheus scrapes the sidecars of every job
 with one scrape config and cannot hold each job's token); it carries counts and wait histograms per
 rank and operation, no trace records. Tokens are compared in constant time (``hmac.compare_digest``).
-Without a token configured /dump answers 401: the sidecar never serves raw traces to anyone who asks.
+Without a token configured /dump and /evidence answer 401: the sidecar never serves raw traces to
+anyone who asks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import hmac
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -19,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from rankwatch import protocol
 from rankwatch.sidecar import dump
+from rankwatch.sidecar.evidence import evidence_tar
 from rankwatch.sidecar.ring_tail import RingTail
 
 MAX_DUMP_LIMIT = 1 << 20
@@ -44,7 +47,10 @@ def _int_param(request: web.Request, name: str, default: int | None, low: int, h
 
 
 def build_app(
-    registry: CollectorRegistry, tails: Callable[[], list[RingTail]], token: Callable[[], str | None]
+    registry: CollectorRegistry,
+    tails: Callable[[], list[RingTail]],
+    token: Callable[[], str | None],
+    trace_dir: Path | None = None,
 ) -> web.Application:
     @web.middleware
     async def require_token(request: web.Request, handler):
@@ -84,8 +90,15 @@ def build_app(
             headers={"X-Rankwatch-Dump-Ranges": ranges} if ranges else None,
         )
 
+    async def evidence(_: web.Request) -> web.Response:
+        if trace_dir is None:
+            raise web.HTTPNotFound(text="this sidecar serves no trace directory\n")
+        body = await asyncio.to_thread(evidence_tar, trace_dir)
+        return web.Response(body=body, content_type="application/x-tar")
+
     app = web.Application(middlewares=[require_token], client_max_size=4096)
     app.router.add_get(protocol.HEALTH_PATH, healthz)
     app.router.add_get(protocol.METRICS_PATH, metrics)
     app.router.add_get(protocol.DUMP_PATH, dump_records)
+    app.router.add_get(protocol.EVIDENCE_PATH, evidence)
     return app

@@ -123,6 +123,18 @@ class Monitor:
         self.store.drop(namespace, name)
         self.tokens.forget(namespace, name)
 
+    def diagnosing(self, namespace: str, name: str) -> bool:
+        """A diagnosis of the job is under way (analysis, writing, alerting, cordoning)."""
+        job = self.jobs.get((namespace, name))
+        return bool(job and job.diagnosing and not job.diagnosing.done())
+
+    def new_attempt(self, namespace: str, name: str, ended_pods: set[str]) -> None:
+        """The job was restarted: watch its next attempt from scratch (the next job event tracks it)."""
+        job = self.jobs.pop((namespace, name), None)
+        if job and job.diagnosing and not job.diagnosing.done():
+            job.diagnosing.cancel()
+        self.store.new_attempt(namespace, name, ended_pods)
+
     def wake(self, namespace: str, name: str) -> None:
         """A stall report arrived: check the job now rather than at its next window."""
         job = self.jobs.get((namespace, name))
