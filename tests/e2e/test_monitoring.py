@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -274,7 +275,13 @@ def prometheus(monitoring: Any) -> Prometheus:
 
 # ---- what reached Feishu --------------------------------------------------------------------------------
 def cards_about(feishu: FakeFeishu, *words: str) -> list[dict[str, Any]]:
-    return [card for card in feishu.cards() if all(word in json.dumps(card, ensure_ascii=False) for word in words)]
+    """Firing cards mentioning all ``words`` (Alertmanager may also deliver an earlier run's resolved ones)."""
+    return [
+        card
+        for card in feishu.cards()
+        if not card["header"]["title"]["content"].startswith("[Resolved]")
+        and all(word in json.dumps(card, ensure_ascii=False) for word in words)
+    ]
 
 
 def calls_about(feishu: FakeFeishu, *words: str) -> list[str]:
@@ -338,7 +345,9 @@ def test_hung_job_pages_p0_through_prometheus_and_alertmanager_with_rankwatch_al
     api, namespace, pod_runner, eventually, prometheus, feishu, receiver
 ):
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
-    create_job(api, namespace, standin_job("hang", faults))
+    job = standin_job("hang", faults)
+    job["spec"]["recovery"] = {"policy": "None"}  # the hang stays (no restart): the P0 is for a person
+    create_job(api, namespace, job)
     eventually(lambda: diagnosed(api, namespace, "hang", "Hung"), 120, interval=1, what="Hung=True")
     assert "RANKWATCH_ALERTING_CONFIG" not in os.environ  # the operator pages nobody itself
 
@@ -447,16 +456,18 @@ class Exporter(ThreadingHTTPServer):
 
 def test_infrastructure_alerts_from_alertmanager_become_cards_and_p0_calls(monitoring, prometheus, feishu, eventually):
     """Sites that route through Alertmanager keep doing so: the chart's GPU and InfiniBand rules on
-    exporter series, Alertmanager, rankwatch's intake, Feishu."""
+    exporter series, Alertmanager, rankwatch's intake, Feishu. Node and device names are new in every
+    run: an earlier run's link alert fires on for the 15 minutes of its rule's window."""
+    host, device = f"gpu-node-{uuid.uuid4().hex[:6]}", f"mlx5_{uuid.uuid4().hex[:6]}"
     dcgm, node = Exporter(), Exporter()
     try:
         dcgm.text = (
             "# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n"
-            'DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-3a1f",Hostname="gpu-node-2",modelName="NVIDIA H100"} 0\n'
+            f'DCGM_FI_DEV_XID_ERRORS{{gpu="3",UUID="GPU-3a1f",Hostname="{host}",modelName="NVIDIA H100"}} 0\n'
         )
         node.text = (
             "# TYPE node_infiniband_link_downed_total counter\n"
-            'node_infiniband_link_downed_total{device="mlx5_1",port="1",instance="gpu-node-3:9100"} 4\n'
+            f'node_infiniband_link_downed_total{{device="{device}",port="1",instance="{host}:9100"}} 4\n'
         )
         monitoring.scrape("dcgm-exporter", [dcgm.address])
         monitoring.scrape("node-exporter", [node.address])
@@ -465,13 +476,13 @@ def test_infrastructure_alerts_from_alertmanager_become_cards_and_p0_calls(monit
         dcgm.text = dcgm.text.replace("} 0\n", "} 79\n")  # the GPU fell off the bus
         node.text = node.text.replace("} 4\n", "} 5\n")  # the link went down once more
 
-        rung = eventually(lambda: calls_about(feishu, "GPUFellOffBus", "gpu-node-2"), 60, what="the XID 79 call")
+        rung = eventually(lambda: calls_about(feishu, "GPUFellOffBus", host), 60, what="the XID 79 call")
         assert sorted(set(rung)) == sorted(ONCALL)
-        (xid,) = eventually(lambda: cards_about(feishu, "GPUFellOffBus", "gpu-node-2"), 30, what="the XID card")
-        assert xid["header"]["title"]["content"] == "[P0] GPUFellOffBus · gpu-node-2"  # the node, not the scrape job
-        assert "GPU 3 on gpu-node-2 fell off the bus (XID 79)" in json.dumps(xid, ensure_ascii=False)
-        (link,) = eventually(lambda: cards_about(feishu, "InfiniBandLinkFlapping", "mlx5_1"), 60, what="the IB card")
-        assert link["header"]["title"]["content"].startswith("[P1] InfiniBandLinkFlapping")
+        (xid,) = eventually(lambda: cards_about(feishu, "GPUFellOffBus", host), 30, what="the XID card")
+        assert xid["header"]["title"]["content"] == f"[P0] GPUFellOffBus · {host}"  # the node, not the scrape job
+        assert f"GPU 3 on {host} fell off the bus (XID 79)" in json.dumps(xid, ensure_ascii=False)
+        links = eventually(lambda: cards_about(feishu, "InfiniBandLinkFlapping", device), 60, what="the IB card")
+        assert all(card["header"]["title"]["content"].startswith("[P1] InfiniBandLinkFlapping") for card in links)
         assert not calls_about(feishu, "InfiniBandLinkFlapping"), "a P1 rings nobody"
     finally:
         dcgm.shutdown()
