@@ -307,6 +307,7 @@ class LocalMonitoring:
         """Scrape ``targets`` (host:port, path /metrics) with job label ``job``; an empty list stops it."""
         if not job.replace("-", "").replace("_", "").isalnum():
             raise MonitoringError(f"job name {job!r}: use letters, digits, '-' and '_'")
+        self._state()  # refuses when this cluster has no monitoring
         path = self.targets / f"{job}.json"
         if not targets:
             path.unlink(missing_ok=True)

@@ -30,7 +30,10 @@ def _cluster(args: argparse.Namespace) -> int:
             cluster.up(nodes=args.nodes, log=log, timeout=args.timeout, monitoring=args.monitoring)
         elif args.action == "scrape":
             if not args.job:
-                print("rankwatch cluster scrape: --job is required (with --target HOST:PORT, or none to stop)")
+                print(
+                    "rankwatch cluster scrape: --job is required (with --target HOST:PORT, or none to stop)",
+                    file=sys.stderr,
+                )
                 return 2
             print(LocalMonitoring(cluster).scrape(args.job, args.target))
         elif args.action == "route-alerts":
