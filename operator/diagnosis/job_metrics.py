@@ -80,7 +80,7 @@ class JobMetrics(Collector):
         self.store = store
         self.settings = settings or JobMetricsSettings()
         self.leading = leading
-        """A replica that does not lead exports no job series (its view is not kept current)."""
+        """A replica that does not lead exports none of these series (its view is not kept current)."""
         self._clock, self._wall_clock = clock, wall_clock
         self.jobs: dict[tuple[str, str], JobView] = {}
         self.cordoned: set[str] = set()
@@ -121,9 +121,9 @@ class JobMetrics(Collector):
 
     # -- scrape ---------------------------------------------------------------------------------------------
     def collect(self) -> Iterable[Metric]:
-        yield GaugeMetricFamily("rankwatch_cordoned_nodes", "Nodes rankwatch cordoned", value=len(self.cordoned))
         if not self.leading():
             return
+        yield GaugeMetricFamily("rankwatch_cordoned_nodes", "Nodes rankwatch cordoned", value=len(self.cordoned))
         phase = GaugeMetricFamily(
             "rankwatch_job_phase", "1 for the job's current phase, 0 for the others", labels=[*JOB_LABELS, "phase"]
         )
