@@ -31,6 +31,7 @@ from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
 from rankwatch.operator.recovery.reconcile import Recovery
+from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 CONFIG = OperatorConfig.from_env()
@@ -222,7 +223,13 @@ async def job_changed(
     STATUS.schedule(namespace, name, worker_pods)
 
 
-@kopf.on.event("nodes")
+def _cordon_news(name: str, annotations: kopf.Annotations, **_: Any) -> bool:
+    """A node rankwatch marked, or one it counted: the others' status updates need no handler (nor a log line)."""
+    counted = WATCH.job_metrics is not None and name in WATCH.job_metrics.cordoned
+    return counted or node_marks.CORDONED_BY in annotations
+
+
+@kopf.on.event("nodes", when=_cordon_news)
 async def node_changed(name: str, type: str | None, annotations: kopf.Annotations, **_: Any) -> None:
     """Counts rankwatch's cordons for /metrics (kopf watches the nodes anyway, for the undo handler)."""
     if WATCH.job_metrics:
