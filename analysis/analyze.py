@@ -96,7 +96,7 @@ def main(
     workers: int = 1,
 ) -> int:
     try:
-        trace = load_path(path, workers)
+        trace = load_path(path, workers, layout)
         trace.layout, trace.ranks_per_node = layout, ranks_per_node
         if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
             raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")
