@@ -196,8 +196,11 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     for culprit, waiters in sorted(roots.items()):
         direct = [rank for rank in waits_for if culprit in waits_for[rank]]
         blocked = stalled[np.isin(stalled["rank"], direct)]
+        verb = "never matched" if len(blocked) and int(blocked[0]["op"]) in (Op.SEND, Op.RECV) else "never entered"
+        if not len(blocked):  # its direct waiters wait in unrecorded sends/receives: show a recorded wait
+            blocked = stalled[np.isin(stalled["rank"], sorted(waiters))]
+            verb = f"waits behind rank(s) {', '.join(map(str, direct))} that wait for"
         first = blocked[np.argmin(blocked["t_call"])]
-        verb = "never matched" if int(first["op"]) in (Op.SEND, Op.RECV) else "never entered"
         own = calls[trace.rows_of(culprit)]
         last = own[-1] if len(own) else None
         if last is not None:
@@ -206,6 +209,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         else:
             last_text = "it recorded no NCCL call at all"
         comm_id = int(first["comm"])
+        relation = f"which {verb} rank {culprit}" if verb.startswith("waits") else f"which rank {culprit} {verb}"
         findings.append(
             Finding(
                 kind="hang",
@@ -217,7 +221,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 summary=(
                     f"{trace.label(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
                     f"rank {int(first['rank'])} waits in {_describe_call(first)} of {trace.comm_name(comm_id)}, "
-                    f"which rank {culprit} {verb}; {last_text}"
+                    f"{relation}; {last_text}"
                 ),
                 evidence={
                     "seq": int(first["seq"]),
