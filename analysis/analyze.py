@@ -15,6 +15,7 @@ from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.slow_link import detect_slow_links
+from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import Trace, load_path
@@ -60,6 +61,7 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
         findings += links + detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if test_type != "parallel":
             findings += fail_slow_with_culprits(trace, endpoints)
+    add_frames(trace, findings)
     return report(findings, problems)
 
 
@@ -81,6 +83,9 @@ def summary_text(document: dict[str, Any], trace: Trace) -> str:
         lines.append("healthy: no hang, no straggler, no slow link, no fail-slow")
     for finding in document["findings"]:
         lines.append(f"{finding['kind'].upper()} (confidence {finding['confidence']:.2f}): {finding['summary']}")
+        for key, who in (("culprit_frame", "its call"), ("waiting_frame", "its peers wait")):
+            if frame := finding["evidence"].get(key):
+                lines.append(f"  {who} at {frame['file']}:{frame['line']} in {frame['function']}")
     return "\n".join(lines)
 
 

@@ -7,9 +7,12 @@ builds it first). Each scenario runs once per session; its dumps are shared by t
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,22 +53,30 @@ def run_job(python: Path, out: Path, *args: str, timeout: float = 240) -> Path:
 
 
 @pytest.fixture(scope="session")
-def healthy_run(torch_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_job(torch_python, tmp_path_factory.mktemp("healthy"), "--steps", "6")
+def runs_dir() -> Iterator[Path]:
+    """Not pytest's tmp_path: other pytest sessions on the machine prune its old base directories."""
+    directory = Path(tempfile.mkdtemp(prefix="rankwatch-realtorch-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def healthy_json_run(torch_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_job(torch_python, tmp_path_factory.mktemp("healthy-json"), "--steps", "4", "--json")
+def healthy_run(torch_python: Path, runs_dir: Path) -> Path:
+    return run_job(torch_python, runs_dir / "healthy", "--steps", "6")
 
 
 @pytest.fixture(scope="session")
-def slow_run(torch_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def healthy_json_run(torch_python: Path, runs_dir: Path) -> Path:
+    return run_job(torch_python, runs_dir / "healthy-json", "--steps", "4", "--json")
+
+
+@pytest.fixture(scope="session")
+def slow_run(torch_python: Path, runs_dir: Path) -> Path:
     slow = ("--slow-rank", str(SLOW_RANK), "--slow-ms", "15")
-    return run_job(torch_python, tmp_path_factory.mktemp("slow"), "--steps", "6", *slow)
+    return run_job(torch_python, runs_dir / "slow", "--steps", "6", *slow)
 
 
 @pytest.fixture(scope="session")
-def stopped_run(torch_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def stopped_run(torch_python: Path, runs_dir: Path) -> Path:
     stop = ("--stop-rank", str(STOPPED_RANK), "--stop-step", "2", "--timeout-s", "8")
-    return run_job(torch_python, tmp_path_factory.mktemp("stopped"), "--steps", "4", *stop)
+    return run_job(torch_python, runs_dir / "stopped", "--steps", "4", *stop)
