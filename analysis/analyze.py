@@ -14,6 +14,7 @@ from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import Finding, report
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.html_report import write_html_report
+from rankwatch.analysis.late_windows import windowed_stragglers
 from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
@@ -38,14 +39,17 @@ def recent_since(trace: Trace, budget: int = EVIDENCE_CALLS) -> int | None:
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
     """Findings of the chosen detectors (Megatrace's test types: ``hang``; ``slow``, the job against
     its own history and the ranks behind it; ``parallel``, ranks against their peers); a hung job is
-    not also scored for slowness."""
+    not also scored for slowness, unless the hang comes from call times alone."""
     if test_type not in TEST_TYPES:
         raise ValueError(f"--test-type must be one of {', '.join(TEST_TYPES)}, got {test_type!r}")
     findings: list[Finding] = []
     problems = list(trace.problems)
     if test_type in ("all", "hang"):
         findings += detect_hangs(trace, stall_seconds)
-    if test_type in ("slow", "parallel") or (test_type == "all" and not findings):
+    # a hang found from call times alone (Megatrace: no completion recorded) is where the logs end, and
+    # says nothing of the lateness before it: those are scored too
+    weak_hang = not trace.has_returns and not trace.pending_known
+    if test_type in ("slow", "parallel") or (test_type == "all" and (not findings or weak_hang)):
         links: list[Finding] = []
         since = recent_since(trace)
         if since is not None:
@@ -61,6 +65,7 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
         findings += links + detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if test_type != "parallel":
             findings += fail_slow_with_culprits(trace, endpoints)
+    findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
     return report(findings, problems)
 

@@ -206,6 +206,9 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         if last is not None:
             idle = (end - int(max(last["t_return"], last["t_call"]))) / 1e9
             last_text = f"its last NCCL call was {_describe_call(last)}, {idle:.1f} s ago"
+            if not completion_known:  # offline logs: how long they go on after it, not the wall clock
+                after = (trace.end_ns - int(last["t_call"])) / 1e9
+                last_text = f"its last NCCL call was {_describe_call(last)}; the logs end {after:.3f} s later"
         else:
             last_text = "it recorded no NCCL call at all"
         comm_id = int(first["comm"])
