@@ -26,6 +26,8 @@ import numpy as np
 
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op
+from rankwatch.analysis.stream_match import match_streams
+from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 try:  # the C tokeniser, built at install time (analysis/_megatrace_tokenizer.c)
@@ -364,7 +366,8 @@ def _communicators(pairs: Iterable[list[tuple[int, int]]]) -> dict[int, Communic
     }
 
 
-def read_logs(directory: str | Path) -> Trace:
+def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
+    """``layout``: the job's Megatron layout, which tells apart communicators of logs without groupHash."""
     directory = Path(directory)
     files = sorted(directory.glob("rank_*.log"))
     if not files:
@@ -388,7 +391,36 @@ def read_logs(directory: str | Path) -> Trace:
     firsts = np.cumsum([0] + [part.rows for part in ordered])[:-1].tolist()
     for _ in _map(lambda job: _fill(calls, *job), zip(firsts, ordered, strict=True)):
         pass
+    _match_unnamed_communicators(calls, comms, problems, layout)
     return Trace(calls, ranks, comms, problems, has_returns=False)
+
+
+def _match_unnamed_communicators(
+    calls: np.ndarray, comms: dict[int, Communicator], problems: list[str], layout: Layout | None
+) -> None:
+    """Logs without groupHash key calls by (stream, rank): join the streams that are one communicator
+    (stream_match.py), in place."""
+    alone = np.array([comm_id for comm_id, comm in comms.items() if comm.size == 1], dtype=np.uint64)
+    if len(comms) < 2 or not len(alone):
+        return
+    rows = np.flatnonzero(np.isin(calls["comm"], alone))
+    mapping, matched, problem = match_streams(calls[rows], layout)
+    if problem:
+        problems.append(problem)
+    if not mapping:
+        return
+    old = np.array(sorted(mapping), dtype=np.uint64)
+    new = np.array([mapping[k] for k in sorted(mapping)], dtype=np.uint64)
+    position = np.searchsorted(old, calls["comm"][rows])
+    hit = (position < len(old)) & (old[np.minimum(position, len(old) - 1)] == calls["comm"][rows])
+    calls["comm"][rows[hit]] = new[position[hit]]
+    for comm_id in mapping:
+        comms.pop(comm_id, None)
+    comms.update(matched)
+    problems.append(
+        f"these logs name no communicator (no groupHash): {len(mapping)} streams matched into {len(matched)} "
+        "communicators by their opCount sequences and call times"
+    )
 
 
 def _op_counts(calls: np.ndarray) -> np.ndarray:

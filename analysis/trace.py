@@ -152,7 +152,7 @@ def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) 
         if any(path.glob("rank_*.log")):
             from rankwatch.analysis.megatrace import read_logs
 
-            return read_logs(path)
+            return read_logs(path, layout)
         dumps = [p for p in path.iterdir() if p.is_file() and re.search(r"rank_\d+(\.\w+)?$", p.name)]
         if dumps:
             from rankwatch.analysis.flight_recorder import read_dumps
