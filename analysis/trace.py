@@ -149,9 +149,9 @@ def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) 
             from rankwatch.analysis.ring_loader import load_rings
 
             return load_rings(rings, workers)
-        if any(path.glob("rank_*.log")):
-            from rankwatch.analysis.megatrace import read_logs
+        from rankwatch.analysis.megatrace import log_files, read_logs
 
+        if log_files(path):
             return read_logs(path, layout)
         dumps = [p for p in path.iterdir() if p.is_file() and re.search(r"rank_\d+(\.\w+)?$", p.name)]
         if dumps:
