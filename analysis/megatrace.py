@@ -442,7 +442,7 @@ def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
     directory = Path(directory)
     files = log_files(directory)
     if not files:
-        raise FileNotFoundError(f"{directory}: no Megatrace logs (rank_*.log)")
+        raise FileNotFoundError(f"{directory}: no rank_*.log (or other Megatrace) logs")
     parts, ranks, problems = [], {}, []
     reader = _Reader()
     progress = Progress(len(files), "reading Megatrace logs")
