@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # One image for every rankwatch container: the operator (`rankwatch operator`, the default), the
 # sidecar (`rankwatch sidecar`) and the init container that copies the tracing library into worker
-# pods (`cp /opt/rankwatch/lib/librankwatch-nccl.so ...`, see operator/pod_spec.py).
+# pods (`cp /opt/rankwatch/lib/librankwatch-nccl.so ...`, see operator/lifecycle/pod_spec.py).
 #
 # Every stage starts from the same pinned Debian-based Python image, so the library is compiled
 # against the glibc it runs beside. No secrets enter the build; the runtime user is 65532, the uid

@@ -65,9 +65,9 @@ def summaries(world: int, window: int, generator: random.Random) -> list[tuple[s
 
 def serve(port_queue: multiprocessing.Queue, world: int, window_s: float, detect_times: multiprocessing.Queue) -> None:
     from rankwatch.analysis.topology import Layout
-    from rankwatch.operator.collector import Collector, CollectorSettings
-    from rankwatch.operator.detector import Thresholds, detect
-    from rankwatch.operator.job_state import JobStore
+    from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
+    from rankwatch.operator.diagnosis.detector import Thresholds, detect
+    from rankwatch.operator.diagnosis.job_state import JobStore
 
     async def tokens(namespace: str, name: str, stale: bool = False) -> str:
         return TOKEN

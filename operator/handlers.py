@@ -3,37 +3,34 @@
 create/resume  -> create the token Secret, the headless Service and the worker Pods
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
                   post Events on transitions, recreate pods lost before the job started
-startup        -> the collector (sidecar summaries, /metrics) and the monitor (detector, diagnosis)
-                  in this event loop; job events tell the monitor which jobs run
+startup        -> the collector (sidecar summaries, /metrics), the monitor (detector, diagnosis) and
+                  recovery (archive, restart) in this event loop; job events tell the monitor which
+                  jobs run and recovery which jobs to look at
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import os
 from typing import Any
 
 import kopf
 import kubernetes
-from kubernetes.client.exceptions import ApiException
 
-import rankwatch.operator.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
-from rankwatch.operator import api, children, job_status
-from rankwatch.operator.collector import Collector, CollectorSettings, SecretTokens
+import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
+from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.job_state import JobStore
-from rankwatch.operator.monitor import Monitor
+from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, SecretTokens
+from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.monitor import Monitor
+from rankwatch.operator.lifecycle import children, job_status
+from rankwatch.operator.lifecycle.status_sync import StatusSync, now
+from rankwatch.operator.recovery.reconcile import Recovery
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
-from rankwatch.operator.status_patch import Patched, patch_status_of_version
 
 CONFIG = OperatorConfig.from_env()
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @kopf.on.startup()
@@ -59,6 +56,7 @@ class Watch:
 
     collector: Collector | None = None
     monitor: Monitor | None = None
+    recovery: Recovery | None = None
     alerts: Any = None
 
 
@@ -104,17 +102,22 @@ async def start_watch(**_: Any) -> None:
         add_routes(WATCH.collector.app, WATCH.alerts)
     await WATCH.collector.start()
     WATCH.monitor.start()
+    WATCH.recovery = Recovery(
+        config, tokens, new_attempt=WATCH.monitor.new_attempt, diagnosing=WATCH.monitor.diagnosing
+    )
 
 
 @kopf.on.cleanup()
 async def stop_watch(**_: Any) -> None:
+    if WATCH.recovery:
+        await WATCH.recovery.stop()
     if WATCH.monitor:
         await WATCH.monitor.stop()
     if WATCH.collector:
         await WATCH.collector.stop()
     if WATCH.alerts is not None:
         await WATCH.alerts.stop()
-    WATCH.collector = WATCH.monitor = WATCH.alerts = None
+    WATCH.collector = WATCH.monitor = WATCH.recovery = WATCH.alerts = None
 
 
 @kopf.on.login()
@@ -130,10 +133,10 @@ def worker_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: An
 
 def _fail(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, generation: int) -> None:
     """A job that cannot be run: Failed at once, with the reason on the status and as an Event."""
-    now = _now()
+    moment = now()
     conditions = list(body.get("status", {}).get("conditions") or [])
-    conditions = job_status.set_condition(conditions, "Failed", "True", reason, message, now, generation)
-    patch.status.update(phase=job_status.FAILED, message=message, conditions=conditions, completionTime=now)
+    conditions = job_status.set_condition(conditions, "Failed", "True", reason, message, moment, generation)
+    patch.status.update(phase=job_status.FAILED, message=message, conditions=conditions, completionTime=moment)
     kopf.event(body, type="Warning", reason=reason, message=message)
 
 
@@ -169,39 +172,17 @@ def create_workers(
             phase=job_status.PENDING,
             health="Unknown",
             workers=f"0/{job_spec.replicas}",
-            conditions=job_status.initial_conditions(job_spec, _now(), generation),
+            conditions=job_status.initial_conditions(job_spec, now(), generation),
         )
 
 
 # ---- status: derived from the pods, on pod and job events, coalesced per job ----------------
-# Event handlers (unlike kopf timers) need no finalizer, so a job stays deletable without the
-# operator. Bursts of pod events for one job collapse into one sync after a short delay.
-_scheduled: dict[tuple[str, str], asyncio.Task[None]] = {}
-SYNC_RETRY_SECONDS = 5.0
-
-
-def _schedule_sync(namespace: str, name: str, index: kopf.Index) -> None:
-    key = (namespace, name)
-    task = _scheduled.get(key)
-    if task is None or task.done():
-        _scheduled[key] = asyncio.create_task(_sync_later(namespace, name, index))
-
-
-async def _sync_later(namespace: str, name: str, index: kopf.Index) -> None:
-    await asyncio.sleep(CONFIG.status_debounce_seconds)
-    _scheduled.pop((namespace, name), None)
-    pods = list(index.get((namespace, name), []))
-    try:
-        await asyncio.to_thread(sync_status, namespace, name, pods)
-    except Exception:  # never kill the loop; try again shortly even if no new event comes
-        logging.getLogger(__name__).exception("status sync of TrainingJob %s/%s failed; retrying", namespace, name)
-        await asyncio.sleep(SYNC_RETRY_SECONDS)
-        _schedule_sync(namespace, name, index)
+STATUS = StatusSync(CONFIG)
 
 
 @kopf.on.event("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
 async def pod_changed(namespace: str, labels: dict[str, str], worker_pods: kopf.Index, **_: Any) -> None:
-    _schedule_sync(namespace, labels[api.JOB_NAME_LABEL], worker_pods)
+    STATUS.schedule(namespace, labels[api.JOB_NAME_LABEL], worker_pods)
 
 
 @kopf.on.event(*JOBS)
@@ -211,45 +192,11 @@ async def job_changed(
     if type == "DELETED":
         if WATCH.monitor:
             WATCH.monitor.forget(namespace, name)
+        if WATCH.recovery:
+            WATCH.recovery.forget(namespace, name)
         return
     if WATCH.monitor:
         WATCH.monitor.track(namespace, name, dict(body))
-    _schedule_sync(namespace, name, worker_pods)
-
-
-def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod]) -> None:
-    """Recompute one job's status; write it only if it changed and nobody wrote in between."""
-    objects = kubernetes.client.CustomObjectsApi()
-    for _attempt in range(5):
-        try:
-            job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-        except ApiException as error:
-            if error.status == 404:
-                return
-            raise
-        previous = job.get("status") or {}
-        if previous.get("phase") in job_status.TERMINAL or not previous.get("conditions"):
-            return  # finished, or create_workers has not run yet
-        try:
-            job_spec = TrainingJobSpec.from_manifest(job["spec"])
-        except InvalidSpec:
-            return  # create_workers has reported it
-        if previous.get("phase") == job_status.PENDING and len(pods) < job_spec.replicas:
-            # A pod deleted before the job started is recreated; after the start it is a failure.
-            created = children.ensure_children(job, job_spec, CONFIG, {pod.name for pod in pods})
-            if created:
-                kopf.event(job, type="Normal", reason="Recreated", message=f"recreated {', '.join(created)}")
-                return  # their events bring us back
-        generation = job["metadata"].get("generation", 1)
-        new, events = job_status.derive(job_spec, pods, previous, _now(), generation)
-        changed = {key: value for key, value in new.items() if previous.get(key) != value}
-        if not changed:
-            return
-        patched = patch_status_of_version(objects, job, changed)  # a concurrent writer means recompute
-        if patched is Patched.CONFLICT:
-            continue
-        if patched is Patched.GONE:
-            return
-        for event in events:
-            kopf.event(job, type=event.type, reason=event.reason, message=event.message)
-        return
+    if WATCH.recovery:
+        WATCH.recovery.schedule(namespace, name)
+    STATUS.schedule(namespace, name, worker_pods)

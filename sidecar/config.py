@@ -1,4 +1,4 @@
-"""The sidecar's settings: the environment the operator injects (operator/pod_spec.py), overridden by
+"""The sidecar's settings: the environment the operator injects (operator/lifecycle/pod_spec.py), overridden by
 ``rankwatch sidecar`` flags."""
 
 from __future__ import annotations

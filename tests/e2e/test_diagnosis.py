@@ -101,7 +101,7 @@ def report(api, namespace: str, job: dict) -> dict:
 def uncordon_afterwards(api, namespace, monkeypatch):
     """Whatever the test's jobs got cordoned is undone, so the next tests have all four nodes; the
     per-node cooldown after an undo is off meanwhile (the two variants may land on one node)."""
-    from rankwatch.operator.remediation import uncordon_job
+    from rankwatch.operator.remediation.cordon import uncordon_job
 
     monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")  # read per diagnosis by the in-process operator
     yield

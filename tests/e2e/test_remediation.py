@@ -23,9 +23,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
-from rankwatch.operator import node_marks
-from rankwatch.operator.circuit_breaker import BreakerSettings
-from rankwatch.operator.remediation import (
+from rankwatch.operator.remediation import node_marks
+from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
+from rankwatch.operator.remediation.cordon import (
     Outcome,
     RemediationPolicy,
     Safeguards,
@@ -301,7 +301,7 @@ def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
     # the cap (racing replicas may take back more than needed; the next diagnosis tries again).
     for name in blamed:
         _reset_node(core, name)
-    monkeypatch.setattr("rankwatch.operator.remediation._LOCK", _NoLock())
+    monkeypatch.setattr("rankwatch.operator.remediation.cordon._LOCK", _NoLock())
     cordoned, results = all_at_once()
     assert len(cordoned) <= cap, (cordoned, cap, total)
     assert sorted(cordoned) == sorted(n for r in results for n in r.cordoned)

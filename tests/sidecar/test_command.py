@@ -11,8 +11,8 @@ import sys
 
 import aiohttp
 
-from rankwatch.operator import pod_spec
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import TrainingJobSpec
 
 

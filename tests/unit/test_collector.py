@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from rankwatch import protocol
-from rankwatch.operator.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
-from rankwatch.operator.job_state import JobStore
+from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
+from rankwatch.operator.diagnosis.job_state import JobStore
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
 TOKEN = "job-token-0123456789"

@@ -6,10 +6,10 @@ import datetime
 
 import pytest
 
-from rankwatch.operator import circuit_breaker, node_marks
-from rankwatch.operator.circuit_breaker import BreakerSettings
-from rankwatch.operator.cordon_decision import Outcome, RemediationPolicy, Safeguards, Suspicion, decide
-from rankwatch.operator.node_marks import NodeView
+from rankwatch.operator.remediation import circuit_breaker, node_marks
+from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
+from rankwatch.operator.remediation.cordon_decision import Outcome, RemediationPolicy, Safeguards, Suspicion, decide
+from rankwatch.operator.remediation.node_marks import NodeView
 from rankwatch.operator.spec import Remediation
 
 NOW = datetime.datetime(2025, 6, 1, 12, 0, tzinfo=datetime.UTC)

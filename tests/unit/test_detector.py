@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from rankwatch.analysis.topology import Layout
-from rankwatch.operator.detector import Thresholds, detect, wait_outliers
-from rankwatch.operator.job_state import JobState
+from rankwatch.operator.diagnosis.detector import Thresholds, detect, wait_outliers
+from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
 WINDOW = 5.0

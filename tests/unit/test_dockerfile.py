@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from rankwatch.operator import pod_spec
+from rankwatch.operator.lifecycle import pod_spec
 
 REPO = Path(__file__).parents[2]
 DOCKERFILE = REPO / "Dockerfile"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rankwatch.operator import job_status
-from rankwatch.operator.job_status import WorkerPod, derive, initial_conditions
+from rankwatch.operator.lifecycle import job_status
+from rankwatch.operator.lifecycle.job_status import WorkerPod, derive, initial_conditions
 from rankwatch.operator.spec import Tracing, TrainingJobSpec
 
 SPEC = TrainingJobSpec(template={"spec": {"containers": []}}, replicas=3, nprocPerNode=8)

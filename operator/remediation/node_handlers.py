@@ -16,10 +16,10 @@ from typing import Any
 import kopf
 import kubernetes
 
-from rankwatch.operator import node_marks, remediation
+from rankwatch.operator.remediation import cordon, node_marks
 
 
 @kopf.on.event("nodes", annotations={node_marks.UNCORDON_REQUEST: "true"})
 async def uncordon_requested(name: str, logger: kopf.Logger, **_: Any) -> None:
-    result = await remediation.uncordon_async(kubernetes.client.ApiClient(), name, via="annotation")
+    result = await cordon.uncordon_async(kubernetes.client.ApiClient(), name, via="annotation")
     logger.info("uncordon requested by annotation: %s", result.message)

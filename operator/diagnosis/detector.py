@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rankwatch.analysis.topology import Layout
-from rankwatch.operator.job_state import CommState, JobState
+from rankwatch.operator.diagnosis.job_state import CommState, JobState
 
 WAIT_WINDOWS = 3
 """Windows of wait quantiles a rank's score is taken over (median of their p50s)."""

@@ -7,6 +7,7 @@ is refused, never adopted or overwritten.
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable
 from typing import Any
@@ -15,8 +16,9 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api, pod_spec
+from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 
@@ -58,14 +60,33 @@ def _reason(error: ApiException) -> str:
         return f"HTTP {error.status} {error.reason}: {(error.body or '')[:500]}"
 
 
+def current_attempt(status: dict[str, Any]) -> int:
+    """The attempt whose workers should exist: 0, then one more after each restart."""
+    return int(status.get("restarts") or 0)
+
+
+def backing_off(status: dict[str, Any], now: datetime.datetime | None = None) -> bool:
+    """True while a restart waits out its backoff (``status.restartAfter`` in the future)."""
+    after = status.get("restartAfter")
+    if not after:
+        return False
+    moment = now or datetime.datetime.now(datetime.UTC)
+    return datetime.datetime.fromisoformat(after.replace("Z", "+00:00")) > moment
+
+
 def ensure_children(
     job: dict[str, Any], spec: TrainingJobSpec, config: OperatorConfig, existing_pods: set[str]
 ) -> list[str]:
-    """Make sure the Secret, the Service and every worker Pod exist; return what was created."""
+    """Make sure the Secret, the Service and every worker Pod of the current attempt exist (none while
+    a restart backs off); return what was created."""
     core = client.CoreV1Api()
     uid = job["metadata"]["uid"]
+    status = job.get("status") or {}
+    attempt, avoid = current_attempt(status), list(status.get("avoidNodes") or [])
     # Build every pod first: a template problem fails the whole job before anything is created.
-    pods = [pod_spec.worker_pod(job, spec, index, config) for index in range(spec.replicas)]
+    pods = [pod_spec.worker_pod(job, spec, index, config, attempt, avoid) for index in range(spec.replicas)]
+    if backing_off(status):
+        pods = []
     created: list[str] = []
     if spec.tracing.enabled and _create(
         "Secret", core.create_namespaced_secret, core.read_namespaced_secret, pod_spec.token_secret(job), uid

@@ -5,7 +5,7 @@ Entry points (blocking; the ``*_async`` forms run them in a thread for the kopf 
 - :func:`remediate` ``(api, suspicion, policy) -> RemediationResult``: per named node, cordon
   (``spec.unschedulable``), taint ``rankwatch.io/suspect=<ns>.<job>:NoSchedule``, annotate
   (who, why, when, evidence, prior schedulability), Event on the Node and on the job; or say why
-  not (see :class:`~rankwatch.operator.cordon_decision.Outcome`).
+  not (see :class:`~rankwatch.operator.remediation.cordon_decision.Outcome`).
 - :func:`uncordon` ``(api, node) -> UncordonResult`` and :func:`uncordon_job`: the undo, used by
   ``rankwatch uncordon`` and by the operator when a node gets ``rankwatch.io/uncordon=true``.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import circuit_breaker, node_actions, node_marks
-from rankwatch.operator.cordon_decision import (
+from rankwatch.operator.remediation import circuit_breaker, node_actions, node_marks
+from rankwatch.operator.remediation.cordon_decision import (
     NodeDecision,
     Outcome,
     RemediationPolicy,
@@ -34,9 +34,9 @@ from rankwatch.operator.cordon_decision import (
     Suspicion,
     decide,
 )
-from rankwatch.operator.node_actions import EventTarget
-from rankwatch.operator.node_marks import NodeView
-from rankwatch.operator.remediation_metrics import RemediationMetrics
+from rankwatch.operator.remediation.metrics import RemediationMetrics
+from rankwatch.operator.remediation.node_actions import EventTarget
+from rankwatch.operator.remediation.node_marks import NodeView
 
 __all__ = [
     "NodeDecision",

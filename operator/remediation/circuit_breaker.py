@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from rankwatch.operator.node_marks import NodeView
+from rankwatch.operator.remediation.node_marks import NodeView
 
 
 @dataclass(frozen=True)

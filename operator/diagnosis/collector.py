@@ -26,8 +26,9 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from rankwatch import protocol
-from rankwatch.operator import api, metrics
-from rankwatch.operator.job_state import JobStore
+from rankwatch.operator import api
+from rankwatch.operator.diagnosis import metrics
+from rankwatch.operator.diagnosis.job_state import JobStore
 
 log = logging.getLogger(__name__)
 

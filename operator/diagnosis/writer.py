@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api, job_events, job_status
-from rankwatch.operator.diagnosis import Diagnosis
-from rankwatch.operator.status_patch import Patched, patch_status_of_version
+from rankwatch.operator import api
+from rankwatch.operator.diagnosis.diagnose import Diagnosis
+from rankwatch.operator.lifecycle import job_events, job_status
+from rankwatch.operator.lifecycle.status_patch import update_status
 
 log = logging.getLogger(__name__)
 
@@ -115,29 +115,6 @@ def _store_report(job: dict[str, Any], diagnosis: Diagnosis) -> str:
     return name
 
 
-def _patch_status(
-    namespace: str, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Apply ``change(job) -> status fields`` conditionally on the job's resourceVersion; retried on
-    conflict. Returns (job as read, fields written), or None when nothing was to be written."""
-    objects = kubernetes.client.CustomObjectsApi()
-    for _attempt in range(8):
-        try:
-            job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        fields = change(job)
-        if not fields:
-            return None
-        patched = patch_status_of_version(objects, job, fields)
-        if patched is Patched.CONFLICT:
-            continue
-        return (job, fields) if patched is Patched.WRITTEN else None
-    raise RuntimeError(f"TrainingJob {namespace}/{name}: status kept changing; diagnosis not written")
-
-
 def _annotate(namespace: str, name: str, annotations: dict[str, str | None]) -> None:
     kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"metadata": {"annotations": annotations}}
@@ -192,7 +169,7 @@ def write_diagnosis(namespace: str, name: str, diagnosis: Diagnosis, now: str) -
             },
         }
 
-    written = _patch_status(namespace, name, change)
+    written = update_status(namespace, name, change)
     if written is None:
         return None
     job, _ = written
@@ -223,7 +200,7 @@ def write_recovered(namespace: str, name: str, why: str, now: str) -> dict[str, 
         diagnosis = {**status["diagnosis"], "active": False, "resolvedTime": now}
         return {"health": "Healthy", "suspects": "", "conditions": conditions, "diagnosis": diagnosis}
 
-    written = _patch_status(namespace, name, change)
+    written = update_status(namespace, name, change)
     if written is None:
         return None
     job, _ = written
@@ -267,11 +244,11 @@ def write_telemetry_flowing(namespace: str, name: str, now: str, step_time: str 
             fields["stepTime"] = step_time
         return fields
 
-    return _patch_status(namespace, name, change) is not None
+    return update_status(namespace, name, change) is not None
 
 
 def write_step_time(namespace: str, name: str, step_time: str) -> None:
     """The printer column ``Step time``; written only when it changed (the caller decides how much)."""
-    _patch_status(namespace, name, lambda job: None if job.get("status", {}).get("stepTime") == step_time else {
+    update_status(namespace, name, lambda job: None if job.get("status", {}).get("stepTime") == step_time else {
         "stepTime": step_time
     })  # fmt: skip

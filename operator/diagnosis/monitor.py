@@ -21,11 +21,15 @@ import kubernetes
 
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.topology import Layout, LayoutError
-from rankwatch.operator import api, diagnosis_writer, job_status, metrics, remediation_hook
-from rankwatch.operator.collector import SecretTokens, TokenUnavailable
-from rankwatch.operator.detector import Suspicion, Thresholds, detect
-from rankwatch.operator.diagnosis import Diagnosis, SidecarPod, diagnose
-from rankwatch.operator.job_state import JobStore
+from rankwatch.operator import api
+from rankwatch.operator.diagnosis import metrics
+from rankwatch.operator.diagnosis import writer as diagnosis_writer
+from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
+from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
+from rankwatch.operator.diagnosis.diagnose import Diagnosis, SidecarPod, diagnose
+from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.lifecycle import job_status
+from rankwatch.operator.remediation import hook as remediation_hook
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 log = logging.getLogger(__name__)
@@ -109,6 +113,18 @@ class Monitor:
             job.diagnosing.cancel()
         self.store.drop(namespace, name)
         self.tokens.forget(namespace, name)
+
+    def diagnosing(self, namespace: str, name: str) -> bool:
+        """A diagnosis of the job is under way (analysis, writing, alerting, cordoning)."""
+        job = self.jobs.get((namespace, name))
+        return bool(job and job.diagnosing and not job.diagnosing.done())
+
+    def new_attempt(self, namespace: str, name: str, ended_pods: set[str]) -> None:
+        """The job was restarted: watch its next attempt from scratch (the next job event tracks it)."""
+        job = self.jobs.pop((namespace, name), None)
+        if job and job.diagnosing and not job.diagnosing.done():
+            job.diagnosing.cancel()
+        self.store.new_attempt(namespace, name, ended_pods)
 
     def wake(self, namespace: str, name: str) -> None:
         """A stall report arrived: check the job now rather than at its next window."""

@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api as names
-from rankwatch.operator.node_marks import NodeView, format_time
+from rankwatch.operator.remediation.node_marks import NodeView, format_time
 
 REPORTING_COMPONENT = "rankwatch-operator"
 MERGE_PATCH = "application/merge-patch+json"

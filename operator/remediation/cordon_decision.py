@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankwatch.operator import circuit_breaker
-from rankwatch.operator.circuit_breaker import BreakerSettings
-from rankwatch.operator.node_marks import NodeView
+from rankwatch.operator.remediation import circuit_breaker
+from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
+from rankwatch.operator.remediation.node_marks import NodeView
 from rankwatch.operator.spec import Remediation
 
 SUSPICION_KINDS = ("hang", "straggler", "slow_link", "fail_slow")

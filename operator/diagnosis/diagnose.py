@@ -27,8 +27,8 @@ from rankwatch import protocol
 from rankwatch.analysis.analyze import analyze, summary_text
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import RankSource, load_path
-from rankwatch.operator.detector import Suspicion
-from rankwatch.operator.job_state import JobState
+from rankwatch.operator.diagnosis.detector import Suspicion
+from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.sidecar.dump import split_dump
 
 log = logging.getLogger(__name__)

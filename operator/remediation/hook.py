@@ -2,7 +2,7 @@
 
 Called once per new diagnosis (not again for the same culprit after an operator restart: the job's
 status says it was reported), from the operator's event loop. The job's ``spec.remediation`` and the
-operator-wide safeguards decide what happens (``rankwatch.operator.remediation``); every node's
+operator-wide safeguards decide what happens (``rankwatch.operator.remediation.cordon``); every node's
 outcome is logged, and an error is logged without stopping the diagnosis from being written or
 alerted.
 """
@@ -14,9 +14,9 @@ from typing import Any
 
 import kubernetes
 
-from rankwatch.operator.cordon_decision import RemediationPolicy, Suspicion
-from rankwatch.operator.diagnosis import Diagnosis
-from rankwatch.operator.remediation import RemediationResult, remediate_async
+from rankwatch.operator.diagnosis.diagnose import Diagnosis
+from rankwatch.operator.remediation.cordon import RemediationResult, remediate_async
+from rankwatch.operator.remediation.cordon_decision import RemediationPolicy, Suspicion
 from rankwatch.operator.spec import TrainingJobSpec
 
 log = logging.getLogger(__name__)
