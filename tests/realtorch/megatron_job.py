@@ -58,33 +58,28 @@ class Layout:
         return rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
 
 
+GROUP_KINDS = (("tp", 0, "tensor_parallel"), ("dp", 1, "data_parallel"), ("pp", 2, "pipeline_parallel"))
+
+
 def make_groups(
     layout: Layout, rank: int, timeout: timedelta, journal: Journal
 ) -> dict[str, tuple[dist.ProcessGroup, list[int]]]:
-    """Every rank creates every group in the same order (new_group's rule); keeps its own."""
+    """Every rank creates every group in the same order (new_group's rule); keeps its own. A group of
+    kind K holds the ranks that differ only in K's coordinate."""
     mine: dict[str, tuple[dist.ProcessGroup, list[int]]] = {}
-    tp_c, dp_c, pp_c = layout.coords(rank)
-    for pp in range(layout.pp):
-        for dp in range(layout.dp):
-            ranks = [layout.rank(tp, dp, pp) for tp in range(layout.tp)]
-            group = dist.new_group(ranks, group_desc=f"tensor_parallel_{dp}_{pp}", timeout=timeout)
-            if (dp, pp) == (dp_c, pp_c):
-                mine["tp"] = (group, ranks)
-                journal.group(group, f"tensor_parallel_{dp}_{pp}", ranks)
-    for pp in range(layout.pp):
-        for tp in range(layout.tp):
-            ranks = [layout.rank(tp, dp, pp) for dp in range(layout.dp)]
-            group = dist.new_group(ranks, group_desc=f"data_parallel_{tp}_{pp}", timeout=timeout)
-            if (tp, pp) == (tp_c, pp_c):
-                mine["dp"] = (group, ranks)
-                journal.group(group, f"data_parallel_{tp}_{pp}", ranks)
-    for dp in range(layout.dp):
-        for tp in range(layout.tp):
-            ranks = [layout.rank(tp, dp, pp) for pp in range(layout.pp)]
-            group = dist.new_group(ranks, group_desc=f"pipeline_parallel_{tp}_{dp}", timeout=timeout)
-            if (tp, dp) == (tp_c, dp_c):
-                mine["pp"] = (group, ranks)
-                journal.group(group, f"pipeline_parallel_{tp}_{dp}", ranks)
+    sizes = (layout.tp, layout.dp, layout.pp)
+    for kind, axis, name in GROUP_KINDS:
+        others = [a for a in range(3) if a != axis]
+        for outer in range(sizes[others[1]]):
+            for inner in range(sizes[others[0]]):
+                coords = [0, 0, 0]
+                coords[others[0]], coords[others[1]] = inner, outer
+                ranks = [layout.rank(*coords[:axis], k, *coords[axis + 1 :]) for k in range(sizes[axis])]
+                desc = f"{name}_{inner}_{outer}"
+                group = dist.new_group(ranks, group_desc=desc, timeout=timeout)
+                if rank in ranks:
+                    mine[kind] = (group, ranks)
+                    journal.group(group, desc, ranks)
     return mine
 
 
