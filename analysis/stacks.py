@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.trace import Frame, Trace
 
@@ -61,8 +63,6 @@ def add_frames(trace: Trace, findings: list[Finding]) -> None:
 
 def _latest(trace: Trace, ranks: set[int]) -> Frame | None:
     """The frame of the last recorded call of these ranks: where a stuck rank is."""
-    import numpy as np
-
     rows = trace.calls[np.r_[tuple(trace.rows_of(rank) for rank in sorted(ranks))]] if ranks else trace.calls[:0]
     if not len(rows):
         return None
