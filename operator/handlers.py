@@ -1,115 +1,59 @@
 """kopf handlers: the lifecycle of a TrainingJob, kept thin; the work is in the modules they call.
 
-create/resume  -> create the token Secret, the headless Service and the worker Pods
-pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
-                  post Events on transitions, recreate pods lost before the job started
-startup        -> the collector (sidecar summaries, /metrics) and the monitor (detector, diagnosis)
-                  in this event loop; job events tell the monitor which jobs run
+startup        -> kopf's settings; the leader's watch (collector, monitor, alerting: ``watch.py``)
+create/resume  -> create the token Secret, the headless Service and the worker Pods (``lifecycle/``)
+pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists), post
+                  Events on transitions, recreate pods lost before the job started; job events tell
+                  the monitor which jobs run
+node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``)
+
+kopf runs only on the replica that holds the Lease (``main.py``); what it needs comes in ``memo``:
+``config`` (the validated :class:`OperatorConfig`), ``kube`` (the API client), ``leading`` (is the
+Lease still held).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from typing import Any
 
 import kopf
-import kubernetes
 
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
+from rankwatch.kube import api_client
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, SecretTokens
-from rankwatch.operator.diagnosis.job_state import JobStore
-from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.operator.watch import Watch
 
-CONFIG = OperatorConfig.from_env()
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    prefix = api.GROUP
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=prefix, key="last-handled-configuration"
+        prefix=api.GROUP, key="last-handled-configuration"
     )
     # Handler log lines stay in the operator's log; Events are posted explicitly, for people.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "rankwatch-operator"
     settings.watching.server_timeout = 300
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        # The library reads $KUBECONFIG at import time; read it now, as kubectl would.
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-
-
-class Watch:
-    """The collector and the monitor of this operator process (one each, made at startup)."""
-
-    collector: Collector | None = None
-    monitor: Monitor | None = None
-    alerts: Any = None
-
-
-WATCH = Watch()
-
-
-async def _start_alerting(config: OperatorConfig) -> Any:
-    """The alert pipeline when RANKWATCH_ALERTING_CONFIG is set; a bad config stops the operator."""
-    if not config.alerting_config:
-        return None
-    from pathlib import Path
-
-    from rankwatch.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config
-
-    try:
-        secrets = kubernetes_resolver(os.environ.get("POD_NAMESPACE", "rankwatch-system"))
-        alerting = await asyncio.to_thread(load_config, Path(config.alerting_config), secrets)
-    except ConfigError as error:
-        raise kopf.PermanentError(f"alerting config {config.alerting_config}: {error}") from error
-    pipeline = AlertPipeline(alerting)
-    await pipeline.start()
-    return pipeline
-
-
-@kopf.on.startup()
-async def start_watch(**_: Any) -> None:
-    """Collector and monitor, in kopf's event loop (settings read now, not at import)."""
-    config = OperatorConfig.from_env()
-    host, port = config.collector_address
-    store, tokens = JobStore(), SecretTokens()
-    WATCH.alerts = await _start_alerting(config)
-    WATCH.monitor = Monitor(store, tokens, config.sidecar_metrics_port, alerts=WATCH.alerts)
-    settings = CollectorSettings(
-        host=host,
-        port=port,
-        rate_per_job=config.collector_rate_per_job,
-        burst_per_job=10 * config.collector_rate_per_job,
-    )
-    WATCH.collector = Collector(store, tokens, settings, on_stall=WATCH.monitor.wake)
-    if WATCH.alerts is not None:
-        from rankwatch.alerting import add_routes
-
-        add_routes(WATCH.collector.app, WATCH.alerts)
-    await WATCH.collector.start()
-    WATCH.monitor.start()
+    if "config" not in memo:  # `kopf run -m rankwatch.operator.handlers` (the e2e tests' in-process operator)
+        memo.config = OperatorConfig.from_env(standalone=True)
+        memo.kube = api_client()
+        memo.leading = lambda: True
+    memo.status_sync = StatusSync(memo.kube, memo.config)
+    memo.watch = Watch(memo.config, memo.kube, memo.leading)
+    await memo.watch.start()
 
 
 @kopf.on.cleanup()
-async def stop_watch(**_: Any) -> None:
-    if WATCH.monitor:
-        await WATCH.monitor.stop()
-    if WATCH.collector:
-        await WATCH.collector.stop()
-    if WATCH.alerts is not None:
-        await WATCH.alerts.stop()
-    WATCH.collector = WATCH.monitor = WATCH.alerts = None
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    if "watch" in memo:
+        await memo.watch.stop()
 
 
 @kopf.on.login()
@@ -142,6 +86,7 @@ def create_workers(
     namespace: str,
     patch: kopf.Patch,
     worker_pods: kopf.Index,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     if status.get("phase") in job_status.TERMINAL:
@@ -150,7 +95,7 @@ def create_workers(
     try:
         job_spec = TrainingJobSpec.from_manifest(dict(spec))
         existing = {pod.name for pod in worker_pods.get((namespace, name), [])}
-        created = children.ensure_children(dict(body), job_spec, CONFIG, existing)
+        created = children.ensure_children(memo.kube, dict(body), job_spec, memo.config.pods, existing)
     except InvalidSpec as error:
         _fail(body, patch, "InvalidSpec", str(error), generation)
         return
@@ -168,23 +113,22 @@ def create_workers(
         )
 
 
-# ---- status: derived from the pods, on pod and job events, coalesced per job ----------------
-STATUS = StatusSync(CONFIG)
-
-
 @kopf.on.event("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
-async def pod_changed(namespace: str, labels: dict[str, str], worker_pods: kopf.Index, **_: Any) -> None:
-    STATUS.schedule(namespace, labels[api.JOB_NAME_LABEL], worker_pods)
+async def pod_changed(
+    namespace: str, labels: dict[str, str], worker_pods: kopf.Index, memo: kopf.Memo, **_: Any
+) -> None:
+    memo.status_sync.schedule(namespace, labels[api.JOB_NAME_LABEL], worker_pods)
 
 
 @kopf.on.event(*JOBS)
 async def job_changed(
-    namespace: str, name: str, type: str | None, body: kopf.Body, worker_pods: kopf.Index, **_: Any
+    namespace: str, name: str, type: str | None, body: kopf.Body, worker_pods: kopf.Index, memo: kopf.Memo, **_: Any
 ) -> None:
+    monitor = memo.watch.monitor
     if type == "DELETED":
-        if WATCH.monitor:
-            WATCH.monitor.forget(namespace, name)
+        if monitor:
+            monitor.forget(namespace, name)
         return
-    if WATCH.monitor:
-        WATCH.monitor.track(namespace, name, dict(body))
-    STATUS.schedule(namespace, name, worker_pods)
+    if monitor:
+        monitor.track(namespace, name, dict(body))
+    memo.status_sync.schedule(namespace, name, worker_pods)

@@ -48,15 +48,16 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    from rankwatch.operator.config import ConfigError, OperatorConfig
+
+    try:
+        config = OperatorConfig.from_env(namespaces=tuple(args.namespace), standalone=args.standalone)
+    except ConfigError as error:
+        print(f"rankwatch operator: {error}", file=sys.stderr)
+        return 2
     from rankwatch.operator.main import run
 
-    return run(
-        namespaces=args.namespace,
-        standalone=args.standalone,
-        liveness=args.liveness,
-        peering=args.peering,
-        priority=args.priority,
-    )
+    return run(config)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -162,21 +163,13 @@ def _alerts(args: argparse.Namespace) -> int:
 
 
 def _uncordon(args: argparse.Namespace) -> int:
-    import kubernetes
-
+    from rankwatch.kube import api_client
     from rankwatch.operator.remediation.cordon import uncordon, uncordon_job
 
     if not args.node and not args.all_from_job:
         print("rankwatch uncordon: give NODE(s) or --all-from-job NAMESPACE/NAME", file=sys.stderr)
         return 2
-    if args.kubeconfig:
-        api = kubernetes.config.new_client_from_config(config_file=args.kubeconfig)
-    else:
-        try:
-            kubernetes.config.load_incluster_config()
-            api = kubernetes.client.ApiClient()
-        except kubernetes.config.ConfigException:
-            api = kubernetes.config.new_client_from_config()
+    api = api_client(args.kubeconfig)
     results = [uncordon(api, node, via="cli") for node in args.node]
     if args.all_from_job:
         namespace, _, name = args.all_from_job.partition("/")
@@ -213,7 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--work-dir", help="`run-pods`: volumes and logs of the pods (default ~/.rankwatch/pods)")
     cluster.set_defaults(handler=_cluster)
 
-    operator = commands.add_parser("operator", help="run the TrainingJob operator")
+    operator = commands.add_parser(
+        "operator",
+        help="run the TrainingJob operator (settings: RANKWATCH_* environment, see the README)",
+        description="Replicas elect a leader through a coordination.k8s.io Lease (RANKWATCH_LEASE_NAME in "
+        "RANKWATCH_LEASE_NAMESPACE, default $POD_NAMESPACE); only the leader acts and reports ready.",
+    )
     operator.add_argument(
         "--namespace",
         "-n",
@@ -221,20 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="watch only these namespaces (globs allowed; repeatable); default: all",
     )
-    operator.add_argument("--standalone", action="store_true", help="no peering with other operator replicas")
-    operator.add_argument("--liveness", default=None, help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
     operator.add_argument(
-        "--peering",
-        default=None,
-        metavar="NAME",
-        help="kopf peering object to coordinate replicas through (ClusterKopfPeering, or KopfPeering with -n); "
-        "it must exist. Without it: kopf's optional 'default' peering, if present",
-    )
-    operator.add_argument(
-        "--priority",
-        type=int,
-        default=None,
-        help="peering priority (highest replica is active); default with --peering: random, so replicas never tie",
+        "--standalone",
+        action="store_true",
+        help="no leader election: this process acts at once (one replica only; development and tests)",
     )
     operator.set_defaults(handler=_operator)
 
@@ -320,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.add_argument(
         "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
     )
-    alerts.add_argument("--store", help="`report`: the alert store (default: store.path of the config)")
+    alerts.add_argument(
+        "--store", help="`report`: a SQLite alert store file (default: the config's store, e.g. its ConfigMaps)"
+    )
     alerts.add_argument("--receiver", help="`report`: instead of report.receiver; `test`: required")
     alerts.add_argument("--print", action="store_true", help="`report`: print the card JSON, send nothing")
     alerts.add_argument(

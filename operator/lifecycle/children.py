@@ -16,7 +16,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
@@ -60,10 +60,14 @@ def _reason(error: ApiException) -> str:
 
 
 def ensure_children(
-    job: dict[str, Any], spec: TrainingJobSpec, config: OperatorConfig, existing_pods: set[str]
+    kube: client.ApiClient,
+    job: dict[str, Any],
+    spec: TrainingJobSpec,
+    config: WorkerPodSettings,
+    existing_pods: set[str],
 ) -> list[str]:
     """Make sure the Secret, the Service and every worker Pod exist; return what was created."""
-    core = client.CoreV1Api()
+    core = client.CoreV1Api(kube)
     uid = job["metadata"]["uid"]
     # Build every pod first: a template problem fails the whole job before anything is created.
     pods = [pod_spec.worker_pod(job, spec, index, config) for index in range(spec.replicas)]

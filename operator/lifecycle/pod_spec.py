@@ -17,7 +17,7 @@ import secrets
 from typing import Any
 
 from rankwatch.operator import api
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 LIB_VOLUME = "rankwatch-lib"
@@ -143,7 +143,7 @@ def _inject_user_container(
     env.extend(injected_env)
 
 
-def _init_container(config: OperatorConfig) -> dict[str, Any]:
+def _init_container(config: WorkerPodSettings) -> dict[str, Any]:
     return {
         "name": INIT_CONTAINER,
         "image": config.image,
@@ -155,7 +155,7 @@ def _init_container(config: OperatorConfig) -> dict[str, Any]:
 
 
 def _sidecar_container(
-    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, config: OperatorConfig
+    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, config: WorkerPodSettings
 ) -> dict[str, Any]:
     field_env = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
@@ -200,7 +200,7 @@ def _restricted_security_context() -> dict[str, Any]:
     }
 
 
-def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: OperatorConfig) -> dict[str, Any]:
+def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: WorkerPodSettings) -> dict[str, Any]:
     """The Pod of worker ``index`` (0-based, = NODE_RANK) of ``job``."""
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     job_id = f"{namespace}/{name}"
