@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ class LeaderElection:
     lease_name: str = "rankwatch-operator"
     lease_namespace: str = "default"
     identity: str = ""
+    """``<pod name>_<random>``: who holds the Lease (``kubectl get lease``)."""
     lease_seconds: float = 8.0
     """A leader that has not renewed for this long is gone: a standby takes the Lease."""
     renew_deadline_seconds: float = 6.0
@@ -144,7 +146,9 @@ class OperatorConfig:
             enabled=not standalone,
             lease_name=env.get("RANKWATCH_LEASE_NAME", LeaderElection.lease_name, _non_empty),
             lease_namespace=env.get("RANKWATCH_LEASE_NAMESPACE", env.raw("POD_NAMESPACE") or "default", _non_empty),
-            identity=env.raw("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+            # Unique per process (as controller-runtime does): a restarted container is a new candidate
+            # and waits for the Lease like the standby, instead of resuming a leadership it lost.
+            identity=f"{env.raw('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
             lease_seconds=env.get("RANKWATCH_LEASE_DURATION_SECONDS", LeaderElection.lease_seconds, _positive),
             renew_deadline_seconds=env.get(
                 "RANKWATCH_LEASE_RENEW_DEADLINE_SECONDS", LeaderElection.renew_deadline_seconds, _positive

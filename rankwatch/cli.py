@@ -14,11 +14,12 @@ def _cluster(args: argparse.Namespace) -> int:
 
         from rankwatch.cluster.pod_runner import run_pods
 
-        if not args.collector_url:
-            print("rankwatch cluster run-pods: --collector-url is required", file=sys.stderr)
+        if not args.collector_url and not args.collector_service:
+            print("rankwatch cluster run-pods: --collector-url or --collector-service is required", file=sys.stderr)
             return 2
         work_dir = Path(args.work_dir or Path.home() / ".rankwatch" / "pods")
-        return run_pods(args.collector_url, args.namespace, work_dir, log=lambda m: print(m, flush=True))
+        log = lambda m: print(m, flush=True)  # noqa: E731
+        return run_pods(args.collector_url, args.namespace, work_dir, log, args.collector_service)
     from rankwatch.cluster.binaries import BuildError
     from rankwatch.cluster.local import ClusterError, LocalCluster
 
@@ -199,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument(
         "--collector-url",
         help="`run-pods`: the operator's collector as this machine reaches it, e.g. http://127.0.0.1:8080",
+    )
+    cluster.add_argument(
+        "--collector-service",
+        metavar="NAMESPACE/NAME",
+        help="`run-pods`: also run rankwatch's operator pods (from the Helm chart) in the namespaces given, and "
+        "send the sidecars to this Service through a local proxy to its ready endpoints, as kube-proxy would",
     )
     cluster.add_argument(
         "--namespace", "-n", action="append", default=[], help="`run-pods`: only these namespaces (repeatable)"
