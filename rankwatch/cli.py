@@ -327,6 +327,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEVELOPMENT_MODULES = ("rankwatch.cluster", "rankwatch.simulate", "rankwatch.analysis.scenario",
+                       "rankwatch.analysis.ring_writer")  # fmt: skip
+"""Development and test tools, not installed in the runtime image (see the Dockerfile)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith(DEVELOPMENT_MODULES):
+            raise
+        print(
+            f"rankwatch {args.command}: {error.name} is a development tool, not part of this installation "
+            "(the runtime image leaves it out); install rankwatch from its source tree for it",
+            file=sys.stderr,
+        )
+        return 2

@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
 RECORD_BYTES = 128
 DUMP_SHARE_OF_WORKER_MEMORY = 0.25
-"""Dump bytes per byte of worker memory: the analysis holds the records in columns, sorts and groups
-them, about 3x the raw records at its peak (bench/diagnosis_memory.py measures it)."""
+"""Dump bytes per byte of worker memory. The worker's address space is about 110 MiB before any dump
+and grows by 1.05-1.25x the dump's size (mapped rings, then the records in columns, sorted and grouped;
+bench/diagnosis_memory.py): a quarter leaves room for an analysis that needs more than a straggler's."""
 MAX_RECORDS_PER_RING = 20_000
 MIN_RECORDS_PER_RING = 500
 HISTORY_SECONDS = 30.0

@@ -72,6 +72,7 @@ class AnalysisResult:
     report: AnalysisReport
     text: str
     peak_rss_bytes: int
+    peak_address_space_bytes: int
     seconds: float
 
 
@@ -114,7 +115,7 @@ async def analyse(directory: Path, request: AnalysisRequest, memory_bytes: int, 
     result = json.loads((directory / "result.json").read_text())
     return AnalysisResult(
         AnalysisReport.from_json(result["report"]), result["text"], int(result["peak_rss_bytes"]),
-        time.monotonic() - started,
+        int(result["peak_address_space_bytes"]), time.monotonic() - started,
     )  # fmt: skip
 
 
@@ -154,7 +155,8 @@ def run(directory: Path) -> dict[str, Any]:
     problems = split_dumps(directory)
     if not any(directory.glob("*.ring")):
         report = AnalysisReport([], [*problems, "no ring in the dumps"])
-        return {"report": report.to_json(), "text": "\n".join(report.problems), "peak_rss_bytes": _peak_rss()}
+        return {"report": report.to_json(), "text": "\n".join(report.problems), "peak_rss_bytes": _peak_rss(),
+                "peak_address_space_bytes": _peak_address_space()}  # fmt: skip
     trace = load_path(directory)
     layout = None
     if request.tp is not None and (not trace.ranks or max(trace.ranks) < (request.world_size or 0)):
@@ -166,11 +168,24 @@ def run(directory: Path) -> dict[str, Any]:
             trace.ranks[rank] = RankSource(rank, request.node_of_rank[rank], source.pid, source.path)
     found = analyze_trace(trace, "all", request.stall_seconds)
     report = AnalysisReport(found.findings, problems + found.problems)
-    return {"report": report.to_json(), "text": summary_text(report, trace), "peak_rss_bytes": _peak_rss()}
+    return {
+        "report": report.to_json(),
+        "text": summary_text(report, trace),
+        "peak_rss_bytes": _peak_rss(),
+        "peak_address_space_bytes": _peak_address_space(),
+    }
 
 
 def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_address_space() -> int:
+    """VmPeak: what the budget (``RLIMIT_AS``) is measured against."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmPeak:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def main(argv: list[str]) -> int:
