@@ -223,6 +223,8 @@ def _findings(
                 "peer_wait_ms": round(peers_wait / 1e6, 4),
                 "delay_ms": round(delay / 1e6, 4),
                 "compute_excess_ms": round(excess / 1e6, 4) if np.isfinite(excess) else None,
+                # its extra time between calls against a typical rank's: how much slower it runs
+                "slowdown": round(excess / typical_gap, 3) if np.isfinite(excess) and typical_gap > 0 else None,
                 "own_compute": own_compute,
                 "score": round(delay / spread, 2),
                 "last_share": round(candidate.last_share, 3),

@@ -17,7 +17,8 @@ the pod spec the operator built (so the injection is proven, not assumed): for e
 
 Pods of one job meet through the stand-in NCCL on this machine: the runner gives every pod of a job
 the same ``RANKWATCH_STANDIN_RENDEZVOUS`` directory and ``RANKWATCH_STANDIN_SESSION`` (from the job's
-uid), the local stand-ins for MASTER_ADDR:MASTER_PORT. A deleted pod's processes are killed.
+uid and the pod's ``rankwatch.io/attempt``), the local stand-ins for MASTER_ADDR:MASTER_PORT. A deleted
+pod's processes are killed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 JOB_NAME_LABEL = "rankwatch.io/job-name"
+ATTEMPT_LABEL = "rankwatch.io/attempt"
 SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
 EXIT_CODE_ANNOTATION = "kwok.rankwatch.io/exit-code"
 LIBRARY_IN_IMAGE = "/opt/rankwatch/lib/librankwatch-nccl.so"
@@ -180,9 +182,14 @@ class PodRunner:
         running = RunningPod(metadata["uid"], namespace, name, root)
         volumes = self._volumes(pod, root / "volumes")
         job_uid = next((o["uid"] for o in metadata.get("ownerReferences") or []), metadata["uid"])
-        rendezvous = self.work_dir / "rendezvous" / job_uid
+        # Each attempt of a job meets afresh, as torchrun does at a new worker 0 after a restart.
+        attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL, "0")
+        rendezvous = self.work_dir / "rendezvous" / job_uid / attempt
         rendezvous.mkdir(parents=True, exist_ok=True)
-        extra = {"RANKWATCH_STANDIN_RENDEZVOUS": str(rendezvous), "RANKWATCH_STANDIN_SESSION": job_uid[:12]}
+        extra = {
+            "RANKWATCH_STANDIN_RENDEZVOUS": str(rendezvous),
+            "RANKWATCH_STANDIN_SESSION": f"{job_uid[:12]}-{attempt}",
+        }
 
         sidecar_port = None
         for container in spec.get("initContainers") or []:

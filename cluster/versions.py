@@ -15,6 +15,9 @@ KWOK_VERSION = "v0.8.0"
 # needs a hashicorp/nomad/api pseudo-version the module proxy refuses to serve).
 HELM_VERSION = "v3.22.0"
 PROMETHEUS_MODULE_VERSION = "v0.315.0"
+# MinIO tags releases RELEASE.<date> (not semantic versions), so the module proxy serves it by
+# pseudo-version only: this is the commit of 2026-02-12. The S3-compatible server of the archive tests.
+MINIO_MODULE_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
 
 @dataclass(frozen=True)
@@ -78,5 +81,7 @@ PROMTOOL = Component(
     tags=("remove_all_sd",),
 )
 
+MINIO = Component(name="minio", version=MINIO_MODULE_VERSION, packages={"minio": "github.com/minio/minio"})
+
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
-TOOLS = (HELM, PROMTOOL)  # built by `rankwatch cluster build --tools` / `make tools`
+TOOLS = (HELM, PROMTOOL, MINIO)  # built by `rankwatch cluster build --tools` / `make tools`

@@ -3,13 +3,15 @@
 # 1. bring up the local cluster (real control plane + 4 kwok GPU nodes), 2. install the CRD,
 # 3. run the operator and the pod runner (the workers and sidecars run here, on the stand-in NCCL),
 # 4. apply examples/straggler-job.yaml (4 nodes, one slow rank), 5. show the diagnosis kubectl shows
-# and the suspect node cordoned and tainted.
+# and the suspect node cordoned and tainted, 6. apply examples/hang-job.yaml (a rank hangs): the hang
+# diagnosed, its node cordoned, the attempt ended and the job running again on healthy nodes.
 # With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 NAMESPACE=rankwatch-demo
 JOB=llama-straggler
+HANG_JOB=llama-hang
 
 KUBECTL=$("$BIN/python" -c 'from rankwatch.cluster.binaries import binary_path; print(binary_path("kubectl"))')
 if [ "${RANKWATCH_USE_KUBECONFIG:-0}" = 1 ] && [ -n "${KUBECONFIG:-}" ]; then
@@ -30,8 +32,10 @@ k wait --for=condition=Established --timeout=60s crd/trainingjobs.rankwatch.io
 
 PORT=$("$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "==> operator (collector on 127.0.0.1:$PORT; log: $PWD/.demo-operator.log)"
-# The cooldown after an undo is off so that the demo can be run again at once.
-RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
+# The cooldown after an undo is off so that the demo can be run again at once; the circuit breaker
+# allows half of the 4 nodes (the default 10% would stop at the straggler's node and keep the hung
+# rank's node out by node anti-affinity only).
+RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_BREAKER_MAX_SHARE=0.5 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
   >.demo-operator.log 2>&1 &
 OPERATOR=$!
 echo "==> pod runner: runs each worker pod's ranks and sidecar here (log: $PWD/.demo-pods/pod-runner.log)"
@@ -40,7 +44,7 @@ mkdir -p .demo-pods
   --work-dir "$PWD/.demo-pods" >.demo-pods/pod-runner.log 2>&1 &
 RUNNER=$!
 cleanup() {
-  k delete tj "$JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
+  k delete tj "$JOB" "$HANG_JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
   kill "$RUNNER" "$OPERATOR" 2>/dev/null
   wait "$RUNNER" "$OPERATOR" 2>/dev/null || true
 }
@@ -48,11 +52,13 @@ trap cleanup EXIT
 
 echo "==> kubectl apply -f examples/straggler-job.yaml  (rank 9 computes 30% slower)"
 k create namespace "$NAMESPACE" --dry-run=client -o yaml | k apply -f -
-if k get tj "$JOB" -n "$NAMESPACE" >/dev/null 2>&1; then
-  "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$JOB" || true  # the previous run's cordon
-  k delete tj "$JOB" -n "$NAMESPACE" --wait=true
-  k wait --for=delete pod -l "rankwatch.io/job-name=$JOB" -n "$NAMESPACE" --timeout=60s || true
-fi
+for old in "$JOB" "$HANG_JOB"; do
+  "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$old" >/dev/null 2>&1 || true  # a previous run's cordons
+  if k get tj "$old" -n "$NAMESPACE" >/dev/null 2>&1; then
+    k delete tj "$old" -n "$NAMESPACE" --wait=true
+    k wait --for=delete pod -l "rankwatch.io/job-name=$old" -n "$NAMESPACE" --timeout=60s || true
+  fi
+done
 k apply -n "$NAMESPACE" -f examples/straggler-job.yaml
 if ! k wait --for=jsonpath='{.status.phase}'=Running "tj/$JOB" -n "$NAMESPACE" --timeout=90s; then
   echo "job did not reach Running; operator log:" >&2
@@ -80,6 +86,29 @@ echo; echo "==> the suspect node $NODE: cordoned and tainted"
 k wait --for=jsonpath='{.spec.unschedulable}'=true "node/$NODE" --timeout=30s >/dev/null || true
 k get nodes -o custom-columns='NAME:.metadata.name,UNSCHEDULABLE:.spec.unschedulable,TAINTS:.spec.taints[*].key,CORDONED-BY:.metadata.annotations.rankwatch\.io/cordoned-by,JOB:.metadata.annotations.rankwatch\.io/cordon-job'
 k get events -A --field-selector "involvedObject.kind=Node,involvedObject.name=$NODE" -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message'
+
+echo; echo "==> kubectl apply -f examples/hang-job.yaml  (rank 2 stops before its 300th NCCL call; recovery on)"
+k delete tj "$JOB" -n "$NAMESPACE" --wait=false  # its node stays cordoned
+k apply -n "$NAMESPACE" -f examples/hang-job.yaml
+k wait --for=jsonpath='{.status.phase}'=Running "tj/$HANG_JOB" -n "$NAMESPACE" --timeout=90s
+echo "==> waiting for the hang to be diagnosed (Hung=True), then for the restart"
+k wait --for=condition=Hung "tj/$HANG_JOB" -n "$NAMESPACE" --timeout=120s
+HUNG_NODE=$(k get tj "$HANG_JOB" -n "$NAMESPACE" -o jsonpath='{.status.diagnosis.nodes[0]}')
+k get tj "$HANG_JOB" -n "$NAMESPACE" -o jsonpath='{.status.diagnosis.summary}'; echo
+if ! k wait --for=jsonpath='{.status.restarts}'=1 "tj/$HANG_JOB" -n "$NAMESPACE" --timeout=60s ||
+   ! k wait --for=jsonpath='{.status.phase}'=Running "tj/$HANG_JOB" -n "$NAMESPACE" --timeout=90s; then
+  echo "the job did not run again; operator log:" >&2
+  tail -40 .demo-operator.log >&2
+  exit 1
+fi
+echo; echo "==> attempt 1 runs on healthy nodes (the hung rank's node $HUNG_NODE is cordoned)"
+k get tj "$HANG_JOB" -n "$NAMESPACE" -o wide
+k get pods -n "$NAMESPACE" -l "rankwatch.io/job-name=$HANG_JOB" -L rankwatch.io/attempt -o wide
+echo; echo "==> status.attempts (why attempt 0 ended, whom it blamed)"
+k get tj "$HANG_JOB" -n "$NAMESPACE" -o jsonpath='{.status.attempts}' | "$BIN/python" -m json.tool
+k get events -n "$NAMESPACE" --field-selector "involvedObject.name=$HANG_JOB" -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | cut -c1-220
+k get nodes -o custom-columns='NAME:.metadata.name,UNSCHEDULABLE:.spec.unschedulable,JOB:.metadata.annotations.rankwatch\.io/cordon-job'
+NODE="$NODE $HUNG_NODE"
 echo
-echo "Undo: .venv/bin/rankwatch uncordon $NODE   (or: kubectl annotate node $NODE rankwatch.io/uncordon=true)"
+echo "Undo: .venv/bin/rankwatch uncordon $NODE   (or: kubectl annotate node <node> rankwatch.io/uncordon=true)"
 echo "The cluster keeps running: export KUBECONFIG=$KUBECONFIG; 'make cluster-down' removes it."

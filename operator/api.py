@@ -8,6 +8,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 
 JOB_NAME_LABEL = "rankwatch.io/job-name"
 REPLICA_INDEX_LABEL = "rankwatch.io/replica-index"
+ATTEMPT_LABEL = "rankwatch.io/attempt"
+"""On worker pods: the attempt they belong to (0, then 1 after the first restart, ...)."""
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rankwatch"
 TRACING_ANNOTATION = "rankwatch.io/tracing"
@@ -15,8 +17,11 @@ TRACING_ANNOTATION = "rankwatch.io/tracing"
 TOKEN_KEY = "token"
 
 
-def worker_pod_name(job_name: str, index: int) -> str:
-    return f"{job_name}-worker-{index}"
+def worker_pod_name(job_name: str, index: int, attempt: int = 0) -> str:
+    """``<job>-worker-<i>`` for the first attempt, ``<job>-r<n>-worker-<i>`` after the n-th restart: a
+    new attempt's workers (and so worker 0's host name, the rendezvous address) never collide with the
+    old ones still terminating. Fits 63 characters for names of 45 and up to 99 restarts."""
+    return f"{job_name}-worker-{index}" if attempt == 0 else f"{job_name}-r{attempt}-worker-{index}"
 
 
 def service_name(job_name: str) -> str:

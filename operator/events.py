@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import logging
 import os
 import socket
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -21,6 +24,8 @@ from rankwatch.operator import api as names
 REPORTING_COMPONENT = "rankwatch-operator"
 MERGE_PATCH = "application/merge-patch+json"
 EVENT_MESSAGE_MAX_CHARS = 1024
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,24 @@ def _instance() -> str:
     return os.environ.get("POD_NAME") or socket.gethostname()
 
 
+def post_job_event(
+    job: dict[str, Any], type_: str, reason: str, message: str, kube: client.ApiClient | None = None
+) -> None:
+    """A new Event on TrainingJob ``job`` each call (a restart, a skipped restart: each is news);
+    failures are logged, never raised (Events are auxiliary)."""
+    metadata = job["metadata"]
+    target = EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
+    key = f"{reason}/{uuid.uuid4().hex}"
+    try:
+        post_event(kube, target, type=type_, reason=reason, message=message, key=key, repeat=False,
+                   now=datetime.datetime.now(datetime.UTC))  # fmt: skip
+    except ApiException as error:
+        log.warning("Event %s on TrainingJob %s/%s not posted: HTTP %s", reason, metadata["namespace"],
+                    metadata["name"], error.status)  # fmt: skip
+
+
 def post_event(
-    api: client.ApiClient,
+    api: client.ApiClient | None,
     target: EventTarget,
     *,
     type: str,

@@ -1,10 +1,10 @@
 """kopf handlers: the lifecycle of a TrainingJob, kept thin; the work is in the modules they call.
 
-startup        -> kopf's settings; the leader's watch (collector, monitor, alerting: ``watch.py``)
+startup        -> kopf's settings; the leader's watch (collector, monitor, recovery, alerting: ``watch.py``)
 create/resume  -> create the token Secret, the headless Service and the worker Pods (``lifecycle/``)
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists), post
                   Events on transitions, recreate pods lost before the job started; job events tell
-                  the monitor which jobs run
+                  the monitor which jobs run and recovery which jobs to look at
 node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``)
 
 kopf runs only on the replica that holds the Lease (``main.py``); what it needs comes in ``memo``:
@@ -124,11 +124,15 @@ async def pod_changed(
 async def job_changed(
     namespace: str, name: str, type: str | None, body: kopf.Body, worker_pods: kopf.Index, memo: kopf.Memo, **_: Any
 ) -> None:
-    monitor = memo.watch.monitor
+    monitor, recovery = memo.watch.monitor, memo.watch.recovery
     if type == "DELETED":
         if monitor:
             monitor.forget(namespace, name)
+        if recovery:
+            recovery.forget(namespace, name)
         return
     if monitor:
         monitor.track(namespace, name, dict(body))
+    if recovery:
+        recovery.schedule(namespace, name)
     memo.status_sync.schedule(namespace, name, worker_pods)

@@ -25,12 +25,33 @@ class Parallelism:
 
 
 @dataclass(frozen=True)
+class S3Archive:
+    """An S3-compatible bucket; credentials come from the Secret ``secretRef`` (keys
+    ``accessKeyId`` / ``secretAccessKey``, optional ``sessionToken``) in the job's namespace."""
+
+    bucket: str
+    secretRef: str
+    endpoint: str | None = None
+    """Base URL of an S3-compatible server (MinIO, Ceph RGW, ...); unset: AWS S3."""
+    region: str = "us-east-1"
+    prefix: str = "rankwatch"
+    """Key prefix; each attempt goes to ``<prefix>/<namespace>/<job>/<job uid>/attempt-<n>/``."""
+
+
+@dataclass(frozen=True)
+class Archive:
+    s3: S3Archive | None = None
+
+
+@dataclass(frozen=True)
 class Tracing:
     enabled: bool = True
     sensitivitySeconds: int = 300
     windowSeconds: int = 5
     gpuTiming: bool = False
     flightRecorder: bool = True
+    archive: Archive | None = None
+    """Where an attempt's evidence is kept once its pods are gone; unset: not kept."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +59,36 @@ class Remediation:
     cordon: bool = True
     dryRun: bool = False
     maxNodesPerJob: int = 2
+
+
+@dataclass(frozen=True)
+class RestartOn:
+    """Which findings end an attempt and start the next one."""
+
+    hang: bool = True
+    """A confirmed hang (Hang, StuckInCollective)."""
+    slowdownAbove: float | None = None
+    """A straggler or fail-slow finding whose measured slowdown is at least this fraction (0.5: 50%
+    slower); unset: a slowdown only cordons."""
+    workerFailure: bool = False
+    """A worker pod that failed (exit code != 0, or lost) restarts the job instead of failing it."""
+
+
+@dataclass(frozen=True)
+class Recovery:
+    policy: str = "RestartAwayFromSuspects"
+    """``RestartAwayFromSuspects`` or ``None`` (diagnose, cordon, archive; never end an attempt)."""
+    maxRestarts: int = 3
+    backoffSeconds: int = 10
+    """Between ending an attempt and creating the next one's workers."""
+    abortHungAfterSeconds: int = 0
+    """How long a confirmed hang may keep its GPUs (e.g. for a person to look at it) before the attempt
+    is ended."""
+    restartOn: RestartOn = field(default_factory=RestartOn)
+
+    @property
+    def restarts(self) -> bool:
+        return self.policy == "RestartAwayFromSuspects"
 
 
 @dataclass(frozen=True)
@@ -74,6 +125,7 @@ class TrainingJobSpec:
     tracing: Tracing = field(default_factory=Tracing)
     remediation: Remediation = field(default_factory=Remediation)
     alerting: Alerting = field(default_factory=Alerting)
+    recovery: Recovery = field(default_factory=Recovery)
 
     @property
     def world_size(self) -> int:
@@ -93,9 +145,10 @@ class TrainingJobSpec:
                 nprocPerNode=spec.get("nprocPerNode", 8),
                 masterPort=spec.get("masterPort", 29500),
                 parallelism=Parallelism(**spec.get("parallelism", {})),
-                tracing=Tracing(**spec.get("tracing", {})),
+                tracing=_tracing(spec.get("tracing", {})),
                 remediation=Remediation(**spec.get("remediation", {})),
                 alerting=_alerting(spec.get("alerting", {})),
+                recovery=_recovery(spec.get("recovery", {})),
             )
         except KeyError as error:
             raise InvalidSpec(f"spec.{error.args[0]} is required") from error
@@ -110,3 +163,38 @@ def _alerting(alerting: dict[str, Any]) -> Alerting:
         return Alerting(levels=AlertLevels(**levels), **alerting)
     except TypeError as error:
         raise InvalidSpec(f"spec.alerting: {error}") from error
+
+
+def _tracing(tracing: dict[str, Any]) -> Tracing:
+    tracing = dict(tracing)
+    archive = tracing.pop("archive", None)
+    try:
+        if archive is not None:
+            archive = dict(archive)
+            s3 = archive.pop("s3", None)
+            archive = Archive(s3=S3Archive(**_secret_ref(s3)) if s3 is not None else None, **archive)
+            if archive.s3 is None:
+                raise InvalidSpec("spec.tracing.archive: name where to keep the evidence (s3)")
+        return Tracing(archive=archive, **tracing)
+    except TypeError as error:
+        raise InvalidSpec(f"spec.tracing: {error}") from error
+
+
+def _secret_ref(s3: dict[str, Any]) -> dict[str, Any]:
+    """``secretRef: {name: x}`` as stored -> the Secret's name."""
+    s3 = dict(s3)
+    reference = s3.get("secretRef")
+    if isinstance(reference, dict):
+        s3["secretRef"] = reference.get("name")
+    if not s3.get("secretRef"):
+        raise InvalidSpec("spec.tracing.archive.s3.secretRef.name is required (the Secret holding the credentials)")
+    return s3
+
+
+def _recovery(recovery: dict[str, Any]) -> Recovery:
+    recovery = dict(recovery)
+    restart_on = recovery.pop("restartOn", {})
+    try:
+        return Recovery(restartOn=RestartOn(**restart_on), **recovery)
+    except TypeError as error:
+        raise InvalidSpec(f"spec.recovery: {error}") from error

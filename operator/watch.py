@@ -1,5 +1,6 @@
 """What the leader runs beside kopf's handlers: the collector (sidecar summaries, Alertmanager intake,
-/metrics), the monitor (detector, diagnoses and their follow-ups) and the alert pipeline.
+/metrics), the monitor (detector, diagnoses and their follow-ups), recovery (evidence archive,
+restarts) and the alert pipeline.
 
 Started by a kopf startup handler, so only on the replica that holds the Lease (``main.py`` starts
 kopf only there), and stopped by its cleanup handler, before the Lease is given up.
@@ -20,6 +21,7 @@ from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
 from rankwatch.operator.diagnosis.job_state import JobStore
 from rankwatch.operator.diagnosis.monitor import Monitor
+from rankwatch.operator.recovery.reconcile import Recovery
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ class Watch:
         self.config, self.kube, self.leading = config, kube, leading
         self.collector: Collector | None = None
         self.monitor: Monitor | None = None
+        self.recovery: Recovery | None = None
         self.alerts: Any = None
 
     async def start(self) -> None:
@@ -52,15 +55,20 @@ class Watch:
             add_routes(self.collector.app, self.alerts)
         await self.collector.start()
         self.monitor.start()
+        self.recovery = Recovery(
+            self.kube, config, tokens, new_attempt=self.monitor.new_attempt, diagnosing=self.monitor.diagnosing
+        )
 
     async def stop(self) -> None:
+        if self.recovery:
+            await self.recovery.stop()
         if self.monitor:
             await self.monitor.stop()
         if self.collector:
             await self.collector.stop()
         if self.alerts is not None:
             await self.alerts.stop()
-        self.collector = self.monitor = self.alerts = None
+        self.collector = self.monitor = self.recovery = self.alerts = None
 
     async def _start_alerting(self) -> Any:
         """The alert pipeline when an alerting config is given; a bad config stops the operator."""

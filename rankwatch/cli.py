@@ -142,17 +142,31 @@ def _analyze(args: argparse.Namespace) -> int:
     except LayoutError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
-    return main(
-        path,
-        args.test_type,
-        args.stall_seconds,
-        args.json,
-        layout,
-        args.ranks_per_node,
-        args.chrome_trace,
-        args.html,
-        max(1, args.jobs),
-    )
+
+    def run(source: str, layout: Layout | None) -> int:
+        return main(
+            source,
+            args.test_type,
+            args.stall_seconds,
+            args.json,
+            layout,
+            args.ranks_per_node,
+            args.chrome_trace,
+            args.html,
+            max(1, args.jobs),
+        )
+
+    from rankwatch.analysis import archive
+
+    if not archive.is_archive(path):
+        return run(path, layout)
+    try:
+        with archive.trace_source(path, args.s3_endpoint) as source:
+            print(f"reading the {source.description}", file=sys.stderr)
+            return run(str(source.directory), layout or source.layout)
+    except archive.ArchiveError as error:
+        print(f"rankwatch analyze: {error}", file=sys.stderr)
+        return 2
 
 
 def _alerts(args: argparse.Namespace) -> int:
@@ -279,7 +293,15 @@ def build_parser() -> argparse.ArgumentParser:
     sidecar.set_defaults(handler=_sidecar)
 
     analyze = commands.add_parser("analyze", help="find the rank behind a hang or a slowdown in traces")
-    analyze.add_argument("path", nargs="?", help="a directory of *.ring files, or one ring")
+    analyze.add_argument(
+        "path",
+        nargs="?",
+        help="a directory of *.ring files (or Megatrace logs, flight-recorder dumps), one ring, or an archive "
+        "the operator kept: its directory or s3://bucket/prefix (the newest archive below it)",
+    )
+    analyze.add_argument(
+        "--s3-endpoint", help="an S3-compatible server for s3:// archives (default: $AWS_ENDPOINT_URL_S3, AWS)"
+    )
     analyze.add_argument("--log-path", help="same as PATH (Megatrace's spelling)")
     analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow", "parallel"])
     analyze.add_argument(

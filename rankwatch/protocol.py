@@ -41,6 +41,9 @@ MAX_DECODED_BYTES = 16 << 20
 # Sidecar endpoints (same bearer token except /healthz).
 METRICS_PATH = "/metrics"
 DUMP_PATH = "/dump"
+EVIDENCE_PATH = "/evidence"
+"""A tar of the trace directory's files other than rings: the stall watch's Megatrace logs
+(``megatrace/rank_<R>.log``) and PyTorch flight-recorder dumps (``flight_recorder_rank_<R>``)."""
 HEALTH_PATH = "/healthz"
 DUMP_DEFAULT_LIMIT = 10_000
 

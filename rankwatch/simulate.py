@@ -221,6 +221,7 @@ def run(simulation: Simulation, out: Path, log=print) -> list[RankOutcome]:
 # ---- one pod of a job: what torchrun does for a pod, on the stand-in NCCL ------------------------------
 FAULT_PREFIX = "RANKWATCH_STANDIN_"
 FAULT_RANK = "RANKWATCH_STANDIN_FAULT_RANK"
+FAULT_ATTEMPT = "RANKWATCH_STANDIN_FAULT_ATTEMPT"
 RENDEZVOUS = "RANKWATCH_STANDIN_RENDEZVOUS"
 POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_SLOWDOWN",
@@ -246,7 +247,8 @@ class PodRun:
 def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
     """The environment of one rank of this pod: RANK / LOCAL_RANK, the stand-in on the library path,
     and the fault variables only on the rank ``RANKWATCH_STANDIN_FAULT_RANK`` names (all ranks when unset),
-    so a job template (the same for every pod) can slow or hang exactly one rank of the job."""
+    so a job template (the same for every pod) can slow or hang exactly one rank of the job; with
+    ``RANKWATCH_STANDIN_FAULT_ATTEMPT`` only in that attempt (``RANKWATCH_ATTEMPT``, after restarts)."""
     try:
         node_rank, nproc = int(environ["NODE_RANK"]), int(environ["NPROC_PER_NODE"])
         int(environ["WORLD_SIZE"])
@@ -256,8 +258,9 @@ def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
         ) from None
     rank = node_rank * nproc + local_rank
     env = dict(environ)
-    fault_rank = environ.get(FAULT_RANK)
-    if fault_rank not in (None, "") and int(fault_rank) != rank:
+    fault_rank, fault_attempt = environ.get(FAULT_RANK), environ.get(FAULT_ATTEMPT)
+    other_attempt = fault_attempt not in (None, "") and fault_attempt != environ.get("RANKWATCH_ATTEMPT", "0")
+    if other_attempt or (fault_rank not in (None, "") and int(fault_rank) != rank):
         for name in POD_FAULT_VARIABLES:
             env.pop(name, None)
     artifacts = native_artifacts()

@@ -146,7 +146,7 @@ class Sidecar:
                 "no bearer token (RANKWATCH_TOKEN_FILE / --token-file): /metrics and /dump answer 401, and the "
                 "collector will refuse summaries"
             )
-        app = build_app(self.registry, lambda: list(self.rings.tails.values()), self.token)
+        app = build_app(self.registry, lambda: list(self.rings.tails.values()), self.token, self.config.trace_dir)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)

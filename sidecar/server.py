@@ -1,4 +1,4 @@
-"""The sidecar's HTTP endpoints: /metrics and /dump behind the job's bearer token, /healthz open.
+"""The sidecar's HTTP endpoints: /metrics, /dump and /evidence behind the job's bearer token, /healthz open.
 
 Tokens are compared in constant time (``hmac.compare_digest``). Without a token configured every
 authenticated endpoint answers 401: the sidecar never serves raw traces to anyone who asks.
@@ -10,6 +10,7 @@ import asyncio
 import hmac
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -17,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from rankwatch import protocol
 from rankwatch.sidecar import dump
+from rankwatch.sidecar.evidence import evidence_tar
 from rankwatch.sidecar.ring_tail import RingTail
 
 MAX_DUMP_LIMIT = 1 << 20
@@ -41,7 +43,10 @@ def _int_param(request: web.Request, name: str, default: int | None, low: int, h
 
 
 def build_app(
-    registry: CollectorRegistry, tails: Callable[[], list[RingTail]], token: Callable[[], str | None]
+    registry: CollectorRegistry,
+    tails: Callable[[], list[RingTail]],
+    token: Callable[[], str | None],
+    trace_dir: Path | None = None,
 ) -> web.Application:
     @web.middleware
     async def require_token(request: web.Request, handler):
@@ -81,8 +86,15 @@ def build_app(
             headers={"X-Rankwatch-Dump-Ranges": ranges} if ranges else None,
         )
 
+    async def evidence(_: web.Request) -> web.Response:
+        if trace_dir is None:
+            raise web.HTTPNotFound(text="this sidecar serves no trace directory\n")
+        body = await asyncio.to_thread(evidence_tar, trace_dir)
+        return web.Response(body=body, content_type="application/x-tar")
+
     app = web.Application(middlewares=[require_token], client_max_size=4096)
     app.router.add_get(protocol.HEALTH_PATH, healthz)
     app.router.add_get(protocol.METRICS_PATH, metrics)
     app.router.add_get(protocol.DUMP_PATH, dump_records)
+    app.router.add_get(protocol.EVIDENCE_PATH, evidence)
     return app

@@ -75,6 +75,8 @@ class JobState:
     """(received at, median step time of the pod's ranks) per summary that had one."""
     summaries: int = 0
     dropped_summaries: int = 0
+    ended_pods: frozenset[str] = frozenset()
+    """Pods of earlier attempts: what their sidecars still send while they end is not this attempt's."""
     _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict, repr=False)
 
     def duplicate(self, key: tuple[str, int, int]) -> bool:
@@ -87,6 +89,8 @@ class JobState:
         return False
 
     def add_summary(self, summary: WindowSummary, now: float | None = None) -> None:
+        if summary.pod in self.ended_pods:
+            return
         now = time.monotonic() if now is None else now
         if not self.first_seen:
             self.first_seen = self.progress_at = now
@@ -130,6 +134,8 @@ class JobState:
             self.step_times.append((now, steps[len(steps) // 2]))
 
     def add_stall(self, report: StallReport, now: float | None = None) -> None:
+        if report.pod in self.ended_pods:
+            return
         now = time.monotonic() if now is None else now
         if not self.first_seen:
             self.first_seen = self.progress_at = now
@@ -166,3 +172,9 @@ class JobStore:
 
     def drop(self, namespace: str, name: str) -> None:
         self.jobs.pop((namespace, name), None)
+
+    def new_attempt(self, namespace: str, name: str, ended_pods: set[str]) -> None:
+        """Start the job's state afresh for its next attempt, ignoring the ended attempt's pods."""
+        old = self.jobs.get((namespace, name))
+        ended = frozenset(ended_pods) | (old.ended_pods if old else frozenset())
+        self.jobs[(namespace, name)] = JobState(namespace, name, ended_pods=ended)

@@ -141,6 +141,16 @@ class Monitor:
         self.store.drop(namespace, name)
         self.tokens.forget(namespace, name)
 
+    def diagnosing(self, namespace: str, name: str) -> bool:
+        """A diagnosis of the job is queued or under way (analysis, writing, alerting, cordoning)."""
+        return self.slots.busy((namespace, name))
+
+    def new_attempt(self, namespace: str, name: str, ended_pods: set[str]) -> None:
+        """The job was restarted: watch its next attempt from scratch (the next job event tracks it)."""
+        self.jobs.pop((namespace, name), None)
+        self.slots.cancel((namespace, name))
+        self.store.new_attempt(namespace, name, ended_pods)
+
     def wake(self, namespace: str, name: str) -> None:
         """A stall report arrived: check the job now rather than at its next window."""
         job = self.jobs.get((namespace, name))

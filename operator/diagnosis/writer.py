@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import kubernetes
@@ -28,7 +27,7 @@ from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.operator import api, events
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
 from rankwatch.operator.lifecycle import job_status
-from rankwatch.operator.lifecycle.status_patch import Patched, patch_status_of_version
+from rankwatch.operator.lifecycle.status_patch import update_status
 
 log = logging.getLogger(__name__)
 
@@ -147,29 +146,6 @@ def stored_finding(kube: kubernetes.client.ApiClient, namespace: str, name: str,
         return None
 
 
-def _patch_status(
-    kube: kubernetes.client.ApiClient, namespace: str, name: str, change: Callable[[dict[str, Any]], dict | None]
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Apply ``change(job) -> status fields`` conditionally on the job's resourceVersion; retried on
-    conflict. Returns (job as read, fields written), or None when nothing was to be written."""
-    objects = kubernetes.client.CustomObjectsApi(kube)
-    for _attempt in range(8):
-        try:
-            job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        fields = change(job)
-        if not fields:
-            return None
-        patched = patch_status_of_version(objects, job, fields)
-        if patched is Patched.CONFLICT:
-            continue
-        return (job, fields) if patched is Patched.WRITTEN else None
-    raise RuntimeError(f"TrainingJob {namespace}/{name}: status kept changing; diagnosis not written")
-
-
 def _annotate(kube: kubernetes.client.ApiClient, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
     kubernetes.client.CustomObjectsApi(kube).patch_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"metadata": {"annotations": annotations}}
@@ -228,7 +204,7 @@ def write_diagnosis(
             },
         }
 
-    written = _patch_status(kube, namespace, name, change)
+    written = update_status(namespace, name, kube=kube, change=change)
     if written is None:
         return None
     job, fields = written
@@ -285,7 +261,7 @@ def record_follow_up(
             return None
         return {"diagnosis": {**diagnosis, field: value}}
 
-    return _patch_status(kube, namespace, name, change) is not None
+    return update_status(namespace, name, kube=kube, change=change) is not None
 
 
 def write_recovered(kube: kubernetes.client.ApiClient, namespace: str, name: str, why: str, now: str) -> dict | None:
@@ -306,7 +282,7 @@ def write_recovered(kube: kubernetes.client.ApiClient, namespace: str, name: str
         diagnosis = {**status["diagnosis"], "active": False, "resolvedTime": now}
         return {"health": "Healthy", "suspects": "", "conditions": conditions, "diagnosis": diagnosis}
 
-    written = _patch_status(kube, namespace, name, change)
+    written = update_status(namespace, name, kube=kube, change=change)
     if written is None:
         return None
     job, _ = written
@@ -359,11 +335,13 @@ def write_telemetry_flowing(kube: kubernetes.client.ApiClient, namespace: str, n
             fields["stepTime"] = step_time
         return fields
 
-    return _patch_status(kube, namespace, name, change) is not None
+    return update_status(namespace, name, kube=kube, change=change) is not None
 
 
 def write_step_time(kube: kubernetes.client.ApiClient, namespace: str, name: str, step_time: str) -> None:
     """The printer column ``Step time``; written only when it changed (the caller decides how much)."""
-    _patch_status(kube, namespace, name, lambda job: None if job.get("status", {}).get("stepTime") == step_time else {
-        "stepTime": step_time
-    })  # fmt: skip
+
+    def change(job: dict[str, Any]) -> dict[str, Any] | None:
+        return None if job.get("status", {}).get("stepTime") == step_time else {"stepTime": step_time}
+
+    update_status(namespace, name, kube=kube, change=change)

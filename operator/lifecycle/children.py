@@ -7,6 +7,7 @@ is refused, never adopted or overwritten.
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,20 @@ def _reason(error: ApiException) -> str:
         return f"HTTP {error.status} {error.reason}: {(error.body or '')[:500]}"
 
 
+def current_attempt(status: dict[str, Any]) -> int:
+    """The attempt whose workers should exist: 0, then one more after each restart."""
+    return int(status.get("restarts") or 0)
+
+
+def backing_off(status: dict[str, Any], now: datetime.datetime | None = None) -> bool:
+    """True while a restart waits out its backoff (``status.restartAfter`` in the future)."""
+    after = status.get("restartAfter")
+    if not after:
+        return False
+    moment = now or datetime.datetime.now(datetime.UTC)
+    return datetime.datetime.fromisoformat(after.replace("Z", "+00:00")) > moment
+
+
 def ensure_children(
     kube: client.ApiClient,
     job: dict[str, Any],
@@ -66,11 +81,16 @@ def ensure_children(
     config: WorkerPodSettings,
     existing_pods: set[str],
 ) -> list[str]:
-    """Make sure the Secret, the Service and every worker Pod exist; return what was created."""
+    """Make sure the Secret, the Service and every worker Pod of the current attempt exist (none while
+    a restart backs off); return what was created."""
     core = client.CoreV1Api(kube)
     uid = job["metadata"]["uid"]
+    status = job.get("status") or {}
+    attempt, avoid = current_attempt(status), list(status.get("avoidNodes") or [])
     # Build every pod first: a template problem fails the whole job before anything is created.
-    pods = [pod_spec.worker_pod(job, spec, index, config) for index in range(spec.replicas)]
+    pods = [pod_spec.worker_pod(job, spec, index, config, attempt, avoid) for index in range(spec.replicas)]
+    if backing_off(status):
+        pods = []
     created: list[str] = []
     if spec.tracing.enabled and _create(
         "Secret", core.create_namespaced_secret, core.read_namespaced_secret, pod_spec.token_secret(job), uid

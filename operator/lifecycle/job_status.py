@@ -15,7 +15,7 @@ from rankwatch.operator.spec import TrainingJobSpec
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
-CONDITION_TYPES = ("Created", "Running", "Succeeded", "Failed", "Hung", "Degraded")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Hung", "Degraded")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class WorkerPod:
     node: str | None
     deleting: bool
     problem: str  # why it failed or cannot start; empty when none
+    attempt: int = 0
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> WorkerPod:
@@ -41,10 +42,15 @@ class WorkerPod:
         elif conditions.get("PodScheduled", {}).get("status") == "False":
             scheduled = conditions["PodScheduled"]
             problem = f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".strip()
+        labels = metadata.get("labels") or {}
         try:
-            index = int(metadata.get("labels", {}).get(api.REPLICA_INDEX_LABEL, "-1"))
+            index = int(labels.get(api.REPLICA_INDEX_LABEL, "-1"))
         except ValueError:
             index = -1
+        try:
+            attempt = int(labels.get(api.ATTEMPT_LABEL, "0"))
+        except ValueError:
+            attempt = -1
         return cls(
             name=metadata["name"],
             index=index,
@@ -53,6 +59,7 @@ class WorkerPod:
             node=spec.get("nodeName"),
             deleting=bool(metadata.get("deletionTimestamp")),
             problem=problem,
+            attempt=attempt,
         )
 
 
@@ -111,6 +118,17 @@ def initial_conditions(spec: TrainingJobSpec, now: str, generation: int) -> list
     return conditions
 
 
+def _restarts_on_worker_failure(spec: TrainingJobSpec, previous: Mapping[str, Any]) -> bool:
+    """``spec.recovery`` restarts the job when a worker fails, and restarts are left."""
+    recovery = spec.recovery
+    return (
+        recovery.restarts
+        and recovery.restartOn.workerFailure
+        and not spec.remediation.dryRun
+        and int(previous.get("restarts") or 0) < recovery.maxRestarts
+    )
+
+
 def _describe(pod: WorkerPod) -> str:
     where = f" on node {pod.node}" if pod.node else ""
     return f"worker {pod.index} (pod {pod.name}{where})"
@@ -124,7 +142,8 @@ def derive(
     if old_phase in TERMINAL:
         return dict(previous), []  # a finished job's verdict never changes
 
-    live = [pod for pod in pods if not pod.deleting]
+    attempt = int(previous.get("restarts") or 0)
+    live = [pod for pod in pods if not pod.deleting and pod.attempt == attempt]  # earlier attempts' pods are ending
     counts = {
         "pending": sum(pod.phase == PENDING for pod in live),
         "running": sum(pod.phase == RUNNING for pod in live),
@@ -157,6 +176,17 @@ def derive(
             message += f"; {_describe(blocked[0])}: {blocked[0].problem}"
 
     status: dict[str, Any] = dict(previous)
+    if phase == FAILED and _restarts_on_worker_failure(spec, previous):
+        # Recovery ends this attempt and starts the next (it reads workerFailure); the job goes on.
+        lost = failed or [pod for pod in pods if pod.attempt == attempt]
+        status["workerFailure"] = {
+            "attempt": attempt,
+            "reason": reason,
+            "message": message,
+            "pods": sorted(pod.name for pod in lost)[:32],
+            "nodes": sorted({pod.node for pod in failed if pod.node})[:32],
+        }
+        phase, reason = old_phase, "WorkerFailedRestarting"
     status.update(
         phase=phase,
         message=message,
@@ -176,6 +206,10 @@ def derive(
     )
     if phase in TERMINAL:
         conditions = set_condition(conditions, phase, "True", reason, message, now, generation)
+    restarting = next((c for c in conditions if c["type"] == "Restarting"), None)
+    if restarting and restarting["status"] == "True" and phase != PENDING:
+        done = f"attempt {attempt}: {message}"
+        conditions = set_condition(conditions, "Restarting", "False", reason, done, now, generation)
     status["conditions"] = conditions
 
     events: list[Event] = []

@@ -46,6 +46,7 @@ RENDEZVOUS_ENV = (
     "PET_NNODES",
     "PET_NODE_RANK",
     "PET_NPROC_PER_NODE",
+    "RANKWATCH_ATTEMPT",
 )
 
 
@@ -68,13 +69,15 @@ def job_labels(job_name: str) -> dict[str, str]:
     return {api.JOB_NAME_LABEL: job_name, api.MANAGED_BY_LABEL: api.MANAGED_BY}
 
 
-def master_address(job_name: str, namespace: str) -> str:
-    """Worker 0's stable DNS name through the headless Service."""
-    return f"{api.worker_pod_name(job_name, 0)}.{api.service_name(job_name)}.{namespace}.svc"
+def master_address(job_name: str, namespace: str, attempt: int = 0) -> str:
+    """Worker 0's DNS name through the headless Service; new with every attempt (a new rendezvous)."""
+    return f"{api.worker_pod_name(job_name, 0, attempt)}.{api.service_name(job_name)}.{namespace}.svc"
 
 
-def rendezvous_env(job_name: str, namespace: str, spec: TrainingJobSpec, index: int) -> list[dict[str, str]]:
-    address = master_address(job_name, namespace)
+def rendezvous_env(
+    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, attempt: int = 0
+) -> list[dict[str, str]]:
+    address = master_address(job_name, namespace, attempt)
     values = {
         "MASTER_ADDR": address,
         "MASTER_PORT": spec.masterPort,
@@ -88,6 +91,9 @@ def rendezvous_env(job_name: str, namespace: str, spec: TrainingJobSpec, index: 
         _env(f"PET_{name}", values[name])
         for name in ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE")
     ]
+    # The attempt, for a training script that resumes from its last checkpoint after a restart
+    # (torchrun's TORCHELASTIC_RESTART_COUNT counts only its own restarts inside one pod).
+    env.append(_env("RANKWATCH_ATTEMPT", attempt))
     return env
 
 
@@ -200,8 +206,36 @@ def _restricted_security_context() -> dict[str, Any]:
     }
 
 
-def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: WorkerPodSettings) -> dict[str, Any]:
-    """The Pod of worker ``index`` (0-based, = NODE_RANK) of ``job``."""
+def avoid_nodes_affinity(nodes: list[str]) -> dict[str, Any]:
+    """A required node anti-affinity requirement for ``nodes`` (suspects that were not cordoned)."""
+    return {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+
+
+def _avoid(pod_spec: dict[str, Any], nodes: list[str]) -> None:
+    """Add the anti-affinity to every required term of the template (terms are ORed, so each needs it)."""
+    if not nodes:
+        return
+    required = (
+        pod_spec.setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        term["matchFields"] = [*term.get("matchFields", []), avoid_nodes_affinity(nodes)]
+    required["nodeSelectorTerms"] = terms
+
+
+def worker_pod(
+    job: dict[str, Any],
+    spec: TrainingJobSpec,
+    index: int,
+    config: WorkerPodSettings,
+    attempt: int = 0,
+    avoid_nodes: list[str] | None = None,
+) -> dict[str, Any]:
+    """The Pod of worker ``index`` (0-based, = NODE_RANK) of ``job`` in ``attempt``, kept off
+    ``avoid_nodes``."""
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     job_id = f"{namespace}/{name}"
     template = copy.deepcopy(spec.template)
@@ -216,16 +250,17 @@ def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: W
         if volume.get("name") in (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME):
             raise InvalidSpec(f"TrainingJob {job_id}: volume name {volume['name']!r} is reserved for rankwatch")
 
-    injected = rendezvous_env(name, namespace, spec, index)
+    injected = rendezvous_env(name, namespace, spec, index, attempt)
     if tracing:
         injected += tracing_env(name, spec)
     for container in pod_spec["containers"]:
         _inject_user_container(container, job_id, injected, tracing)
 
-    pod_name = api.worker_pod_name(name, index)
+    pod_name = api.worker_pod_name(name, index, attempt)
     pod_spec["hostname"] = pod_name
     pod_spec["subdomain"] = api.service_name(name)
     pod_spec.setdefault("restartPolicy", "Never")
+    _avoid(pod_spec, list(avoid_nodes or []))
     if tracing:
         # The sidecar tells a live rank from a dead one by its pid in /proc: it must see the trainer's.
         pod_spec["shareProcessNamespace"] = True
@@ -245,7 +280,12 @@ def worker_pod(job: dict[str, Any], spec: TrainingJobSpec, index: int, config: W
             ]
         )
 
-    labels = {**metadata.get("labels", {}), **job_labels(name), api.REPLICA_INDEX_LABEL: str(index)}
+    labels = {
+        **metadata.get("labels", {}),
+        **job_labels(name),
+        api.REPLICA_INDEX_LABEL: str(index),
+        api.ATTEMPT_LABEL: str(attempt),
+    }
     annotations = {**metadata.get("annotations", {}), api.TRACING_ANNOTATION: "enabled" if tracing else "disabled"}
     return {
         "apiVersion": "v1",

@@ -8,6 +8,7 @@ the writer reads again and recomputes.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
@@ -38,3 +39,32 @@ def patch_status_of_version(
             return Patched.GONE
         raise
     return Patched.WRITTEN
+
+
+def update_status(
+    namespace: str,
+    name: str,
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+    attempts: int = 8,
+    kube: kubernetes.client.ApiClient | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Apply ``change(job) -> status fields`` conditionally on the job's resourceVersion, reading again
+    and recomputing on conflict. Returns (job as read, fields written), or None when ``change`` had
+    nothing to write or the job is gone. Blocking. ``kube``: the client (default: the library's
+    default configuration, which ``rankwatch.kube.api_client`` sets)."""
+    objects = kubernetes.client.CustomObjectsApi(kube)
+    for _attempt in range(attempts):
+        try:
+            job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        fields = change(job)
+        if not fields:
+            return None
+        patched = patch_status_of_version(objects, job, fields)
+        if patched is Patched.CONFLICT:
+            continue
+        return (job, fields) if patched is Patched.WRITTEN else None
+    raise RuntimeError(f"TrainingJob {namespace}/{name}: status kept changing; not written")

@@ -37,6 +37,7 @@ class StatusSync:
         self.kube = kube
         self.config = config
         self._scheduled: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def schedule(self, namespace: str, name: str, index: kopf.Index) -> None:
         key = (namespace, name)
@@ -47,9 +48,13 @@ class StatusSync:
     async def _sync_later(self, namespace: str, name: str, index: kopf.Index) -> None:
         await asyncio.sleep(self.config.status_debounce_seconds)
         self._scheduled.pop((namespace, name), None)
-        pods = list(index.get((namespace, name), []))
+        # One sync of a job at a time, each with the pods as they are when it starts: a sync still
+        # holding an older view of the pods must not judge a job another sync has seen running.
+        lock = self._locks.setdefault((namespace, name), asyncio.Lock())
         try:
-            await asyncio.to_thread(sync_status, self.kube, namespace, name, pods, self.config.pods)
+            async with lock:
+                pods = list(index.get((namespace, name), []))
+                await asyncio.to_thread(sync_status, self.kube, namespace, name, pods, self.config.pods)
         except Exception:  # never kill the loop; try again shortly even if no new event comes
             log.exception("status sync of TrainingJob %s/%s failed; retrying", namespace, name)
             await asyncio.sleep(SYNC_RETRY_SECONDS)
@@ -79,8 +84,10 @@ def sync_status(
             job_spec = TrainingJobSpec.from_manifest(job["spec"])
         except InvalidSpec:
             return  # create_workers has reported it
-        if previous.get("phase") == job_status.PENDING and len(pods) < job_spec.replicas:
-            # A pod deleted before the job started is recreated; after the start it is a failure.
+        attempt = children.current_attempt(previous)
+        current = [pod for pod in pods if pod.attempt == attempt and not pod.deleting]
+        if previous.get("phase") == job_status.PENDING and len(current) < job_spec.replicas:
+            # A pod deleted before the attempt started is recreated; after the start it is a failure.
             created = children.ensure_children(kube, job, job_spec, config, {pod.name for pod in pods})
             if created:
                 kopf.event(job, type="Normal", reason="Recreated", message=f"recreated {', '.join(created)}")

@@ -1,6 +1,11 @@
-"""/metrics and /dump behind the job's token, /healthz open; what they return matches the rings."""
+"""/metrics, /dump and /evidence behind the job's token, /healthz open; what they return matches the rings
+and the files."""
 
 from __future__ import annotations
+
+import io
+import os
+import tarfile
 
 import aiohttp
 import numpy as np
@@ -17,7 +22,7 @@ async def test_endpoints_refuse_requests_without_the_token(trace_dir, make_sidec
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{base}/healthz") as response:
             assert response.status == 200
-        for path in ("/metrics", "/dump"):
+        for path in ("/metrics", "/dump", "/evidence"):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
                 async with session.get(base + path, headers=headers) as response:
                     assert response.status == 401, (path, headers)
@@ -102,3 +107,28 @@ async def test_dump_returns_the_last_records_as_ring_files_or_json(tmp_path, tra
     last = originals[2].records[-1]
     assert ring["records"][-1]["seq"] == int(last["seq"]) and ring["records"][-1]["op"] == "CommDestroy"
     assert ring["records"][-1]["comm_id"] == f"{int(last['comm_id']):016x}"
+
+
+async def test_evidence_is_a_tar_of_the_megatrace_logs_and_flight_recorder_dumps_only(
+    tmp_path, trace_dir, make_sidecar, token
+):
+    (trace_dir / "megatrace").mkdir()
+    (trace_dir / "megatrace" / "rank_3.log").write_text("[save_count 1] [1.000000001] [Rank 3] Fun AllReduce\n")
+    (trace_dir / "flight_recorder_rank_3").write_bytes(b'{"version": "2.10", "entries": []}')
+    (trace_dir / "notes.txt").write_text("not evidence")
+    secret = tmp_path / "secret"
+    secret.write_text("keep out")
+    os.symlink(secret, trace_dir / "flight_recorder_rank_9")
+    sidecar = await make_sidecar(trace_dir)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
+            f"http://127.0.0.1:{sidecar.port}/evidence", headers={"Authorization": f"Bearer {token}"}
+        ) as response,
+    ):
+        assert response.status == 200 and response.content_type == "application/x-tar"
+        body = await response.read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as archive:
+        names = archive.getnames()
+        assert archive.extractfile("megatrace/rank_3.log").read().startswith(b"[save_count 1]")
+    assert sorted(names) == ["flight_recorder_rank_3", "megatrace/rank_3.log"], "no rings, no other file, no symlink"

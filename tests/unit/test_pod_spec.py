@@ -55,6 +55,31 @@ def test_rendezvous_env_matches_torchrun_conventions():
     assert env["NCCL_DEBUG"] == "WARN", "the user's own env is kept"
 
 
+def test_a_later_attempt_has_new_names_a_new_rendezvous_and_avoids_uncordoned_suspects():
+    spec = make_spec()
+    spec.template["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]},
+                ]
+            }
+        }
+    }
+    pod = pod_spec.worker_pod(JOB, spec, 1, CONFIG, attempt=2, avoid_nodes=["gpu-7", "gpu-3"])
+    env = env_of(container(pod, "trainer"))
+    assert pod["metadata"]["name"] == pod["spec"]["hostname"] == "llama-r2-worker-1"
+    assert pod["metadata"]["labels"]["rankwatch.io/attempt"] == "2"
+    assert env["MASTER_ADDR"] == env["PET_MASTER_ADDR"] == "llama-r2-worker-0.llama.team-a.svc"
+    assert env["RANKWATCH_ATTEMPT"] == "2" and env["NODE_RANK"] == "1"
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    avoid = {"key": "metadata.name", "operator": "NotIn", "values": ["gpu-3", "gpu-7"]}
+    assert [term["matchFields"] for term in terms["nodeSelectorTerms"]] == [[avoid], [avoid]]
+    assert terms["nodeSelectorTerms"][1]["matchExpressions"][0]["values"] == ["b"], "the template's terms are kept"
+    assert "affinity" not in pod_spec.worker_pod(JOB, make_spec(), 1, CONFIG, attempt=1)["spec"]
+
+
 def test_pod_identity_labels_owner_and_dns():
     pod = pod_spec.worker_pod(JOB, make_spec(), 3, CONFIG)
     meta = pod["metadata"]
@@ -63,6 +88,7 @@ def test_pod_identity_labels_owner_and_dns():
         "team": "llm",
         "rankwatch.io/job-name": "llama",
         "rankwatch.io/replica-index": "3",
+        "rankwatch.io/attempt": "0",
         "app.kubernetes.io/managed-by": "rankwatch",
     }
     assert meta["annotations"]["note"] == "keep"

@@ -14,7 +14,10 @@ from rankwatch.operator.spec import (
     AlertLevels,
     InvalidSpec,
     Parallelism,
+    Recovery,
     Remediation,
+    RestartOn,
+    S3Archive,
     Tracing,
     TrainingJobSpec,
 )
@@ -32,6 +35,9 @@ SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["propertie
         (Remediation, SPEC_SCHEMA["remediation"]["properties"]),
         (Alerting, SPEC_SCHEMA["alerting"]["properties"]),
         (AlertLevels, SPEC_SCHEMA["alerting"]["properties"]["levels"]["properties"]),
+        (Recovery, SPEC_SCHEMA["recovery"]["properties"]),
+        (RestartOn, SPEC_SCHEMA["recovery"]["properties"]["restartOn"]["properties"]),
+        (S3Archive, SPEC_SCHEMA["tracing"]["properties"]["archive"]["properties"]["s3"]["properties"]),
     ],
 )
 def test_dataclass_defaults_equal_crd_defaults(cls, schema):
@@ -79,3 +85,22 @@ def test_the_status_speaks_the_finding_kinds_reasons():
     reasons = status["diagnosis"]["properties"]["kind"]["enum"]
     assert set(reasons) == {kind.reason for kind in FindingKind} | {STUCK_IN_COLLECTIVE}
     assert all(FindingKind.from_reason(reason) for reason in reasons)
+
+
+def test_from_manifest_reads_recovery_and_the_archive_without_the_secret_values():
+    spec = TrainingJobSpec.from_manifest(
+        {
+            "template": {},
+            "recovery": {"maxRestarts": 1, "restartOn": {"slowdownAbove": 0.5}},
+            "tracing": {
+                "archive": {"s3": {"bucket": "traces", "endpoint": "http://s3:9000", "secretRef": {"name": "s3"}}}
+            },
+        }
+    )
+    assert spec.recovery == Recovery(maxRestarts=1, restartOn=RestartOn(slowdownAbove=0.5))
+    assert spec.recovery.restarts and not Recovery(policy="None").restarts
+    assert spec.tracing.archive.s3 == S3Archive(bucket="traces", secretRef="s3", endpoint="http://s3:9000")
+    with pytest.raises(InvalidSpec, match=r"spec\.recovery.*restartAt"):
+        TrainingJobSpec.from_manifest({"template": {}, "recovery": {"restartAt": 3}})
+    with pytest.raises(InvalidSpec, match=r"secretRef\.name is required"):
+        TrainingJobSpec.from_manifest({"template": {}, "tracing": {"archive": {"s3": {"bucket": "traces"}}}})

@@ -1,0 +1,81 @@
+"""Keep an evidence directory in the job's S3-compatible bucket (``spec.tracing.archive.s3``).
+
+Keys: ``<prefix>/<namespace>/<job>/<job uid>/attempt-<n>/<UTC time>-<reason>/<file>``, the manifest
+last, so a listing that shows ``manifest.json`` shows a complete archive. Credentials come from the
+Secret the spec names (keys ``accessKeyId``, ``secretAccessKey``, optional ``sessionToken``), read
+through the API when needed; they are never logged, put in an error message or written to status.
+Blocking (boto3): call from a worker thread.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.analysis.archive import MANIFEST, s3_client
+from rankwatch.operator.spec import S3Archive
+
+ACCESS_KEY, SECRET_KEY, SESSION_TOKEN = "accessKeyId", "secretAccessKey", "sessionToken"
+
+
+class ArchiveFailed(RuntimeError):
+    """The evidence could not be kept; the message says why, without credentials."""
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key: str = field(repr=False)
+    secret_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+
+def read_credentials(namespace: str, secret_name: str) -> S3Credentials:
+    try:
+        secret = kubernetes.client.CoreV1Api().read_namespaced_secret(secret_name, namespace)
+    except ApiException as error:
+        raise ArchiveFailed(
+            f"Secret {namespace}/{secret_name} (spec.tracing.archive.s3.secretRef) not readable: HTTP {error.status}"
+        ) from None
+    data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+    missing = [key for key in (ACCESS_KEY, SECRET_KEY) if not data.get(key)]
+    if missing:
+        raise ArchiveFailed(f"Secret {namespace}/{secret_name} lacks the key(s) {', '.join(missing)}")
+    return S3Credentials(data[ACCESS_KEY], data[SECRET_KEY], data.get(SESSION_TOKEN) or None)
+
+
+def key_prefix(target: S3Archive, namespace: str, job: str, uid: str, attempt: int, moment: str, reason: str) -> str:
+    stamp = moment.replace(":", "").replace("-", "")
+    parts = [target.prefix.strip("/"), namespace, job, uid, f"attempt-{attempt}", f"{stamp}-{reason.lower()}"]
+    return "/".join(part for part in parts if part)
+
+
+def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefix: str) -> str:
+    """Upload every file under ``directory`` (the manifest last); returns ``s3://bucket/prefix/``."""
+    from boto3.exceptions import S3UploadFailedError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = s3_client(
+        target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
+    )
+    files = sorted(path for path in directory.rglob("*") if path.is_file())
+    files.sort(key=lambda path: path.name == MANIFEST)  # the manifest last: its presence means complete
+    try:
+        for path in files:
+            client.upload_file(str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}")
+    except (BotoCoreError, ClientError, S3UploadFailedError) as error:
+        where = target.endpoint or "AWS S3"
+        raise ArchiveFailed(f"upload to bucket {target.bucket} at {where} failed: {_reason(error)}") from None
+    return f"s3://{target.bucket}/{prefix}/"
+
+
+def _reason(error: Exception) -> str:
+    """The server's error code and message (never the request, which carries the signature)."""
+    response = getattr(error, "response", None) or {}
+    details = response.get("Error") or {}
+    if details:
+        return f"{details.get('Code', '?')}: {details.get('Message', '')}".strip()
+    return type(error).__name__ + (f": {error}" if "Credential" not in str(error) else "")

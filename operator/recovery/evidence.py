@@ -1,0 +1,169 @@
+"""Gather an attempt's evidence into a local directory, while its sidecars still answer.
+
+Layout (what ``rankwatch analyze`` reads back, see ``rankwatch.analysis.archive``)::
+
+    manifest.json          job, attempt, reason, time, pods -> nodes, files, problems (written last)
+    rings/<pod>-<i>.ring   every rank's ring window, from each sidecar's /dump
+    files/<pod>/...        the stall watch's Megatrace logs and flight-recorder dumps (/evidence)
+    diagnosis.json/.txt    the diagnosis report the job carried (its ConfigMap), when there was one
+    report.html            the analysis of the rings above: findings, step time, wait heatmap
+    timeline.json          the same as a Chrome trace / Perfetto timeline (ui.perfetto.dev)
+
+A sidecar that does not answer is a problem listed in the manifest, not a failure: the rest is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import tarfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import aiohttp
+
+from rankwatch import protocol
+from rankwatch.analysis.analyze import analyze_trace, summary_text
+from rankwatch.analysis.chrome_trace import write_chrome_trace
+from rankwatch.analysis.html_report import write_html_report
+from rankwatch.analysis.topology import Layout
+from rankwatch.analysis.trace import load_path
+from rankwatch.operator.diagnosis.diagnose import FETCH_CONCURRENCY, SidecarPod, fetch_dumps
+from rankwatch.operator.diagnosis.worker import split_dumps
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+RECORDS_PER_RING = 20_000
+"""Records kept per rank (128 bytes each): the last 20,000 calls, tens of seconds to minutes of a job."""
+BUDGET_BYTES = 1 << 30
+"""Ring records fetched per archive at most; large jobs keep fewer records per rank."""
+MIN_RECORDS_PER_RING = 500
+FETCH_TIMEOUT_S = 30.0
+STALL_SECONDS = 1.0
+
+
+@dataclass
+class Manifest:
+    """What an archive holds; ``manifest.json`` (schema 1)."""
+
+    namespace: str
+    job: str
+    uid: str
+    attempt: int
+    reason: str
+    time: str
+    pods: dict[str, str] = field(default_factory=dict)  # pod -> node
+    diagnosis: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """The analysis of the archived rings (what report.html shows)."""
+    layout: dict[str, int] = field(default_factory=dict)
+    """tensor, pipeline, world_size: ``rankwatch analyze`` names coordinates with it."""
+    schema: int = SCHEMA
+
+
+def records_per_ring(ranks: int) -> int:
+    return max(MIN_RECORDS_PER_RING, min(RECORDS_PER_RING, BUDGET_BYTES // 128 // max(1, ranks)))
+
+
+def _safe_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """Regular files with relative paths that stay inside the destination (a sidecar is not trusted
+    more than any HTTP peer)."""
+    members = []
+    for member in archive.getmembers():
+        path = PurePosixPath(member.name)
+        if member.isfile() and not path.is_absolute() and ".." not in path.parts:
+            members.append(member)
+    return members
+
+
+async def fetch_files(pods: list[SidecarPod], token: str, directory: Path) -> tuple[list[Path], list[str]]:
+    """Each pod's /evidence tar, unpacked under ``directory/<pod>/``; (files, problems)."""
+    files: list[Path] = []
+    problems: list[str] = []
+    semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+    async def one(session: aiohttp.ClientSession, pod: SidecarPod) -> None:
+        if not pod.endpoint:
+            return  # fetch_dumps names it already
+        async with semaphore:
+            try:
+                async with session.get(
+                    f"{pod.endpoint}{protocol.EVIDENCE_PATH}", headers={"Authorization": protocol.bearer(token)}
+                ) as response:
+                    if response.status != 200:
+                        problems.append(f"pod {pod.name}: sidecar answered HTTP {response.status} to /evidence")
+                        return
+                    body = await response.read()
+            except (aiohttp.ClientError, TimeoutError) as error:
+                problems.append(f"pod {pod.name}: /evidence unreachable: {error or type(error).__name__}")
+                return
+
+        def unpack() -> list[Path]:
+            target = directory / pod.name
+            with tarfile.open(fileobj=io.BytesIO(body)) as archive:
+                members = _safe_members(archive)
+                archive.extractall(target, members=members, filter="data")
+            return [target / member.name for member in members]
+
+        try:
+            files.extend(await asyncio.to_thread(unpack))
+        except (tarfile.TarError, OSError) as error:
+            problems.append(f"pod {pod.name}: /evidence is not a readable tar: {error}")
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)) as session:
+        await asyncio.gather(*(one(session, pod) for pod in pods))
+    return files, problems
+
+
+def render_reports(directory: Path, layout: Layout | None, manifest: Manifest) -> None:
+    """Analyse the archived rings and write report.html and timeline.json (blocking)."""
+    rings = directory / "rings"
+    if not any(rings.glob("*.ring")):
+        manifest.problems.append("no ring was archived: no report.html or timeline.json")
+        return
+    trace = load_path(rings)
+    if layout is not None and (not trace.ranks or max(trace.ranks) < layout.world_size):
+        trace.layout = layout
+    report = analyze_trace(trace, "all", STALL_SECONDS)
+    document = report.to_json()
+    manifest.findings = document["findings"]
+    write_html_report(trace, document, str(directory / "report.html"))
+    write_chrome_trace(trace, document["findings"], str(directory / "timeline.json"))
+    (directory / "analysis.txt").write_text(summary_text(report, trace) + "\n")
+
+
+async def collect(
+    directory: Path,
+    manifest: Manifest,
+    pods: list[SidecarPod],
+    token: str | None,
+    layout: Layout | None,
+    report: dict[str, str] | None,
+    ranks: int,
+) -> Manifest:
+    """Fill ``directory`` with the attempt's evidence and return the manifest (also written there)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    manifest.pods = {pod.name: pod.node for pod in pods}
+    if token is None:
+        manifest.problems.append("the job's token Secret is gone: the sidecars could not be asked")
+    else:
+        (directory / "rings").mkdir(exist_ok=True)
+        _, dump_problems = await fetch_dumps(pods, token, records_per_ring(ranks), directory / "rings", BUDGET_BYTES)
+        dump_problems += await asyncio.to_thread(split_dumps, directory / "rings")
+        _, file_problems = await fetch_files(pods, token, directory / "files")
+        manifest.problems += dump_problems + file_problems
+    if report:
+        (directory / "diagnosis.json").write_text(report.get("report.json", ""))
+        (directory / "diagnosis.txt").write_text(report.get("report.txt", ""))
+    try:
+        await asyncio.to_thread(render_reports, directory, layout, manifest)
+    except (OSError, ValueError) as error:
+        manifest.problems.append(f"the archived rings could not be analysed: {error}")
+    manifest.files = sorted(str(path.relative_to(directory)) for path in directory.rglob("*") if path.is_file())
+    manifest.files.append(MANIFEST)
+    (directory / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1, default=str))
+    return manifest
