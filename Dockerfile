@@ -28,6 +28,7 @@ RUN make -C nccl_patch build/librankwatch-nccl.so
 # simulator and the trace generators (rankwatch.cluster, rankwatch.simulate,
 # rankwatch.analysis.scenario, rankwatch.analysis.ring_writer); `rankwatch cluster` and
 # `rankwatch simulate` say so in the image. Test doubles live under tests/, which is never copied.
+# `python -I`: the source tree's operator/ folder must not shadow the standard library's operator.
 FROM ${PYTHON_IMAGE} AS python
 # hadolint ignore=DL3008
 RUN apt-get update \
@@ -44,7 +45,7 @@ COPY sidecar/ sidecar/
 COPY analysis/ analysis/
 COPY cluster/ cluster/
 COPY alerting/ alerting/
-RUN python -m venv "$VENV" \
+RUN python -I -m venv "$VENV" \
     && "$VENV/bin/pip" install . \
     && site="$("$VENV/bin/python" -I -c 'import rankwatch, os; print(os.path.dirname(rankwatch.__file__))')" \
     && rm -r "$site/cluster" "$site/simulate.py" "$site/analysis/scenario.py" "$site/analysis/ring_writer.py" \

@@ -207,7 +207,8 @@ def test_restart_limit_fails_the_job_naming_every_attempts_culprits(api, namespa
     assert f"attempt 0: Hang, rank(s) {HANG_RANK} on {first[0]}" in status["message"], status["message"]
     assert f"attempt 1: Hang, rank(s) {HANG_RANK} on {second[0]}" in status["message"], status["message"]
     eventually(lambda: not pods_of(api, namespace, "limit", 1), 30, what="the last attempt's pods ended")
-    assert "RestartLimitReached" in [e.reason for e in events(api, namespace, "limit")]
+    # The Event follows the pods' end (the operator ends them, then says so).
+    eventually(lambda: "RestartLimitReached" in [e.reason for e in events(api, namespace, "limit")], 20, what="Event")
 
 
 def test_dry_run_restarts_nothing_but_writes_and_archives_everything(
