@@ -88,6 +88,8 @@ def base_tarball() -> Path:
     return tarball
 
 
+CONTEXT_IGNORED = shutil.ignore_patterns("build", "__pycache__", "*.egg-info", "*.so")
+"""The parts of .dockerignore that matter for the folders the Dockerfile copies."""
 HOST_CA = Path(os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt")
 BUILD_CA = "/run/rankwatch-build/ca.crt"
 
@@ -146,7 +148,8 @@ def build(work: Path) -> Path:
                 for source in sources:
                     origin = source_root / source.lstrip("/")
                     if origin.is_dir():
-                        ignore = shutil.ignore_patterns("build", "__pycache__", "*.egg-info", "*.so")
+                        # From the build context, what .dockerignore keeps out; from a stage, everything.
+                        ignore = CONTEXT_IGNORED if source_root == REPO else None
                         shutil.copytree(origin, target, dirs_exist_ok=True, symlinks=True, ignore=ignore)
                     else:
                         dest = target / origin.name if destination.endswith("/") else target

@@ -125,7 +125,7 @@ def _store_report(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagno
     except ApiException as error:
         if error.status != 409:
             raise
-        core.replace_namespaced_config_map(name, namespace, manifest)
+        core.patch_namespaced_config_map(name, namespace, manifest)  # the chart grants patch, not update
     return name
 
 
