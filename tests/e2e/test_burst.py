@@ -50,6 +50,7 @@ def hang_job(name: str) -> dict:
             },
             "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
             "remediation": {"cordon": False},
+            "recovery": {"policy": "None"},  # diagnosis only: no restart to race with
         },
     }
 

@@ -158,6 +158,7 @@ def job_manifest(name: str, faults: dict[str, str]) -> dict[str, Any]:
             },
             "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
             "remediation": {"cordon": True},
+            "recovery": {"policy": "None"},  # diagnosis only: no restart to race with
         },
     }
 
