@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e e2e-rbac bench image-rootfs cluster-binaries tools cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e e2e-rbac bench image-rootfs cluster-binaries tools torch-env cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ cluster-binaries: $(INSTALLED)
 # helm and promtool for the chart and rules tests (tests/deploy); cached like the cluster binaries.
 tools: $(INSTALLED)
 	$(BIN)/rankwatch cluster build --tools
+
+# PyTorch from PyPI for the real-PyTorch tests (tests/realtorch): cached by version outside the repository.
+torch-env: $(INSTALLED)
+	$(BIN)/python tests/realtorch/torch_env.py
 
 cluster-up: cluster-binaries
 	$(BIN)/rankwatch cluster up
@@ -55,7 +59,7 @@ e2e: cluster-binaries
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
-test: lint native cluster-binaries tools
+test: lint native cluster-binaries tools torch-env
 	$(BIN)/pytest tests $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; \
 	if [ $$status -eq 0 ] && [ -z "$(PYTEST_ARGS)" ]; then $(MAKE) --no-print-directory e2e-rbac || status=$$?; fi; \

@@ -14,7 +14,9 @@ from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.html_report import write_html_report
+from rankwatch.analysis.late_windows import windowed_stragglers
 from rankwatch.analysis.slow_link import detect_slow_links
+from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import Trace, load_path
@@ -42,14 +44,17 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
 def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> AnalysisReport:
     """Findings of the chosen detectors (Megatrace's test types: ``hang``; ``slow``, the job against
     its own history and the ranks behind it; ``parallel``, ranks against their peers); a hung job is
-    not also scored for slowness."""
+    not also scored for slowness, unless the hang comes from call times alone."""
     if test_type not in TEST_TYPES:
         raise ValueError(f"--test-type must be one of {', '.join(TEST_TYPES)}, got {test_type!r}")
     findings: list[Finding] = []
     problems = list(trace.problems)
     if test_type in ("all", "hang"):
         findings += detect_hangs(trace, stall_seconds)
-    if test_type in ("slow", "parallel") or (test_type == "all" and not findings):
+    # a hang found from call times alone (Megatrace: no completion recorded) is where the logs end, and
+    # says nothing of the lateness before it: those are scored too
+    weak_hang = not trace.has_returns and not trace.pending_known
+    if test_type in ("slow", "parallel") or (test_type == "all" and (not findings or weak_hang)):
         links: list[Finding] = []
         since = recent_since(trace)
         if since is not None:
@@ -65,6 +70,8 @@ def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1
         findings += links + detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if test_type != "parallel":
             findings += fail_slow_with_culprits(trace, endpoints)
+    findings = windowed_stragglers(trace, findings, problems)
+    add_frames(trace, findings)
     return ranked(findings, problems)
 
 
@@ -86,6 +93,9 @@ def summary_text(report: AnalysisReport, trace: Trace) -> str:
         lines.append("healthy: no hang, no straggler, no slow link, no fail-slow")
     for finding in report.findings:
         lines.append(f"{finding.kind.value.upper()} (confidence {finding.confidence:.2f}): {finding.summary}")
+        for key, who in (("culprit_frame", "its call"), ("waiting_frame", "its peers wait")):
+            if frame := finding.evidence.get(key):
+                lines.append(f"  {who} at {frame['file']}:{frame['line']} in {frame['function']}")
     return "\n".join(lines)
 
 
@@ -101,7 +111,7 @@ def main(
     workers: int = 1,
 ) -> int:
     try:
-        trace = load_path(path, workers)
+        trace = load_path(path, workers, layout)
         trace.layout, trace.ranks_per_node = layout, ranks_per_node
         if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
             raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")

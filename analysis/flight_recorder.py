@@ -1,14 +1,31 @@
-"""PyTorch NCCL Flight Recorder dumps (JSON or pickle) into a Trace.
+"""PyTorch Flight Recorder dumps (JSON or pickle) into a Trace, as PyTorch really writes them.
 
-One dump per rank (``<prefix><rank>``, prefix from TORCH_NCCL_DEBUG_INFO_TEMP_FILE, by default
-``nccl_trace_rank_``): ``pg_config`` names each process group and its global ranks, ``entries`` the
-last collectives with ``collective_seq_id`` / ``p2p_seq_id``, ``profiling_name`` (``nccl:all_reduce``,
-``nccl:send 0->1``), ``input_sizes``, ``state`` (scheduled / started / completed) and
-``time_created_ns`` / ``time_discovered_started_ns`` / ``time_discovered_completed_ns``. A scheduled
-entry whose peers started tells a rank stuck before its kernel ran from ranks merely waiting.
+One dump per rank (``<prefix><rank>``, prefix from TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE,
+by default ``nccl_trace_rank_``), from ``_dump_fr_trace`` (pickle) or ``_dump_fr_trace_json``. What a dump
+holds depends on the backend and on PyTorch's version, and the reader takes each field for what it is:
 
-Pickles are read with an unpickler that admits plain data only (dict, list, tuple, str, bytes,
-numbers, bool, None): any class or function reference is refused before anything is built.
+- ``entries``: the recorder's ring (``TORCH_FR_BUFFER_SIZE``, oldest first) with ``collective_seq_id`` /
+  ``p2p_seq_id`` (older versions: ``seq_id``), ``profiling_name`` (``nccl:all_reduce``, ``gloo:all_reduce``,
+  ``nccl:send 0->1``), ``process_group`` (name, desc), ``input_sizes``, ``state``, ``retired``,
+  ``time_created_ns`` and, with NCCL, ``time_discovered_started_ns`` / ``time_discovered_completed_ns``
+  (when the watchdog saw the CUDA events) and ``duration_ms`` (GPU time, TORCH_NCCL_ENABLE_TIMING);
+  ``frames``: the Python stack of the call. A JSON dump of a rank that recorded nothing has no entries.
+- Completion: ``state`` "completed", else ``retired``, else ``pg_status[pg_id].last_completed_collective``.
+  Gloo records every entry as "scheduled" with no times and marks a collective ``retired`` when it ends,
+  also when it ended by timing out; so a collective counts as completed only if no member that left a
+  dump is behind it.
+- Membership: ``pg_config`` (name -> ranks) when it describes the groups (NCCL); gloo dumps carry one
+  empty-named entry, so members are the ranks whose dumps record the group, the world for the default
+  group, and when dumps are missing the Megatron layout's group that fits (or, without a layout, the
+  ranks without a dump for a group no other dump records).
+- Send/receive: NCCL records them; gloo does not. Then, with a pipeline in the layout, a rank that others
+  wait for may be inside an unrecorded send/receive with its pipeline neighbours
+  (``Trace.unrecorded_partners``).
+
+Untrusted input: pickles are read with an unpickler that admits plain data only (dict, list, tuple, str,
+bytes, numbers, bool, None: any class or function reference is refused before anything is built), after
+a scan that refuses memo indices a pickler would never write; compressed dumps, files and tensor
+shapes are bounded.
 """
 
 from __future__ import annotations
@@ -16,10 +33,11 @@ from __future__ import annotations
 import ast
 import io
 import json
-import math
 import pickle
+import pickletools
 import re
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +45,8 @@ import numpy as np
 
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op
-from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
+from rankwatch.analysis.topology import Layout
+from rankwatch.analysis.trace import CALL_DTYPE, Communicator, Frame, RankSource, Trace
 
 OPS = {
     "all_reduce": Op.ALLREDUCE, "allreduce": Op.ALLREDUCE, "broadcast": Op.BROADCAST, "reduce": Op.REDUCE,
@@ -37,7 +56,13 @@ OPS = {
     "all_to_all": Op.ALLTOALL, "alltoall": Op.ALLTOALL, "alltoall_base": Op.ALLTOALL, "gather": Op.GATHER,
     "scatter": Op.SCATTER, "send": Op.SEND, "recv": Op.RECV, "allreduce_coalesced": Op.ALLREDUCE,
 }  # fmt: skip
-P2P_NAME = re.compile(r"^nccl:(send|recv) (\d+)(?:->|<-)(\d+)$")
+P2P_NAME = re.compile(r"^\w+:(send|recv) (\d+)(?:->|<-)(\d+)$")
+DEFAULT_GROUP_DESC = "default_pg"
+
+MAX_DUMP_BYTES = 1 << 30  # a dump of 2,000 entries with stacks is a few MB
+MAX_MEMO_INDEX = 1 << 24  # picklers number memo slots from 0, one per object written
+MAX_DIMS = 64  # tensors have at most a few dozen dimensions
+COUNT_CAP = (1 << 63) - 1
 
 
 class FlightRecorderError(ValueError):
@@ -51,21 +76,57 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused to load {module}.{name}: only plain data is accepted")
 
 
-def _load(path: Path) -> dict[str, Any]:
-    data = path.read_bytes()
-    if data[:2] in (b"\x78\x9c", b"\x78\x01", b"\x78\xda"):  # zlib-compressed dumps
-        try:
-            data = zlib.decompress(data)
-        except zlib.error as error:
-            raise FlightRecorderError(f"{path}: corrupt compressed dump: {error}") from error
+_MEMO_WRITES = {"PUT", "BINPUT", "LONG_BINPUT"}
+
+
+def _check_memo(data: bytes, path: Path) -> None:
+    """Refuse a pickle whose memo indices run past what its own opcodes could have filled: the C
+    unpickler sizes its memo to the largest index, so one LONG_BINPUT 2**31 would claim 16 GB."""
     try:
-        is_json = data.lstrip()[:1] == b"{"
-        dump = json.loads(data) if is_json else _PlainDataUnpickler(io.BytesIO(data)).load()
+        for count, (opcode, argument, _) in enumerate(pickletools.genops(data)):
+            if opcode.name in _MEMO_WRITES and int(argument) > min(count, MAX_MEMO_INDEX):
+                raise FlightRecorderError(f"{path}: pickle memo index {argument} at opcode {count}: refused")
+    except (ValueError, TypeError) as error:
+        if isinstance(error, FlightRecorderError):
+            raise
+        raise FlightRecorderError(f"{path}: not a readable flight-recorder pickle: {error}") from error
+
+
+def _decompress(data: bytes, path: Path) -> bytes:
+    """zlib-compressed dumps, inflated to at most MAX_DUMP_BYTES (a small bomb cannot take the memory)."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(data, MAX_DUMP_BYTES)
+    except zlib.error as error:
+        raise FlightRecorderError(f"{path}: corrupt compressed dump: {error}") from error
+    if inflater.unconsumed_tail:
+        raise FlightRecorderError(f"{path}: compressed dump inflates past {MAX_DUMP_BYTES >> 20} MiB: refused")
+    return out
+
+
+def _load(path: Path) -> dict[str, Any]:
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_DUMP_BYTES + 1)
+    if len(data) > MAX_DUMP_BYTES:
+        raise FlightRecorderError(f"{path}: larger than {MAX_DUMP_BYTES >> 20} MiB: not a flight-recorder dump")
+    if data[:2] in (b"\x78\x9c", b"\x78\x01", b"\x78\xda"):
+        data = _decompress(data, path)
+    is_json = data.lstrip()[:1] == b"{"
+    try:
+        if is_json:
+            dump = json.loads(data)
+        else:
+            _check_memo(data, path)
+            dump = _PlainDataUnpickler(io.BytesIO(data)).load()
     except json.JSONDecodeError as error:
         raise FlightRecorderError(f"{path}: line {error.lineno}: not valid JSON: {error.msg}") from error
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as error:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError) as error:
         raise FlightRecorderError(f"{path}: not a readable flight-recorder pickle: {error}") from error
-    if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+    if not isinstance(dump, dict):
+        raise FlightRecorderError(f"{path}: no 'entries' list: not a flight-recorder dump")
+    if "entries" not in dump and "pg_config" in dump and "version" in dump:
+        dump["entries"] = []  # a JSON dump of a rank that recorded nothing leaves the key out
+    if not isinstance(dump.get("entries"), list):
         raise FlightRecorderError(f"{path}: no 'entries' list: not a flight-recorder dump")
     return dump
 
@@ -79,10 +140,12 @@ def _rank_of(path: Path, dump: dict[str, Any]) -> int:
     return int(match.group(1))
 
 
-def _ranks_of_group(config: dict[str, Any]) -> list[int]:
-    ranks = config.get("ranks", [])
-    if isinstance(ranks, str):  # newer dumps store the list as its text
+def _ranks_of_group(config: Any) -> list[int]:
+    ranks = config.get("ranks", []) if isinstance(config, dict) else []
+    if isinstance(ranks, str):  # stored as its text ("[0, 1]")
         ranks = ast.literal_eval(ranks) if ranks.strip() else []
+    if not isinstance(ranks, list | tuple) or not all(isinstance(r, int) and 0 <= r < 1 << 31 for r in ranks):
+        raise FlightRecorderError(f"pg_config ranks {str(ranks)[:80]!r} are not a list of ranks")
     return [int(r) for r in ranks]
 
 
@@ -90,53 +153,247 @@ def _group_id(name: str) -> int:
     return zlib.crc32(name.encode()) | (1 << 40)  # distinct from ring ids in practice; equal on all ranks
 
 
-def _convert(path: Path, dump: dict[str, Any], rank: int, comms: dict[int, Communicator]) -> np.ndarray:
-    groups = dump.get("pg_config") or {}
-    members: dict[str, list[int]] = {}
-    for key, config in groups.items():
-        if isinstance(config, dict):
-            members[str(config.get("name", key))] = _ranks_of_group(config)
-    rows = []
+def _element_count(sizes: Any) -> int:
+    """Elements of the first tensor (``input_sizes[0]``), saturating: a hostile shape of a million
+    huge dimensions costs no more than a real one."""
+    if not isinstance(sizes, list | tuple) or not sizes or not isinstance(sizes[0], list | tuple):
+        return 0
+    dims = sizes[0]
+    if len(dims) > MAX_DIMS or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        raise FlightRecorderError(f"input_sizes {str(dims)[:80]}: not a tensor shape")
+    count = 1
+    for dim in dims:
+        count = min(count * min(dim, COUNT_CAP), COUNT_CAP)
+    return count
+
+
+def _integer(value: Any, what: str) -> int:
+    if value is None or value == "":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise FlightRecorderError(f"{what} {str(value)[:40]!r} is not a number")
+    try:
+        number = int(value)
+    except ValueError as error:
+        raise FlightRecorderError(f"{what} {value[:40]!r} is not a number") from error
+    if not -(1 << 63) <= number < 1 << 63:
+        raise FlightRecorderError(f"{what} {number} does not fit in 64 bits")
+    return number
+
+
+def _frames(entry: dict[str, Any]) -> tuple[Frame, ...]:
+    frames = entry.get("frames")
+    if not isinstance(frames, list):
+        return ()
+    return tuple(
+        Frame(str(f.get("filename", "")), _integer(f.get("line"), "frame line"), str(f.get("name", "")))
+        for f in frames[:64]
+        if isinstance(f, dict)
+    )
+
+
+@dataclass
+class _Record:
+    """One entry, as read: what the columns need before groups and completion are settled."""
+
+    group: str
+    pg_id: int
+    seq: int
+    op: int
+    count: int
+    peer: int  # group rank of the send/recv peer, -1
+    t_call: int
+    t_started: int
+    t_completed: int
+    duration_ms: float | None
+    completed: bool
+    frames: tuple[Frame, ...]
+    backend: str  # "nccl", "gloo", ...: the profiling name's prefix
+
+
+@dataclass
+class _RankDump:
+    rank: int
+    path: Path
+    records: list[_Record]
+    group_desc: dict[str, str] = field(default_factory=dict)
+    last_enqueued: dict[str, int] = field(default_factory=dict)  # group -> from pg_status
+
+
+def _read_one(path: Path, dump: dict[str, Any], configs: dict[str, list[int]]) -> _RankDump:
+    rank = _rank_of(path, dump)
+    for key, config in (dump.get("pg_config") or {}).items():
+        if isinstance(config, dict) and str(config.get("name", key)):
+            ranks = _ranks_of_group(config)
+            if ranks:
+                configs.setdefault(str(config.get("name", key)), ranks)
+    status = dump.get("pg_status") or {}
+    if not isinstance(status, dict):
+        raise FlightRecorderError(f"{path}: pg_status is not a mapping")
+    statuses = {str(pg): s for pg, s in status.items() if isinstance(s, dict)}
+    completed_up_to = {pg: _integer(s.get("last_completed_collective"), "pg_status") for pg, s in statuses.items()}
+    enqueued_up_to = {pg: _integer(s.get("last_enqueued_collective"), "pg_status") for pg, s in statuses.items()}
+    result = _RankDump(rank, path, [])
     for number, entry in enumerate(dump["entries"]):
         if not isinstance(entry, dict):
             raise FlightRecorderError(f"{path}: entry {number} is not a record")
-        name = str(entry.get("profiling_name", ""))
-        group = entry.get("process_group") or ("", "")
-        group_name = str(group[0] if isinstance(group, list | tuple) else group)
-        ranks = members.get(group_name, [])
-        p2p = P2P_NAME.match(name)
-        kind = p2p.group(1) if p2p else name.split(":", 1)[-1]
-        op = OPS.get(kind)
-        if op is None:
-            continue  # barrier, coalesced markers and the like carry no rank to blame
-        sizes = entry.get("input_sizes") or [[]]
-        count = math.prod(sizes[0]) if sizes and isinstance(sizes[0], list | tuple) else 0
-        state = entry.get("state", "")
-        comm_id = _group_id(group_name)
-        comm_rank = ranks.index(rank) if rank in ranks else -1
-        peer = int(p2p.group(3)) if p2p else -1  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
-        seq = entry.get("p2p_seq_id" if p2p else "collective_seq_id", 0) or 0
-        completed = state == "completed"
-        started = int(entry.get("time_discovered_started_ns") or 0) if state in ("started", "completed") else 0
-        duration = entry.get("duration_ms")  # GPU time, with TORCH_NCCL_ENABLE_TIMING
-        if completed and started and isinstance(duration, int | float):
-            gpu_end = started + int(duration * 1e6)
+        try:
+            record = _record(entry, completed_up_to)
+        except FlightRecorderError as error:
+            raise FlightRecorderError(f"{path}: entry {number}: {error}") from None
+        if record is None:
+            continue
+        group = entry.get("process_group")
+        desc = str(group[1]) if isinstance(group, list | tuple) and len(group) > 1 else ""
+        result.group_desc.setdefault(record.group, desc)
+        if str(record.pg_id) in enqueued_up_to and record.op not in (Op.SEND, Op.RECV):
+            result.last_enqueued[record.group] = enqueued_up_to[str(record.pg_id)]
+        result.records.append(record)
+    return result
+
+
+def _record(entry: dict[str, Any], completed_up_to: dict[str, int]) -> _Record | None:
+    name = str(entry.get("profiling_name", ""))
+    p2p = P2P_NAME.match(name)
+    kind = p2p.group(1) if p2p else name.split(":", 1)[-1]
+    op = OPS.get(kind)
+    if op is None:
+        return None  # barrier, coalesced markers and the like carry no rank to blame
+    group = entry.get("process_group")
+    pg_id = _integer(entry.get("pg_id"), "pg_id")
+    group_name = str(group[0] if isinstance(group, list | tuple) and group else (group if group else pg_id))
+    seq_key = "p2p_seq_id" if p2p else ("collective_seq_id" if "collective_seq_id" in entry else "seq_id")
+    seq = _integer(entry.get(seq_key), seq_key)
+    state = entry.get("state", "")
+    completed = state == "completed" or entry.get("retired") is True
+    if not p2p and str(pg_id) in completed_up_to and 0 < seq <= completed_up_to[str(pg_id)]:
+        completed = True
+    duration = entry.get("duration_ms")
+    return _Record(
+        group=group_name,
+        pg_id=pg_id,
+        seq=seq,
+        op=int(op),
+        count=_element_count(entry.get("input_sizes")),
+        peer=int(p2p.group(3)) if p2p else -1,  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
+        t_call=_integer(entry.get("time_created_ns"), "time_created_ns"),
+        t_started=_integer(entry.get("time_discovered_started_ns"), "time_discovered_started_ns")
+        if state in ("started", "completed")
+        else 0,
+        t_completed=_integer(entry.get("time_discovered_completed_ns"), "time_discovered_completed_ns")
+        if completed
+        else 0,
+        duration_ms=float(duration) if isinstance(duration, int | float) and not isinstance(duration, bool) else None,
+        completed=completed,
+        frames=_frames(entry),
+        backend=name.split(":", 1)[0] if ":" in name else "",
+    )
+
+
+def _members(
+    dumps: list[_RankDump], configs: dict[str, list[int]], layout: Layout | None, problems: list[str]
+) -> tuple[dict[str, list[int]], list[int]]:
+    """Global ranks of every group, and the ranks expected but without a dump."""
+    dumped = {d.rank for d in dumps}
+    world = layout.world_size if layout else max([*dumped, *(r for rs in configs.values() for r in rs)], default=-1) + 1
+    missing = sorted(set(range(world)) - dumped)
+    if missing:
+        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+        noun = "rank" if len(missing) == 1 else "ranks"
+        problems.append(f"no flight-recorder dump for {noun} {shown} ({len(missing)} of {world} ranks)")
+    seen: dict[str, set[int]] = {}
+    descs: dict[str, str] = {}
+    for d in dumps:
+        for record in d.records:
+            seen.setdefault(record.group, set()).add(d.rank)
+        for group, desc in d.group_desc.items():
+            descs.setdefault(group, desc)
+    members: dict[str, list[int]] = {}
+    for group, observed in seen.items():
+        if group in configs:
+            members[group] = configs[group]
+        elif descs.get(group) == DEFAULT_GROUP_DESC:
+            members[group] = list(range(world))
+        elif missing and layout:
+            members[group] = sorted(_layout_group(observed, dumped, layout) or observed)
+        elif missing and len(observed) == 1:
+            members[group] = sorted(observed | set(missing))  # a collective is never pending on its own
         else:
-            gpu_end = int(entry.get("time_discovered_completed_ns") or 0) if completed else 0
-        rows.append(
-            (
-                rank, comm_id, int(seq), int(op), int(count), 0, peer, comm_rank, len(ranks),
-                int(entry.get("time_created_ns") or 0),
-                int(entry.get("time_discovered_completed_ns") or entry.get("time_created_ns") or 0) if completed else 0,
-                started,
-                gpu_end,
-                0,
-            )
+            members[group] = sorted(observed)
+    return members, missing
+
+
+def _layout_group(observed: set[int], dumped: set[int], layout: Layout) -> set[int] | None:
+    """The smallest group of the Megatron layout (TP, DP, PP and their products) that holds the ranks
+    seen in a group and no other rank that left a dump; None when two fit equally."""
+    rank = min(observed)
+    coords = layout.coords(rank)
+    fits = []
+    for axes in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
+        fixed = [axis for axis in range(3) if axis not in axes]
+        group = {r for r in range(layout.world_size) if all(layout.coords(r)[a] == coords[a] for a in fixed)}
+        if observed <= group and group & dumped == observed:
+            fits.append(group)
+    fits.sort(key=len)
+    if not fits or (len(fits) > 1 and len(fits[0]) == len(fits[1])):
+        return None
+    return fits[0]
+
+
+def _unfinished_by_members(dumps: list[_RankDump], members: dict[str, list[int]]) -> None:
+    """A collective some member never entered cannot have completed (gloo retires timed-out work too):
+    judged only from members that left a dump reaching back to it."""
+    by_rank = {d.rank: d for d in dumps}
+    last_seq: dict[tuple[int, str], int] = {}
+    first_time: dict[int, int] = {}
+    for d in dumps:
+        times = [r.t_call for r in d.records if r.t_call > 0]
+        first_time[d.rank] = min(times) if times else 1 << 62
+        for record in d.records:
+            if record.op not in (Op.SEND, Op.RECV):
+                key = (d.rank, record.group)
+                last_seq[key] = max(last_seq.get(key, 0), record.seq)
+        for group, enqueued in d.last_enqueued.items():
+            last_seq[(d.rank, group)] = max(last_seq.get((d.rank, group), 0), enqueued)
+    instances: dict[tuple[str, int], list[_Record]] = {}
+    for d in dumps:
+        for record in d.records:
+            if record.op in (Op.SEND, Op.RECV):
+                continue
+            instances.setdefault((record.group, record.seq), []).append(record)
+            if not record.completed:
+                continue
+            for member in members.get(record.group, ()):
+                if member == d.rank or member not in by_rank or first_time[member] > record.t_call:
+                    continue
+                if last_seq.get((member, record.group), 0) < record.seq:
+                    record.completed, record.t_completed, record.duration_ms = False, 0, None
+                    break
+    # ... and one every member entered completed for all once any saw it complete (a dump can be
+    # written between a collective's return and its retirement)
+    for (group, _), entered in instances.items():
+        if len(entered) == len(members.get(group, ())) and any(r.completed for r in entered):
+            for record in entered:
+                record.completed = True
+
+
+def _rows(d: _RankDump, members: dict[str, list[int]], timed: bool) -> np.ndarray:
+    rows = np.zeros(len(d.records), CALL_DTYPE)
+    for i, record in enumerate(d.records):
+        ranks = members.get(record.group, [])
+        gpu_start = record.t_started if record.completed or record.t_started else 0
+        if record.completed and gpu_start and record.duration_ms is not None:
+            gpu_end = gpu_start + int(record.duration_ms * 1e6)
+        else:
+            gpu_end = record.t_completed if record.completed else 0
+        finished = (record.t_completed or record.t_call) if timed else -1  # -1: finished, time unknown
+        t_return = finished if record.completed else 0
+        rows[i] = (
+            d.rank, _group_id(record.group), record.seq, record.op, record.count, 0, record.peer,
+            ranks.index(d.rank) if d.rank in ranks else -1, len(ranks), record.t_call, t_return,
+            gpu_start, gpu_end, 0,
         )  # fmt: skip
-        comm = comms.setdefault(comm_id, Communicator(comm_id, len(ranks), dict(enumerate(ranks))))
-        comm.members.update(enumerate(ranks))
-    calls = np.array(rows, dtype=CALL_DTYPE) if rows else np.zeros(0, CALL_DTYPE)
-    return _number_p2p_per_peer(calls)
+    return rows
 
 
 def _number_p2p_per_peer(calls: np.ndarray) -> np.ndarray:
@@ -154,25 +411,60 @@ def _number_p2p_per_peer(calls: np.ndarray) -> np.ndarray:
     return calls
 
 
-def read_dumps(paths: list[Path]) -> Trace:
-    parts, ranks, comms, problems = [], {}, {}, []
-    paths = sorted(paths)
+def _pipeline_neighbours(layout: Layout, rank: int) -> set[int]:
+    tp, dp, pp = layout.coords(rank)
+    return {tp + layout.tp * (dp + layout.dp * stage) for stage in (pp - 1, pp + 1) if 0 <= stage < layout.pp}
+
+
+def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
+    """``layout``: the job's Megatron layout, which completes the groups of ranks whose dumps are missing
+    and tells the pipeline neighbours a gloo dump (no send/receive recorded) leaves unnamed."""
+    dumps: list[_RankDump] = []
+    sources: dict[int, RankSource] = {}
+    configs: dict[str, list[int]] = {}
+    problems: list[str] = []
     progress = Progress(len(paths), "reading flight-recorder dumps")
-    for path in paths:
+    for path in sorted(paths):
         progress.advance()
         try:
             dump = _load(path)
-            rank = _rank_of(path, dump)
-            calls = _convert(path, dump, rank, comms)
-        except (FlightRecorderError, OSError, SyntaxError, ValueError) as error:
-            problems.append(str(error))
+            rank_dump = _read_one(path, dump, configs)
+        except (FlightRecorderError, OSError, SyntaxError, ValueError, RecursionError) as error:
+            problems.append(str(error) if str(path) in str(error) else f"{path}: {error}")
             continue
-        ranks[rank] = RankSource(rank, str(dump.get("hostname", "unknown")), int(dump.get("pid", -1) or -1), str(path))
-        parts.append(calls)
+        if rank_dump.rank in sources:
+            problems.append(f"{path}: a second dump of rank {rank_dump.rank}: ignored")
+            continue
+        host = dump.get("hostname", "unknown")
+        sources[rank_dump.rank] = RankSource(rank_dump.rank, str(host), _integer(dump.get("pid", -1), "pid"), str(path))
+        dumps.append(rank_dump)
     progress.close()
+
+    members, _ = _members(dumps, configs, layout, problems)
+    _unfinished_by_members(dumps, members)
+    records = [r for d in dumps for r in d.records]
+    timed = any(r.completed and r.t_completed for r in records)
+    parts = [_rows(d, members, timed) for d in dumps]
     calls = np.concatenate(parts) if parts else np.zeros(0, CALL_DTYPE)
-    calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
-    return Trace(calls, ranks, comms, problems)
+    calls = _number_p2p_per_peer(calls)
+    comms = {
+        _group_id(group): Communicator(_group_id(group), len(ranks), dict(enumerate(ranks)))
+        for group, ranks in sorted(members.items())
+    }
+    stacks = {
+        (d.rank, _group_id(r.group), r.seq, r.op): r.frames for d in dumps for r in d.records if r.frames and r.peer < 0
+    }
+    order = np.lexsort((calls["t_call"], calls["rank"]))
+    trace = Trace(calls[order], sources, comms, problems, has_returns=timed, pending_known=True, stacks=stacks)
+    if not timed and records:
+        problems.append(
+            "the dumps carry no completion times (gloo records only when each call was made): ranks are "
+            "compared by when they called"
+        )
+    p2p_unrecorded = {r.backend for r in records} == {"gloo"}  # gloo's recorder leaves send/recv out
+    if p2p_unrecorded and (layout is None or layout.pp > 1):
+        trace.unrecorded_partners = {d.rank: _pipeline_neighbours(layout, d.rank) if layout else set() for d in dumps}
+    return trace
 
 
 PROFILING_NAMES = {Op.ALLREDUCE: "all_reduce", Op.BROADCAST: "broadcast", Op.REDUCE: "reduce",

@@ -35,7 +35,8 @@ def _entered(trace: Trace, stalled: np.ndarray) -> dict[tuple[int, int], set[int
     only those are searched (a 16k-rank hang stays cheap); with call times alone, all collectives."""
     calls = trace.calls
     collective = ~np.isin(calls["op"], P2P_OPS)
-    candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if trace.has_returns else collective)
+    completion_known = trace.has_returns or trace.pending_known
+    candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if completion_known else collective)
     wanted = _instance_keys(stalled["comm"], stalled["seq"])
     keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
     rows = candidates[np.isin(keys, wanted)]
@@ -107,6 +108,28 @@ def _merge_stopped_together(
                 roots.pop(culprit)
 
 
+def _follow_unrecorded_partners(
+    trace: Trace, waits_for: dict[int, set[int]], waiting: set[int], unknown_peer: set[int]
+) -> None:
+    """A rank others wait for that is in no recorded call, where the source records no send/receive
+    (gloo's flight recorder), may be inside one: with its pipeline neighbours when the layout names
+    them (it waits for them), else with someone unnamed."""
+    if not trace.unrecorded_partners:
+        return
+    changed = True
+    while changed:
+        changed = False
+        for rank in sorted({r for targets in waits_for.values() for r in targets}):
+            if rank in waits_for or rank in waiting or rank not in trace.unrecorded_partners:
+                continue
+            partners = trace.unrecorded_partners[rank] - {rank}
+            if partners:
+                waits_for[rank] = set(partners)
+                changed = True
+            else:
+                unknown_peer.add(rank)
+
+
 def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = None) -> list[Finding]:
     """``now_ns``: the time the trace is judged at (default: the wall clock, so a live ring's
     in-flight calls are young and a dump of a dead job's calls are old)."""
@@ -114,7 +137,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     if not len(calls):
         return []
     end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
-    if trace.has_returns:
+    completion_known = trace.has_returns or trace.pending_known
+    if completion_known:
         pending = calls["t_return"] == 0
     else:  # only call times: a rank's last call is where it stopped (or finished)
         pending = np.zeros(len(calls), bool)
@@ -153,34 +177,42 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
             missing_in[key] = members_of.get(comm_id, set()) - entered.get(key, set())
         if missing_in[key]:
             waits_for.setdefault(rank, set()).update(missing_in[key])
-        elif trace.has_returns and key not in stuck:  # without return times a finished job looks the same
+        elif completion_known and key not in stuck:  # without completion a finished job looks the same
             stuck[key] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
 
     waiting = set(stalled["rank"].tolist())
+    _follow_unrecorded_partners(trace, waits_for, waiting, unknown_peer)
     stopped = {  # waits for nothing: it stopped outside NCCL
         rank
         for targets in waits_for.values()
         for rank in targets
-        if rank not in waits_for and (not trace.has_returns or (rank not in unknown_peer and rank not in waiting))
+        if rank not in waits_for and (not completion_known or (rank not in unknown_peer and rank not in waiting))
     }  # (a rank inside a collective everyone entered is reported as stuck below)
     roots = _roots_behind(waits_for, stopped)
-    if not trace.has_returns:
+    if not completion_known:
         _merge_stopped_together(trace, stalled, roots, members_of, stuck)
 
     findings = []
     for culprit, waiters in sorted(roots.items()):
         direct = [rank for rank in waits_for if culprit in waits_for[rank]]
         blocked = stalled[np.isin(stalled["rank"], direct)]
+        verb = "never matched" if len(blocked) and int(blocked[0]["op"]) in (Op.SEND, Op.RECV) else "never entered"
+        if not len(blocked):  # its direct waiters wait in unrecorded sends/receives: show a recorded wait
+            blocked = stalled[np.isin(stalled["rank"], sorted(waiters))]
+            verb = f"waits behind rank(s) {', '.join(map(str, direct))} that wait for"
         first = blocked[np.argmin(blocked["t_call"])]
-        verb = "never matched" if int(first["op"]) in (Op.SEND, Op.RECV) else "never entered"
         own = calls[trace.rows_of(culprit)]
         last = own[-1] if len(own) else None
         if last is not None:
             idle = (end - int(max(last["t_return"], last["t_call"]))) / 1e9
             last_text = f"its last NCCL call was {_describe_call(last)}, {idle:.1f} s ago"
+            if not completion_known:  # offline logs: how long they go on after it, not the wall clock
+                after = (trace.end_ns - int(last["t_call"])) / 1e9
+                last_text = f"its last NCCL call was {_describe_call(last)}; the logs end {after:.3f} s later"
         else:
             last_text = "it recorded no NCCL call at all"
         comm_id = int(first["comm"])
+        relation = f"which {verb} rank {culprit}" if verb.startswith("waits") else f"which rank {culprit} {verb}"
         findings.append(
             Finding(
                 kind="hang",
@@ -192,7 +224,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 summary=(
                     f"{trace.label(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
                     f"rank {int(first['rank'])} waits in {_describe_call(first)} of {trace.comm_name(comm_id)}, "
-                    f"which rank {culprit} {verb}; {last_text}"
+                    f"{relation}; {last_text}"
                 ),
                 evidence={
                     "seq": int(first["seq"]),
@@ -213,7 +245,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
             why = "its GPU work never started while its peers' did"
         else:
             culprits, confidence = sorted(rows["rank"].tolist()), 0.4
-            how = "none returned" if trace.has_returns else "none logged a call after it"
+            how = "none returned" if completion_known else "none logged a call after it"
             why = f"all members entered and {how}; GPU timing or the flight recorder would tell which is stuck"
         findings.append(
             Finding(

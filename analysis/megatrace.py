@@ -26,6 +26,8 @@ import numpy as np
 
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import Op
+from rankwatch.analysis.stream_match import match_streams
+from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 try:  # the C tokeniser, built at install time (analysis/_megatrace_tokenizer.c)
@@ -50,10 +52,27 @@ OPS = {
     b"scatter": Op.SCATTER,
     b"send": Op.SEND,
     b"recv": Op.RECV,
+    b"sendrecv": Op.SEND,  # ncclSendRecv: Data is the send count
 }
+OPS.update({b"nccl" + name: code for name, code in list(OPS.items()) if name != b"bcast"})
 NAMES = {Op.ALLREDUCE: "AllReduce", Op.BROADCAST: "Broadcast", Op.REDUCE: "Reduce", Op.ALLGATHER: "AllGather",
          Op.REDUCESCATTER: "ReduceScatter", Op.ALLTOALL: "AlltoAll", Op.GATHER: "Gather", Op.SCATTER: "Scatter",
          Op.SEND: "Send", Op.RECV: "Recv"}  # fmt: skip
+
+
+# The newer format (Megatrace's trace/intercept): optional [extra] fields, then [node_ip] [hostname],
+# then every field bracketed: [Rank R] [PCI bus] [Func ncclOp] [Data n] [stream p] [opCount n] [groupHash 0x..]
+BRACKETED_LINE = re.compile(
+    rb"^(?:\[[^\]\n]*\] )*?\[([^\]\n]*)\] \[([^\]\n]*)\] \[save_count (\d+)\] \[(\d+\.\d+)\] \[Rank (-?\d+)\] "
+    rb"\[PCI [^\]\n]*\] \[Func? (\w+)\] \[Data (\d+)\] \[stream (0x[0-9a-fA-F]+|\(nil\)|\d+)\] \[opCount (\d+)\]"
+    rb"(?: \[groupHash (0x[0-9a-fA-F]+|-?\d+)\])?[ \t\r]*$",
+    re.MULTILINE,
+)
+
+
+def _is_bracketed(head: bytes | bytearray) -> bool:
+    first = bytes(head).lstrip()[:4096].split(b"\n", 1)[0]
+    return not first.startswith(b"[save_count") and b"] [save_count " in first
 
 
 class MegatraceError(ValueError):
@@ -274,17 +293,51 @@ class _Reader:
 
     def __init__(self) -> None:
         self._buffers: list[bytearray] = []  # free ones (list.pop and append are atomic)
+        self.hosts: dict[Path, str] = {}  # from the bracketed format's [node_ip] [hostname] prefix
 
     def parse(self, path: Path) -> _Columns:
-        """One rank_<R>.log: its calls in file order, repeats dropped."""
+        """One Megatrace log: its calls in file order, repeats dropped."""
         if _native is None:
-            return _first_occurrences(_tokenize(path, _ended(path.read_bytes())))
+            data = path.read_bytes()
+            if _is_bracketed(data):
+                data = self._unbracket(path, data)
+            return _first_occurrences(_tokenize(path, _ended(data)))
         buffer = self._buffers.pop() if self._buffers else bytearray()
         try:
             buffer, data, size = _read_into(path, buffer)
+            if _is_bracketed(data[: min(size, 4096)]):
+                data = self._unbracket(path, bytes(data[:size]))
+                size = len(data)
             return _tokenize_native(path, data, size)
         finally:
             self._buffers.append(buffer)
+
+    def _unbracket(self, path: Path, data: bytes) -> bytes:
+        """The bracketed format rewritten line for line into the groupHash format (line numbers kept,
+        so errors still name the file's own lines; a line that does not match is left to be named)."""
+        hosts: set[bytes] = set()
+
+        def rewrite(match: re.Match[bytes]) -> bytes:
+            ip, host, save, when, rank, op, count, stream, op_count, group = match.groups()
+            hosts.add(host if host != b"unknown" else ip)
+            line = b"[save_count %s] [%s] [Rank %s] Fun %s Data %s stream %s opCount %s" % (
+                save,
+                when,
+                rank,
+                op,
+                count,
+                stream,
+                op_count,
+            )
+            if group is None:
+                return line
+            value = int(group, 16) if group.startswith(b"0x") else int(group)
+            return line + b" groupHash %d" % (value - (1 << 64) if value >= 1 << 63 else value)
+
+        data = BRACKETED_LINE.sub(rewrite, data)
+        if len(hosts) == 1:
+            self.hosts[path] = hosts.pop().decode(errors="replace")
+        return data
 
     def parse_or_problem(self, path: Path) -> _Columns | str:
         try:
@@ -364,14 +417,36 @@ def _communicators(pairs: Iterable[list[tuple[int, int]]]) -> dict[int, Communic
     }
 
 
-def read_logs(directory: str | Path) -> Trace:
+LOG_NAME = re.compile(r"\.log(\.\d+)?$")  # rank_<R>.log; <pod>_<time>_<pid>.log and its rotations .log.<n>
+
+
+def log_files(directory: Path) -> list[Path]:
+    """The Megatrace logs in a directory: rank_<R>.log, and any *.log / *.log.<n> that starts like one."""
+    found = []
+    for path in sorted(directory.iterdir()):
+        if not path.is_file() or not LOG_NAME.search(path.name):
+            continue
+        if path.name.startswith("rank_"):
+            found.append(path)
+            continue
+        with open(path, "rb") as handle:
+            head = handle.read(4096).lstrip()
+        if head.startswith(b"[save_count ") or _is_bracketed(head):
+            found.append(path)
+    return found
+
+
+def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
+    """``layout``: the job's Megatron layout, which tells apart communicators of logs without groupHash.
+    The rank of a call is the one its line names (files of the newer format are named by pod)."""
     directory = Path(directory)
-    files = sorted(directory.glob("rank_*.log"))
+    files = log_files(directory)
     if not files:
-        raise FileNotFoundError(f"{directory}: no rank_*.log files")
+        raise FileNotFoundError(f"{directory}: no rank_*.log (or other Megatrace) logs")
     parts, ranks, problems = [], {}, []
+    reader = _Reader()
     progress = Progress(len(files), "reading Megatrace logs")
-    for path, result in zip(files, _map(_Reader().parse_or_problem, files), strict=True):
+    for path, result in zip(files, _map(reader.parse_or_problem, files), strict=True):
         progress.advance()
         if isinstance(result, str):
             problems.append(result)
@@ -379,7 +454,8 @@ def read_logs(directory: str | Path) -> Trace:
         if not result.rows:
             continue
         rank = int(result.rank[0])
-        ranks[rank] = RankSource(rank, "unknown", -1, str(path))
+        if rank not in ranks or ranks[rank].node == "unknown":
+            ranks[rank] = RankSource(rank, reader.hosts.get(path, "unknown"), -1, str(path))
         parts.append(result)
     progress.close()
     comms = _communicators(_map(_members, parts))
@@ -388,7 +464,36 @@ def read_logs(directory: str | Path) -> Trace:
     firsts = np.cumsum([0] + [part.rows for part in ordered])[:-1].tolist()
     for _ in _map(lambda job: _fill(calls, *job), zip(firsts, ordered, strict=True)):
         pass
+    _match_unnamed_communicators(calls, comms, problems, layout)
     return Trace(calls, ranks, comms, problems, has_returns=False)
+
+
+def _match_unnamed_communicators(
+    calls: np.ndarray, comms: dict[int, Communicator], problems: list[str], layout: Layout | None
+) -> None:
+    """Logs without groupHash key calls by (stream, rank): join the streams that are one communicator
+    (stream_match.py), in place."""
+    alone = np.array([comm_id for comm_id, comm in comms.items() if comm.size == 1], dtype=np.uint64)
+    if len(comms) < 2 or not len(alone):
+        return
+    rows = np.flatnonzero(np.isin(calls["comm"], alone))
+    mapping, matched, problem = match_streams(calls[rows], layout)
+    if problem:
+        problems.append(problem)
+    if not mapping:
+        return
+    old = np.array(sorted(mapping), dtype=np.uint64)
+    new = np.array([mapping[k] for k in sorted(mapping)], dtype=np.uint64)
+    position = np.searchsorted(old, calls["comm"][rows])
+    hit = (position < len(old)) & (old[np.minimum(position, len(old) - 1)] == calls["comm"][rows])
+    calls["comm"][rows[hit]] = new[position[hit]]
+    for comm_id in mapping:
+        comms.pop(comm_id, None)
+    comms.update(matched)
+    problems.append(
+        f"these logs name no communicator (no groupHash): {len(mapping)} streams matched into {len(matched)} "
+        "communicators by their opCount sequences and call times"
+    )
 
 
 def _op_counts(calls: np.ndarray) -> np.ndarray:

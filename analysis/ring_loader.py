@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, peek_header
+from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, State, peek_header
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 _RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
@@ -66,6 +66,11 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
     result.hostname, result.pid = snapshot.header.hostname, snapshot.header.pid
     if snapshot.torn:
         result.problem = f"{path}: {snapshot.torn} torn or in-flight records skipped"
+    rejected = records["state"] == State.FAILED  # NCCL returned an error at once: no operation took place
+    if rejected.any():
+        note = f"{path}: {int(rejected.sum())} calls NCCL refused (an error result) not analysed"
+        result.problem = f"{result.problem}; {note}" if result.problem else note
+        records = records[~rejected]
     op = records["op"]
     traced = (op > Op.NONE) & (op < Op.COMM_INIT)
     lifecycle = np.flatnonzero(~traced)

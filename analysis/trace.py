@@ -44,6 +44,15 @@ P2P_OPS = np.array([Op.SEND, Op.RECV], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
+class Frame:
+    """One Python frame of the stack a call was made from (flight-recorder dumps carry them)."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
 class RankSource:
     rank: int
     node: str
@@ -68,6 +77,12 @@ class Trace:
     has_returns: bool = True  # False for sources that log only call times (Megatrace)
     layout: Layout | None = None  # Megatron layout, when given
     ranks_per_node: int | None = None  # names nodes node-<rank // n> when sources do not
+    # t_return 0 means "still inside" even without return times (flight-recorder dumps record completion)
+    pending_known: bool = False
+    # (rank, comm, seq, op) -> the Python stack of that call, innermost first, where the source records it
+    stacks: dict[tuple[int, int, int, int], tuple[Frame, ...]] = field(default_factory=dict)
+    # rank -> ranks it may be exchanging sends/receives with that the source does not record (gloo)
+    unrecorded_partners: dict[int, set[int]] = field(default_factory=dict)
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:
@@ -122,10 +137,11 @@ def durations(calls: np.ndarray) -> np.ndarray:
     return np.where((gpu_start > 0) & (gpu_end > 0), gpu_end - gpu_start, host)
 
 
-def load_path(path: str | Path, workers: int = 1) -> Trace:
+def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) -> Trace:
     """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), of Megatrace
     logs (rank_<R>.log) or of PyTorch flight-recorder dumps (<prefix>rank_<R>), or one ring file.
-    ``workers``: processes reading rings in parallel (forked: only from a single-threaded program)."""
+    ``workers``: processes reading rings in parallel (forked: only from a single-threaded program).
+    ``layout``: the job's Megatron layout, which readers use where their source leaves groups unnamed."""
     path = Path(path)
     if path.is_dir():
         rings = sorted(path.glob("*.ring"))
@@ -133,15 +149,15 @@ def load_path(path: str | Path, workers: int = 1) -> Trace:
             from rankwatch.analysis.ring_loader import load_rings
 
             return load_rings(rings, workers)
-        if any(path.glob("rank_*.log")):
-            from rankwatch.analysis.megatrace import read_logs
+        from rankwatch.analysis.megatrace import log_files, read_logs
 
-            return read_logs(path)
+        if log_files(path):
+            return read_logs(path, layout)
         dumps = [p for p in path.iterdir() if p.is_file() and re.search(r"rank_\d+(\.\w+)?$", p.name)]
         if dumps:
             from rankwatch.analysis.flight_recorder import read_dumps
 
-            return read_dumps(dumps)
+            return read_dumps(dumps, layout)
         raise FileNotFoundError(
             f"{path}: no *.ring files, Megatrace rank_<R>.log files or flight-recorder *rank_<R> dumps"
         )

@@ -1,6 +1,7 @@
 /* The slice of NCCL's public C ABI that rankwatch interposes and that the stand-in implements.
- * Declared here (types and signatures as NCCL 2.18-2.28 publish them) so that nothing needs CUDA
- * or NCCL headers at build time. Every public ncclX has a strong pncclX twin (PMPI style).
+ * Declared here (types and signatures as NCCL 2.18-2.30 publish them; tests/nccl/test_real_nccl.py
+ * compares them with the nccl.h of NVIDIA's wheels) so that nothing needs CUDA or NCCL headers at
+ * build time. Every public ncclX has a strong pncclX twin (PMPI style).
  */
 #ifndef RANKWATCH_NCCL_ABI_H
 #define RANKWATCH_NCCL_ABI_H
@@ -26,7 +27,8 @@ typedef enum {
   ncclInvalidUsage = 5,
   ncclRemoteError = 6,
   ncclInProgress = 7,
-  ncclNumResults = 8
+  ncclTimeout = 8, /* NCCL >= 2.30 */
+  ncclNumResults = 9
 } ncclResult_t;
 
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4, ncclNumOps = 5,

@@ -238,7 +238,7 @@ RW_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
 }
 
 static ncclResult_t end_comm(comm_fn fn, ncclComm_t comm, int op) {
-  if (in_nccl) return fn(comm);
+  if (in_nccl || !comm) return fn(comm); /* NULL: no communicator ends, nothing to record */
   in_nccl++;
   rw_record* record;
   uint64_t index = rw_begin(comm, op, 0, 0, 255, -1, NULL, &record);

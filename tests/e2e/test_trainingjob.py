@@ -72,7 +72,7 @@ def test_example_job_runs_with_injected_workers(api, kubectl, namespace, eventua
 
     table = kubectl("get", "tj", "-n", namespace).stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "HEALTH", "SUSPECTS", "STEP", "TIME", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "HEALTH", "SUSPECTS", "STEP", "TIME", "RESTARTS", "AGE"]
     assert row.split()[:3] == ["llama-70b", "Running", "Unknown"]
 
     described = kubectl("describe", "tj", "llama-70b", "-n", namespace).stdout

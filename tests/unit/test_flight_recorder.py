@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import zlib
 
 import pytest
 
@@ -83,7 +84,8 @@ def test_hostile_pickle_is_refused_without_running_anything(tmp_path):
     (tmp_path / "nccl_trace_rank_3").write_bytes(pickle.dumps(hostile))
     trace = load_path(tmp_path)
     assert not marker.exists()
-    assert len(trace.problems) == 1 and "refused to load" in trace.problems[0] and "system" in trace.problems[0]
+    [refused] = [problem for problem in trace.problems if "nccl_trace_rank_3" in problem]
+    assert "refused to load" in refused and "system" in refused
     assert sorted(trace.ranks) == [0, 1, 2], "the other ranks are still read"
 
 
@@ -91,10 +93,74 @@ def test_garbage_and_truncated_dumps_are_problems_not_crashes(tmp_path):
     write(tmp_path, 0, dump(0, 3, "completed"), False)
     (tmp_path / "nccl_trace_rank_1").write_bytes(b"\x80\x04garbage")
     (tmp_path / "nccl_trace_rank_2").write_text('{"entries": [')
-    (tmp_path / "nccl_trace_rank_3").write_text('{"version": "2.10"}')
+    (tmp_path / "nccl_trace_rank_3").write_text('{"version": "2.10", "comm_lib_version": ""}')
     trace = load_path(tmp_path)
     assert list(trace.ranks) == [0]
     text = "\n".join(trace.problems)
     assert "nccl_trace_rank_1: not a readable flight-recorder pickle" in text
     assert "nccl_trace_rank_2: line 1: not valid JSON" in text
     assert "nccl_trace_rank_3: no 'entries' list" in text
+
+
+def test_json_dump_of_a_rank_that_recorded_nothing_is_read(tmp_path):
+    """dump_json leaves "entries" out when there are none."""
+    write(tmp_path, 0, dump(0, 3, "completed"), False)
+    (tmp_path / "nccl_trace_rank_1").write_text('{"version": "2.10", "pg_config": {}, "pg_status": {}}')
+    trace = load_path(tmp_path)
+    assert sorted(trace.ranks) == [0, 1] and not [p for p in trace.problems if "rank_1" in p]
+
+
+def test_older_dumps_with_one_sequence_number_and_text_status_are_read(tmp_path):
+    """Dumps before collective_seq_id / p2p_seq_id had seq_id; JSON dumps write pg_status values as text."""
+    for rank in range(4):
+        content = dump(rank, 6, "completed")
+        for entry in content["entries"]:
+            entry["seq_id"] = entry.pop("collective_seq_id")
+            del entry["p2p_seq_id"], entry["retired"]
+        content["pg_status"] = {"0": {"last_enqueued_collective": "6", "last_completed_collective": "6"}}
+        write(tmp_path, rank, content, False)
+    trace = load_path(tmp_path)
+    assert sorted(set(trace.calls["seq"].tolist())) == [1, 2, 3, 4, 5, 6]
+    assert analyze(trace)["healthy"]
+
+
+def test_memo_index_bomb_is_refused_before_unpickling(tmp_path):
+    """LONG_BINPUT 2**31-1 would make the C unpickler size its memo to 16 GB."""
+    write(tmp_path, 0, dump(0, 3, "completed"), True)
+    bomb = b"\x80\x04}r\xff\xff\xff\x7f."  # EMPTY_DICT, LONG_BINPUT 0x7fffffff, STOP
+    (tmp_path / "nccl_trace_rank_1").write_bytes(bomb)
+    trace = load_path(tmp_path)
+    [refused] = [problem for problem in trace.problems if "rank_1" in problem]
+    assert "memo index 2147483647" in refused and "refused" in refused
+
+
+def test_compression_bomb_is_refused(tmp_path, monkeypatch):
+    from rankwatch.analysis import flight_recorder
+
+    monkeypatch.setattr(flight_recorder, "MAX_DUMP_BYTES", 1 << 20)
+    (tmp_path / "nccl_trace_rank_0").write_bytes(zlib.compress(b"{" + b" " * (8 << 20) + b"}", 9))
+    trace = load_path(tmp_path)
+    [refused] = trace.problems
+    assert "inflates past 1 MiB" in refused
+
+
+def test_compressed_dump_is_read(tmp_path):
+    for rank in range(2):
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(zlib.compress(pickle.dumps(dump(rank, 3, "completed"))))
+    assert sorted(load_path(tmp_path).ranks) == [0, 1]
+
+
+@pytest.mark.timeout(10)
+def test_hostile_shape_costs_nothing_and_is_a_problem(tmp_path):
+    """A million huge dimensions: math.prod would grind through a 60-million-bit product."""
+    write(tmp_path, 0, dump(0, 3, "completed"), True)
+    hostile = dump(1, 3, "completed")
+    hostile["entries"][0]["input_sizes"] = [[2**62] * 1_000_000]
+    write(tmp_path, 1, hostile, True)
+    saturating = dump(2, 3, "completed")
+    saturating["entries"][0]["input_sizes"] = [[2**40, 2**40, 2**40]]
+    write(tmp_path, 2, saturating, True)
+    trace = load_path(tmp_path)
+    [problem] = [p for p in trace.problems if "rank_1" in p]
+    assert "not a tensor shape" in problem
+    assert int(trace.calls["count"][trace.calls["rank"] == 2].max()) == 2**63 - 1

@@ -1,0 +1,1 @@
+/* nccl.h includes it; nothing of it is needed to compare the ABI. */

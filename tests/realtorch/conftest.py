@@ -1,0 +1,82 @@
+"""Real torch.distributed jobs (gloo on CPU, under torchrun) with the flight recorder on.
+
+The PyTorch environment is cached outside the repository (tests/realtorch/torch_env.py; ``make test``
+builds it first). Each scenario runs once per session; its dumps are shared by the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # torch_env and nccl_style (pytest runs in importlib mode)
+import torch_env
+
+JOB = Path(__file__).parent / "megatron_job.py"
+LAYOUT = {"tp": 2, "pp": 2, "world": 8}
+SLOW_RANK, STOPPED_RANK = 3, 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def torch_python() -> Path:
+    if os.environ.get("RANKWATCH_SKIP_REAL_TORCH"):
+        pytest.skip("RANKWATCH_SKIP_REAL_TORCH is set")
+    return torch_env.python()
+
+
+def run_job(python: Path, out: Path, *args: str, timeout: float = 240) -> Path:
+    """torchrun with LAYOUT's world; returns ``out`` with the dumps the ranks wrote."""
+    out.mkdir(parents=True, exist_ok=True)
+    command = [
+        str(python), "-m", "torch.distributed.run", "--nproc-per-node", str(LAYOUT["world"]),
+        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+        str(JOB), "--out", str(out), "--tp", str(LAYOUT["tp"]), "--pp", str(LAYOUT["pp"]), *args,
+    ]  # fmt: skip
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def runs_dir() -> Iterator[Path]:
+    """Not pytest's tmp_path: other pytest sessions on the machine prune its old base directories."""
+    directory = Path(tempfile.mkdtemp(prefix="rankwatch-realtorch-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def healthy_run(torch_python: Path, runs_dir: Path) -> Path:
+    return run_job(torch_python, runs_dir / "healthy", "--steps", "6")
+
+
+@pytest.fixture(scope="session")
+def healthy_json_run(torch_python: Path, runs_dir: Path) -> Path:
+    return run_job(torch_python, runs_dir / "healthy-json", "--steps", "4", "--json")
+
+
+@pytest.fixture(scope="session")
+def slow_run(torch_python: Path, runs_dir: Path) -> Path:
+    slow = ("--slow-rank", str(SLOW_RANK), "--slow-ms", "15")
+    return run_job(torch_python, runs_dir / "slow", "--steps", "6", *slow)
+
+
+@pytest.fixture(scope="session")
+def stopped_run(torch_python: Path, runs_dir: Path) -> Path:
+    stop = ("--stop-rank", str(STOPPED_RANK), "--stop-step", "2", "--timeout-s", "8")
+    return run_job(torch_python, runs_dir / "stopped", "--steps", "4", *stop)

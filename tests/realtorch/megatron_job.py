@@ -1,0 +1,186 @@
+"""A Megatron-shaped torch.distributed job on CPU (gloo), run under torchrun by the real-PyTorch tests.
+
+Runs inside the cached PyTorch environment (tests/realtorch/torch_env.py), not rankwatch's: it
+imports torch only. Ranks are laid out as Megatron lays them out (rank = tp + TP*(dp + DP*pp)) with
+one process group per TP, DP and PP group; a step runs the microbatches forward and backward
+through the pipeline (send/recv in the PP group, an all-reduce in the TP group after each
+stage's compute), then all-reduces the gradients over DP and the loss over the world. Compute is
+a sleep, so eight ranks on two shared cores keep their pace.
+
+Faults: ``--slow-rank R --slow-ms X`` adds X ms to every compute of rank R; ``--stop-rank R
+--stop-step S`` makes rank R stop (sleep outside any collective) before step S: its peers time out
+in the collective that waits for it, dump their flight recorders and exit; R writes no dump.
+
+Each surviving rank writes its flight-recorder dump to ``<out>/nccl_trace_rank_<R>`` (pickle from
+``_dump_fr_trace``, or JSON from ``_dump_fr_trace_json`` with ``--json``) and ``<out>/journal/rank_<R>.json``
+(its groups and sends/receives, which gloo's recorder leaves out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--compute-ms", type=float, default=4.0)
+    parser.add_argument("--slow-rank", type=int, default=-1)
+    parser.add_argument("--slow-ms", type=float, default=0.0)
+    parser.add_argument("--stop-rank", type=int, default=-1)
+    parser.add_argument("--stop-step", type=int, default=-1)
+    parser.add_argument("--timeout-s", type=float, default=20.0)
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args()
+
+
+class Layout:
+    def __init__(self, world: int, tp: int, pp: int) -> None:
+        self.world, self.tp, self.pp, self.dp = world, tp, pp, world // (tp * pp)
+
+    def rank(self, tp: int, dp: int, pp: int) -> int:
+        return tp + self.tp * (dp + self.dp * pp)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        return rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp)
+
+
+GROUP_KINDS = (("tp", 0, "tensor_parallel"), ("dp", 1, "data_parallel"), ("pp", 2, "pipeline_parallel"))
+
+
+def make_groups(
+    layout: Layout, rank: int, timeout: timedelta, journal: Journal
+) -> dict[str, tuple[dist.ProcessGroup, list[int]]]:
+    """Every rank creates every group in the same order (new_group's rule); keeps its own. A group of
+    kind K holds the ranks that differ only in K's coordinate."""
+    mine: dict[str, tuple[dist.ProcessGroup, list[int]]] = {}
+    sizes = (layout.tp, layout.dp, layout.pp)
+    for kind, axis, name in GROUP_KINDS:
+        others = [a for a in range(3) if a != axis]
+        for outer in range(sizes[others[1]]):
+            for inner in range(sizes[others[0]]):
+                coords = [0, 0, 0]
+                coords[others[0]], coords[others[1]] = inner, outer
+                ranks = [layout.rank(*coords[:axis], k, *coords[axis + 1 :]) for k in range(sizes[axis])]
+                desc = f"{name}_{inner}_{outer}"
+                group = dist.new_group(ranks, group_desc=desc, timeout=timeout)
+                if rank in ranks:
+                    mine[kind] = (group, ranks)
+                    journal.group(group, desc, ranks)
+    return mine
+
+
+class Journal:
+    """What the gloo flight recorder leaves out, for tests/realtorch/nccl_style.py: this rank's groups
+    (name, desc, ranks) and its sends/receives (time, group, peer), written beside the dump."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict[str, object]] = {}
+        self.p2p: list[dict[str, object]] = []
+
+    def group(self, group: dist.ProcessGroup, desc: str, ranks: list[int]) -> None:
+        self.groups[group.group_name] = {"desc": desc, "ranks": ranks}
+
+    def exchange(self, op: str, group: dist.ProcessGroup, peer: int, ranks: list[int]) -> None:
+        self.p2p.append({"op": op, "group": group.group_name, "peer": ranks.index(peer), "t": time.time_ns()})
+
+
+def compute(args: argparse.Namespace, rank: int) -> None:
+    time.sleep((args.compute_ms + (args.slow_ms if rank == args.slow_rank else 0.0)) / 1e3)
+
+
+def stop(args: argparse.Namespace, world: int) -> None:
+    """Stopped outside any collective until the peers have timed out and dumped; then gone, no dump."""
+    deadline = time.monotonic() + args.timeout_s * 6
+    while time.monotonic() < deadline and len(list(Path(args.out).glob("nccl_trace_rank_*"))) < world - 1:
+        time.sleep(0.2)
+    os._exit(0)
+
+
+def dump(args: argparse.Namespace, rank: int, journal: Journal) -> None:
+    recorder = torch._C._distributed_c10d
+    if args.json:
+        text = recorder._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+        data = text.encode() if isinstance(text, str) else text
+    else:
+        data = recorder._dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)
+    journal_path = Path(args.out) / "journal" / f"rank_{rank}.json"
+    journal_path.parent.mkdir(exist_ok=True)
+    journal_path.write_text(json.dumps({"groups": journal.groups, "p2p": journal.p2p}))
+    partial = Path(args.out) / ".partial" / f"nccl_trace_rank_{rank}"
+    partial.parent.mkdir(exist_ok=True)
+    partial.write_bytes(data)
+    partial.rename(Path(args.out) / partial.name)  # whole dumps only: the stopped rank counts them
+
+
+def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal) -> None:
+    groups = make_groups(layout, rank, timedelta(seconds=args.timeout_s), journal)
+    journal.group(dist.group.WORLD, "default_pg", list(range(layout.world)))
+    _, _, stage = layout.coords(rank)
+    tp_group = groups["tp"][0]
+    pp_group, pp_ranks = groups["pp"]
+    dp_group = groups["dp"][0]
+    activation = torch.ones(256)
+    for step in range(args.steps):
+        if rank == args.stop_rank and step == args.stop_step:
+            stop(args, layout.world)
+        for _ in range(args.microbatches):  # forward
+            if stage > 0:
+                journal.exchange("recv", pp_group, pp_ranks[stage - 1], pp_ranks)
+                dist.recv(activation, src=pp_ranks[stage - 1], group=pp_group)
+            compute(args, rank)
+            dist.all_reduce(activation, group=tp_group)
+            activation /= layout.tp
+            if stage < layout.pp - 1:
+                journal.exchange("send", pp_group, pp_ranks[stage + 1], pp_ranks)
+                dist.send(activation, dst=pp_ranks[stage + 1], group=pp_group)
+        for _ in range(args.microbatches):  # backward
+            if stage < layout.pp - 1:
+                journal.exchange("recv", pp_group, pp_ranks[stage + 1], pp_ranks)
+                dist.recv(activation, src=pp_ranks[stage + 1], group=pp_group)
+            compute(args, rank)
+            dist.all_reduce(activation, group=tp_group)
+            activation /= layout.tp
+            if stage > 0:
+                journal.exchange("send", pp_group, pp_ranks[stage - 1], pp_ranks)
+                dist.send(activation, dst=pp_ranks[stage - 1], group=pp_group)
+        gradients = torch.ones(1024)
+        dist.all_reduce(gradients, group=dp_group)
+        loss = torch.ones(1)
+        dist.all_reduce(loss)
+
+
+def main() -> int:
+    args = parse()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
+    layout = Layout(world, args.tp, args.pp)
+    failed = None
+    journal = Journal()
+    try:
+        train(args, layout, rank, journal)
+    except RuntimeError as error:  # a peer stopped: the collective timed out
+        failed = error
+    dump(args, rank, journal)
+    if failed is not None:
+        print(f"rank {rank}: {failed}".splitlines()[0], file=sys.stderr)
+        os._exit(0)  # the process group cannot be torn down cleanly with a peer gone
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

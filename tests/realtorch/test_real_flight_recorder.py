@@ -1,0 +1,94 @@
+"""rankwatch on flight-recorder dumps real PyTorch wrote: torch.distributed on gloo under torchrun, in
+Megatron's layout (TP 2, PP 2, DP 2: TP all-reduces, PP send/recv, DP and world all-reduces).
+
+What those dumps hold (PyTorch 2.15, gloo): every entry "scheduled" with no discovered times, ``retired``
+when the work ended (also by timing out), an empty-named ``pg_config``, ``pg_status`` per pg id, no
+send/recv entries, Python frames. The same runs again as NCCL would have recorded them (nccl_style.py):
+completed/started states, discovery times, GPU durations, send/recv entries, real ``pg_config``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+from conftest import LAYOUT, SLOW_RANK, STOPPED_RANK
+from nccl_style import derive
+
+from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.topology import Layout
+from rankwatch.analysis.trace import load_path
+
+MEGATRON = Layout(LAYOUT["tp"], LAYOUT["pp"], LAYOUT["world"])
+
+
+def findings_of(directory: Path, layout: Layout | None = MEGATRON) -> dict:
+    trace = load_path(directory, layout=layout)
+    trace.layout = layout
+    return analyze(trace)
+
+
+@pytest.fixture(params=["gloo", "nccl-style"])
+def dumps_of(request, tmp_path):
+    """The run's dumps as gloo wrote them, or as NCCL would have."""
+
+    def pick(run: Path) -> Path:
+        return run if request.param == "gloo" else derive(run, tmp_path / "nccl")[0].parent
+
+    return pick
+
+
+def test_what_real_gloo_dumps_contain(healthy_run):
+    dump = pickle.loads((healthy_run / "nccl_trace_rank_0").read_bytes())
+    entries = dump["entries"]
+    assert dump["version"] and entries and {e["profiling_name"] for e in entries} == {"gloo:all_reduce"}
+    assert {e["state"] for e in entries} == {"scheduled"}, "gloo never marks an entry started or completed"
+    assert not any(e["time_discovered_completed_ns"] for e in entries)
+    assert not any(e["is_p2p"] for e in entries), "gloo records no send/recv"
+    assert all(e["frames"] for e in entries)
+
+
+def test_healthy_job_has_no_finding(healthy_run, dumps_of):
+    document = findings_of(dumps_of(healthy_run))
+    assert document["healthy"], document["findings"]
+
+
+def test_healthy_job_has_no_finding_without_a_layout(healthy_run):
+    document = findings_of(healthy_run, layout=None)
+    assert document["healthy"], document["findings"]
+
+
+def test_healthy_json_dumps_have_no_finding(healthy_json_run):
+    assert (healthy_json_run / "nccl_trace_rank_0").read_bytes()[:1] == b"{"
+    document = findings_of(healthy_json_run)
+    assert document["healthy"], document["findings"]
+
+
+def test_slow_rank_is_the_one_straggler(slow_run, dumps_of):
+    document = findings_of(dumps_of(slow_run))
+    [finding] = document["findings"]
+    assert finding["kind"] == "straggler" and finding["ranks"] == [SLOW_RANK], finding["summary"]
+    assert finding["evidence"]["delay_ms"] > 5
+    frame = finding["evidence"]["culprit_frame"]  # the training script's line, not torch's
+    assert frame["file"].endswith("megatron_job.py") and frame["function"] == "train" and frame["line"] > 0
+
+
+def test_stopped_rank_is_the_one_hang_culprit(stopped_run, dumps_of):
+    directory = dumps_of(stopped_run)
+    assert not (directory / f"nccl_trace_rank_{STOPPED_RANK}").exists(), "the stopped rank wrote no dump"
+    document = findings_of(directory)
+    [finding] = document["findings"]
+    assert finding["kind"] == "hang" and finding["ranks"] == [STOPPED_RANK], finding["summary"]
+    assert any(f"rank {STOPPED_RANK}" in problem for problem in document["problems"])
+    if "waiting_frame" in finding["evidence"] or directory == stopped_run:  # gloo: the waiters' collectives
+        frame = finding["evidence"]["waiting_frame"]  # where its peers wait: the stopped rank left no stack
+        assert frame["file"].endswith("megatron_job.py") and frame["function"] == "train"
+
+
+def test_without_a_layout_no_other_rank_is_blamed_for_the_stop(stopped_run):
+    """Without the layout, gloo's unrecorded send/recv leave the waits of some ranks unexplained: rankwatch
+    then names the rank without a dump when the recorded waits lead to it, and nobody otherwise."""
+    document = findings_of(stopped_run, layout=None)
+    assert [f["ranks"] for f in document["findings"]] in ([], [[STOPPED_RANK]]), document["findings"]
+    assert any(f"rank {STOPPED_RANK}" in problem for problem in document["problems"])
