@@ -50,6 +50,8 @@ def standin_job(
             },
             "tracing": {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW, "gpuTiming": gpu_timing},
             "remediation": remediation or {"cordon": False},
+            # Diagnosis only: recovery's default restart after a hang would reset the conditions under test.
+            "recovery": {"policy": "None"},
         },
     }
 
