@@ -213,8 +213,10 @@ def operator(
         os.environ["KUBECONFIG"] = operator_kubeconfig
         kubeconfig = operator_kubeconfig
     kubernetes.config.load_kube_config(config_file=kubeconfig)
-    # No cooldown after an undo: tests that cordon and undo may land on the same node one after another.
+    # The operator reads its safeguards once, at start: cordons back to back (tests that cordon and undo
+    # may land on the same node one after another, and several tests cordon at once).
     os.environ["RANKWATCH_CORDON_COOLDOWN_SECONDS"] = "0"
+    os.environ["RANKWATCH_BREAKER_MAX_SHARE"] = "1"
     args = ["run", "--standalone", "--namespace", f"{E2E_NAMESPACE_PREFIX}*", "-m", "rankwatch.operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         yield runner
