@@ -3,10 +3,11 @@
 # sidecar (`rankwatch sidecar`) and the init container that copies the tracing library into worker
 # pods (`cp /opt/rankwatch/lib/librankwatch-nccl.so ...`, see operator/lifecycle/pod_spec.py).
 #
-# Every stage starts from the same pinned Debian-based Python image, so the library is compiled
-# against the glibc it runs beside. No secrets enter the build; the runtime user is 65532, the uid
-# the operator's pod specs run as. Its RUN steps are exercised without Docker by
-# tests/unit/test_dockerfile.py (same commands, in a temporary directory and a clean venv).
+# Every stage starts from the same pinned Debian-based Python image, so the library and the C
+# extension are compiled against the glibc they run beside; compilers stay in the build stages.
+# No secrets enter the build; the runtime user is 65532, the uid the operator's pod specs run as.
+# Built without a Docker engine by tests/unit/test_dockerfile.py (its RUN steps in a temporary
+# directory and a clean venv) and, in a real Debian root filesystem, by `make image-rootfs`.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 # -- 1: the NCCL tracing library (C, gcc only) -------------------------------------------------
@@ -21,8 +22,18 @@ WORKDIR /src
 COPY nccl_patch/ nccl_patch/
 RUN make -C nccl_patch build/librankwatch-nccl.so
 
-# -- 2: the Python package in its own venv (wheels only; no compiler needed) -------------------
+# -- 2: the Python package in its own venv -----------------------------------------------------
+# The Megatrace tokeniser is a C extension (the base image has Python's headers, not a compiler).
+# What only development and tests use is removed from the venv: the local-cluster harness, the
+# simulator and the trace generators (rankwatch.cluster, rankwatch.simulate,
+# rankwatch.analysis.scenario, rankwatch.analysis.ring_writer); `rankwatch cluster` and
+# `rankwatch simulate` say so in the image. Test doubles live under tests/, which is never copied.
+# `python -I`: the source tree's operator/ folder must not shadow the standard library's operator.
 FROM ${PYTHON_IMAGE} AS python
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 ENV VENV=/opt/rankwatch/venv \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -34,8 +45,11 @@ COPY sidecar/ sidecar/
 COPY analysis/ analysis/
 COPY cluster/ cluster/
 COPY alerting/ alerting/
-RUN python -m venv "$VENV" \
+RUN python -I -m venv "$VENV" \
     && "$VENV/bin/pip" install . \
+    && site="$("$VENV/bin/python" -I -c 'import rankwatch, os; print(os.path.dirname(rankwatch.__file__))')" \
+    && rm -r "$site/cluster" "$site/simulate.py" "$site/analysis/scenario.py" "$site/analysis/ring_writer.py" \
+    && "$VENV/bin/python" -I -c 'import rankwatch.analysis._megatrace_tokenizer' \
     && "$VENV/bin/rankwatch" --help > /dev/null
 
 # -- 3: runtime ----------------------------------------------------------------------------------
@@ -49,6 +63,7 @@ ENV PATH=/opt/rankwatch/venv/bin:$PATH \
 COPY --from=python /opt/rankwatch/venv /opt/rankwatch/venv
 COPY --from=native /src/nccl_patch/build/librankwatch-nccl.so /opt/rankwatch/lib/librankwatch-nccl.so
 RUN rankwatch --help > /dev/null \
+    && python -c 'import rankwatch.operator.handlers, rankwatch.sidecar.main' \
     && test -r /opt/rankwatch/lib/librankwatch-nccl.so
 USER 65532:65532
 CMD ["rankwatch", "operator"]

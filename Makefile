@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e e2e-rbac bench cluster-binaries tools monitoring torch-env cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e e2e-rbac bench image-rootfs cluster-binaries tools monitoring torch-env cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,14 @@ bench: native $(INSTALLED)
 	$(BIN)/python bench/cluster_startup.py
 	$(BIN)/python bench/sidecar_cpu.py
 	$(BIN)/python bench/operator_cpu.py
+
+# The image's root filesystem built from the Dockerfile without a Docker engine (Debian bookworm via
+# mmdebstrap standing in for the Python base image, each stage in a chroot) and checked: rankwatch
+# --help as uid 65532, the C tokeniser, the tracing library, no compiler, no development tools.
+# Needs root; 4-6 minutes (the base is cached in ~/.cache/rankwatch/image), so not part of `make test`,
+# whose tests/unit/test_dockerfile.py runs the same steps on the host in a temporary tree instead.
+image-rootfs: $(INSTALLED)
+	$(BIN)/python bench/image_rootfs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache analysis/*.so

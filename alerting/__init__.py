@@ -2,8 +2,9 @@
 
 The operator uses:
 
-- ``load_config(text, secrets=kubernetes_resolver(namespace))`` once at startup;
-- ``AlertPipeline(config)``: ``await start()`` / ``await stop()`` in the operator's event loop,
+- ``load_config(text, secrets=kubernetes_resolver(namespace, kube))`` once at startup;
+- ``AlertPipeline(config, store=open_store(config.store, kube, namespace))``: ``await start()`` /
+  ``await stop()`` in the operator's event loop,
   ``await submit([alert_from_finding(namespace, job, finding, spec.alerting)])`` when a diagnosis
   finds something, ``await resolve(labels={"namespace": ns, "trainingjob": job})`` when it clears;
 - ``add_routes(app, pipeline)`` on its aiohttp app for the Alertmanager webhook and silences.
@@ -16,6 +17,7 @@ from rankwatch.alerting.intake import add_routes, alerts_from_alertmanager, serv
 from rankwatch.alerting.model import Alert, Level
 from rankwatch.alerting.pipeline import AlertPipeline
 from rankwatch.alerting.secrets import Secret, file_resolver, kubernetes_resolver, mapping_resolver
+from rankwatch.alerting.store import open_store
 
 __all__ = [
     "Alert",
@@ -32,5 +34,6 @@ __all__ = [
     "kubernetes_resolver",
     "load_config",
     "mapping_resolver",
+    "open_store",
     "serve",
 ]

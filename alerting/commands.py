@@ -1,8 +1,9 @@
 """``rankwatch alerts report`` and ``rankwatch alerts test``: on-demand messages from the command line.
 
-Run where the store is (``kubectl exec deploy/rankwatch-operator -- rankwatch alerts report``) or
-anywhere with a copy of it. They only open the store and send: nothing of the operator's alert
-groups is evaluated, so running them beside the operator never sends a page twice.
+Run anywhere the store is reachable: the chart's store (ConfigMaps in the operator's namespace)
+wherever they can be read, a SQLite store where the file is (or a copy). They only open the store
+and send: nothing of the operator's alert groups is evaluated, so running them beside the operator
+never sends a page twice.
 """
 
 from __future__ import annotations
@@ -19,21 +20,21 @@ from rankwatch.alerting.delivery import DeliveryError
 from rankwatch.alerting.model import Level
 from rankwatch.alerting.pipeline import AlertPipeline
 from rankwatch.alerting.secrets import SecretResolver, file_resolver, kubernetes_resolver
-from rankwatch.alerting.store import AlertStore, StoreError
+from rankwatch.alerting.store import AlertStore, StoreError, open_store
 
 DEFAULT_CONFIG = "/etc/rankwatch/alerting/config.yaml"
+
+
+def _namespace(namespace: str | None) -> str:
+    return namespace or os.environ.get("POD_NAMESPACE", "rankwatch-system")
 
 
 def _resolver(secrets_file: str | None, namespace: str | None) -> SecretResolver:
     if secrets_file:
         return file_resolver(secrets_file)
-    import kubernetes
+    from rankwatch.kube import api_client
 
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-    return kubernetes_resolver(namespace or os.environ.get("POD_NAMESPACE", "rankwatch-system"))
+    return kubernetes_resolver(_namespace(namespace), api_client())
 
 
 def _config(path: str | None, secrets_file: str | None, namespace: str | None, store: str | None) -> AlertingConfig:
@@ -56,16 +57,21 @@ def report(
 ) -> int:
     try:
         config = _config(config_path, secrets_file, namespace, store)
-        if not Path(config.store.path).exists():
+        if config.store.path and not Path(config.store.path).exists():
             raise StoreError(f"no alert store at {config.store.path} (give --store)")
-        return asyncio.run(_report(config, receiver, print_only))
+        return asyncio.run(_report(config, _namespace(namespace), receiver, print_only))
     except (ConfigError, StoreError, ValueError, OSError) as error:
         print(f"rankwatch alerts report: {error}", file=sys.stderr)
         return 1
 
 
-async def _report(config: AlertingConfig, receiver: str | None, print_only: bool) -> int:
-    store = AlertStore(config.store.path)
+async def _report(config: AlertingConfig, namespace: str, receiver: str | None, print_only: bool) -> int:
+    kube = None
+    if not config.store.path:
+        from rankwatch.kube import api_client
+
+        kube = api_client()
+    store = open_store(config.store, kube, namespace)
     pipeline = AlertPipeline(config, store=store)
     await pipeline.start(evaluate=False)
     try:

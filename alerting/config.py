@@ -141,7 +141,10 @@ class IntakeConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    path: str = "/var/lib/rankwatch/alerts.sqlite"
+    config_map: str = "rankwatch-alerts"
+    """ConfigMaps in the operator's namespace (every replica reaches them; see ``cluster_store.py``)."""
+    path: str | None = None
+    """A SQLite file instead (one process: the CLI, tests, a single replica with a volume)."""
     retention: float = 90 * 86400.0
     """History older than this is deleted (the weekly report needs only a week)."""
 
@@ -485,10 +488,16 @@ def _intake(data: Any, secrets: SecretResolver) -> IntakeConfig:
 
 
 def _store(data: Any) -> StoreConfig:
-    entry = _mapping(data, "store", {"path", "retention"})
+    entry = _mapping(data, "store", {"path", "configMap", "retention"})
     d = StoreConfig()
+    if "path" in entry and "configMap" in entry:
+        raise ConfigError("store: give either path (a SQLite file) or configMap (in the API server), not both")
+    name = _string(entry.get("configMap", d.config_map), "store.configMap")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,50}[a-z0-9])?", name):
+        raise ConfigError(f"store.configMap: {name!r} is not a ConfigMap name (lowercase, digits, '-'; at most 52)")
     return StoreConfig(
-        path=_string(entry.get("path", d.path), "store.path"),
+        config_map=name,
+        path=_string(entry["path"], "store.path") if "path" in entry else None,
         retention=_duration(entry.get("retention", d.retention), "store.retention", positive=True),
     )
 

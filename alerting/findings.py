@@ -15,12 +15,6 @@ from rankwatch.alerting.model import Alert, Level
 from rankwatch.analysis.findings import Finding
 from rankwatch.operator.spec import Alerting
 
-ALERT_NAMES = {
-    "hang": "TrainingJobHang",
-    "straggler": "TrainingJobStraggler",
-    "slow_link": "TrainingJobSlowLink",
-    "fail_slow": "TrainingJobFailSlow",
-}
 MAX_RANKS_IN_LABEL = 16
 
 
@@ -34,15 +28,13 @@ def alert_from_finding(
 ) -> Alert:
     """The alert for one finding of job ``namespace/job``, levelled by the job's ``spec.alerting``."""
     alerting = alerting or Alerting()
-    if finding.kind not in ALERT_NAMES:
-        raise ValueError(f"finding kind {finding.kind!r} is not one of {', '.join(ALERT_NAMES)}")
     ranks = sorted(finding.ranks)
     rank_label = ",".join(map(str, ranks[:MAX_RANKS_IN_LABEL]))
     if len(ranks) > MAX_RANKS_IN_LABEL:
         rank_label += f",+{len(ranks) - MAX_RANKS_IN_LABEL}"
     labels = {
-        "alertname": ALERT_NAMES[finding.kind],
-        "kind": finding.kind,
+        "alertname": finding.kind.alert_name,
+        "kind": finding.kind.value,
         "namespace": namespace,
         "trainingjob": job,
         "route": alerting.route,

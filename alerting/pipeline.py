@@ -32,7 +32,7 @@ from rankwatch.alerting.receivers import build_receivers
 from rankwatch.alerting.report import last_slot, weekly_report
 from rankwatch.alerting.routing import GroupKey, group_keys
 from rankwatch.alerting.silences import Silence, silenced_by
-from rankwatch.alerting.store import AlertStore, NotifyRecord
+from rankwatch.alerting.store import AlertStore, NotifyRecord, open_store
 from rankwatch.alerting.storm import StormGate
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class AlertPipeline:
         (the CLI beside a running operator) without notifying anything of the operator's alerts.
         """
         if self._store is None:
-            self._store = AlertStore(self.config.store.path)
+            self._store = open_store(self.config.store)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.delivery.timeout))
         if not evaluate:
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 SecretResolver = Callable[[str, str], str]
 """(Secret name, key) -> value. Raises ``KeyError`` (or ``LookupError``) when absent."""
@@ -41,11 +42,9 @@ class Secret:
         raise TypeError("a Secret is not serialisable")
 
 
-def kubernetes_resolver(namespace: str) -> SecretResolver:
-    """Read keys of Secrets in ``namespace`` through the API (the operator's ServiceAccount needs ``get``).
-
-    The client must already be configured (in-cluster or kubeconfig), as the operator does at startup.
-    """
+def kubernetes_resolver(namespace: str, kube: Any) -> SecretResolver:
+    """Read keys of Secrets in ``namespace`` through ``kube`` (a ``kubernetes.client.ApiClient``; the
+    operator's ServiceAccount needs ``get`` on them)."""
     import kubernetes
     from kubernetes.client.exceptions import ApiException
 
@@ -54,7 +53,7 @@ def kubernetes_resolver(namespace: str) -> SecretResolver:
     def resolve(name: str, key: str) -> str:
         if name not in cache:
             try:
-                secret = kubernetes.client.CoreV1Api().read_namespaced_secret(name, namespace)
+                secret = kubernetes.client.CoreV1Api(kube).read_namespaced_secret(name, namespace)
             except ApiException as error:
                 # Only status and reason: the response body of a Secret read is not ours to print.
                 raise LookupError(

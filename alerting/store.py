@@ -13,7 +13,9 @@ returns (and before the Alertmanager webhook answers 200), and the notification 
 each receiver was told, committed right after the receiver accepted it. After a restart, alerts
 are regrouped from the table and compared with the log: unsent ones go out, sent ones do not.
 (A crash in the instant between Feishu's answer and our commit repeats that one message: at least
-once, never lost.) One operator replica writes the file (kopf peering keeps one active).
+once, never lost.) The file is one pod's: for an operator with a standby, ``cluster_store.py`` keeps
+the same state in the API server (``store.configMap``, the chart's default), so a failover neither
+loses nor repeats a page.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.alerting.matchers import Matcher
 from rankwatch.alerting.model import Alert, Level, job_of, node_of
 from rankwatch.alerting.silences import Silence
+
+if TYPE_CHECKING:
+    from rankwatch.alerting.cluster_store import ClusterAlertStore
+    from rankwatch.alerting.config import StoreConfig
 
 SCHEMA = 1
 
@@ -152,30 +159,16 @@ class AlertStore:
     # -- silences -------------------------------------------------------------------------------
 
     def save_silence(self, silence: Silence) -> None:
-        data = {**silence.to_json(), "startsAt": silence.starts_at, "endsAt": silence.ends_at}
         with self._transaction() as db:
             db.execute(
                 "INSERT OR REPLACE INTO silences (id, silence, ends_at) VALUES (?, ?, ?)",
-                (silence.id, json.dumps(data), silence.ends_at),
+                (silence.id, json.dumps(silence_to_data(silence)), silence.ends_at),
             )
 
     def load_silences(self, now: float) -> list[Silence]:
         with self._transaction() as db:
             db.execute("DELETE FROM silences WHERE ends_at <= ?", (now,))
-        silences = []
-        for (raw,) in self._db.execute("SELECT silence FROM silences"):
-            data = json.loads(raw)
-            silences.append(
-                Silence(
-                    matchers=tuple(Matcher.parse(m) for m in data["matchers"]),
-                    starts_at=data["startsAt"],
-                    ends_at=data["endsAt"],
-                    created_by=data.get("createdBy", ""),
-                    comment=data.get("comment", ""),
-                    id=data["id"],
-                )
-            )
-        return silences
+        return [silence_from_data(json.loads(raw)) for (raw,) in self._db.execute("SELECT silence FROM silences")]
 
     def delete_silence(self, silence_id: str) -> bool:
         with self._transaction() as db:
@@ -208,6 +201,33 @@ class AlertStore:
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def silence_to_data(silence: Silence) -> dict[str, Any]:
+    return {**silence.to_json(), "startsAt": silence.starts_at, "endsAt": silence.ends_at}
+
+
+def silence_from_data(data: dict[str, Any]) -> Silence:
+    return Silence(
+        matchers=tuple(Matcher.parse(m) for m in data["matchers"]),
+        starts_at=data["startsAt"],
+        ends_at=data["endsAt"],
+        created_by=data.get("createdBy", ""),
+        comment=data.get("comment", ""),
+        id=data["id"],
+    )
+
+
+def open_store(config: StoreConfig, kube: Any = None, namespace: str = "") -> AlertStore | ClusterAlertStore:
+    """The store ``config`` names: a SQLite file (``path``), or ConfigMaps in ``namespace`` through
+    ``kube`` (``configMap``), which every operator replica reaches."""
+    if config.path:
+        return AlertStore(config.path)
+    if kube is None or not namespace:
+        raise StoreError(f"store.configMap {config.config_map!r} is read through the API: give a client and namespace")
+    from rankwatch.alerting.cluster_store import ClusterAlertStore
+
+    return ClusterAlertStore(kube, namespace, config.config_map)
 
 
 class _Transaction:

@@ -11,7 +11,7 @@ import numpy as np
 
 from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.fail_slow import detect_fail_slow
-from rankwatch.analysis.findings import Finding, report
+from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
 from rankwatch.analysis.hang import detect_hangs
 from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
@@ -37,6 +37,11 @@ def recent_since(trace: Trace, budget: int = EVIDENCE_CALLS) -> int | None:
 
 
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
+    """:func:`analyze_trace` as the ``--json`` document."""
+    return analyze_trace(trace, test_type, stall_seconds).to_json()
+
+
+def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> AnalysisReport:
     """Findings of the chosen detectors (Megatrace's test types: ``hang``; ``slow``, the job against
     its own history and the ranks behind it; ``parallel``, ranks against their peers); a hung job is
     not also scored for slowness, unless the hang comes from call times alone."""
@@ -67,7 +72,7 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
             findings += fail_slow_with_culprits(trace, endpoints)
     findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
-    return report(findings, problems)
+    return ranked(findings, problems)
 
 
 def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Finding]:
@@ -80,16 +85,16 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
     return detect_fail_slow(trace, stragglers_after)
 
 
-def summary_text(document: dict[str, Any], trace: Trace) -> str:
+def summary_text(report: AnalysisReport, trace: Trace) -> str:
     lines = [f"{len(trace.ranks)} ranks, {len(trace.calls)} NCCL calls, {len(trace.comms)} communicators"]
-    for problem in document["problems"]:
+    for problem in report.problems:
         lines.append(f"warning: {problem}")
-    if document["healthy"]:
+    if report.healthy:
         lines.append("healthy: no hang, no straggler, no slow link, no fail-slow")
-    for finding in document["findings"]:
-        lines.append(f"{finding['kind'].upper()} (confidence {finding['confidence']:.2f}): {finding['summary']}")
+    for finding in report.findings:
+        lines.append(f"{finding.kind.value.upper()} (confidence {finding.confidence:.2f}): {finding.summary}")
         for key, who in (("culprit_frame", "its call"), ("waiting_frame", "its peers wait")):
-            if frame := finding["evidence"].get(key):
+            if frame := finding.evidence.get(key):
                 lines.append(f"  {who} at {frame['file']}:{frame['line']} in {frame['function']}")
     return "\n".join(lines)
 
@@ -110,11 +115,12 @@ def main(
         trace.layout, trace.ranks_per_node = layout, ranks_per_node
         if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
             raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")
-        document = analyze(trace, test_type, stall_seconds)
+        result = analyze_trace(trace, test_type, stall_seconds)
     except (FileNotFoundError, ValueError) as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
-    print(summary_text(document, trace))
+    print(summary_text(result, trace))
+    document = result.to_json()
     if json_out:
         Path(json_out).write_text(json.dumps(document, indent=2))
     if chrome_out:

@@ -1,16 +1,74 @@
-"""What a detector reports: a finding with ranks, nodes, a confidence, a summary and numbers."""
+"""What a detector reports: a finding with ranks, nodes, a confidence, a summary and numbers.
+
+:class:`FindingKind` is the one vocabulary of kinds: the analysis's own name (``hang``; the JSON and
+node annotations), the reason written on the TrainingJob and its Events (``Hang``), the condition it
+sets (``Hung`` / ``Degraded``), the alert name (``TrainingJobHang``) and the ``spec.alerting.levels``
+key that levels it (``hang``). A hang whose members all sit inside one collective keeps kind
+``hang`` and reads ``StuckInCollective`` on the job (:attr:`Finding.reason`).
+"""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = 1
+STUCK_IN_COLLECTIVE = "StuckInCollective"
+HUNG, DEGRADED = "Hung", "Degraded"
+
+
+class FindingKind(enum.StrEnum):
+    """Finding kinds, most severe first (a queue of diagnoses serves a hang before a straggler)."""
+
+    HANG = "hang"
+    STRAGGLER = "straggler"
+    SLOW_LINK = "slow_link"
+    FAIL_SLOW = "fail_slow"
+
+    @property
+    def reason(self) -> str:
+        """How the job's status, condition reason and Events name it."""
+        return _PRESENTATION[self][0]
+
+    @property
+    def condition(self) -> str:
+        """The TrainingJob condition it sets True."""
+        return HUNG if self is FindingKind.HANG else DEGRADED
+
+    @property
+    def alert_name(self) -> str:
+        return _PRESENTATION[self][1]
+
+    @property
+    def level_key(self) -> str:
+        """The ``spec.alerting.levels`` field that sets its alert level."""
+        return _PRESENTATION[self][2]
+
+    @property
+    def severity(self) -> int:
+        """0 is the most severe."""
+        return list(FindingKind).index(self)
+
+    @classmethod
+    def from_reason(cls, reason: str) -> FindingKind | None:
+        """The kind behind a reason read from a job's status (None when it is not one of ours)."""
+        if reason == STUCK_IN_COLLECTIVE:
+            return cls.HANG
+        return next((kind for kind in cls if kind.reason == reason), None)
+
+
+_PRESENTATION = {
+    FindingKind.HANG: ("Hang", "TrainingJobHang", "hang"),
+    FindingKind.STRAGGLER: ("Straggler", "TrainingJobStraggler", "straggler"),
+    FindingKind.SLOW_LINK: ("SlowLink", "TrainingJobSlowLink", "slowLink"),
+    FindingKind.FAIL_SLOW: ("FailSlow", "TrainingJobFailSlow", "degradation"),
+}
 
 
 @dataclass(frozen=True)
 class Finding:
-    kind: str  # hang | straggler | slow_link | fail_slow
+    kind: FindingKind  # given as the enum or its value ("hang", ...)
     ranks: list[int]
     nodes: list[str]
     communicator: str | None
@@ -18,16 +76,66 @@ class Finding:
     summary: str
     evidence: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FindingKind(self.kind))
 
-def report(findings: list[Finding], problems: list[str]) -> dict[str, Any]:
-    """The `--json` document: most likely finding first."""
-    ordered = sorted(findings, key=lambda finding: -finding.confidence)
-    return {
-        "schema": SCHEMA,
-        "healthy": not ordered,
-        "findings": [asdict(finding) for finding in ordered],
-        "problems": problems,
-    }
+    @property
+    def reason(self) -> str:
+        """The reason on the job: the kind's, or ``StuckInCollective`` for a hang inside one collective."""
+        if self.kind is FindingKind.HANG and self.evidence.get("stuck"):
+            return STUCK_IN_COLLECTIVE
+        return self.kind.reason
+
+    @property
+    def condition(self) -> str:
+        return self.kind.condition
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            kind=FindingKind(data["kind"]),
+            ranks=[int(rank) for rank in data["ranks"]],
+            nodes=[str(node) for node in data["nodes"]],
+            communicator=data.get("communicator"),
+            confidence=float(data["confidence"]),
+            summary=str(data["summary"]),
+            evidence=dict(data.get("evidence") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class AnalysisReport:
+    """What an analysis found: findings most likely first, and what could not be read or judged."""
+
+    findings: list[Finding]
+    problems: list[str]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` document (schema 1)."""
+        return {
+            "schema": SCHEMA,
+            "healthy": self.healthy,
+            "findings": [finding.to_json() for finding in self.findings],
+            "problems": list(self.problems),
+        }
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> AnalysisReport:
+        if document.get("schema") != SCHEMA:
+            raise ValueError(f"analysis report schema {document.get('schema')!r}; this rankwatch reads {SCHEMA}")
+        return cls([Finding.from_json(f) for f in document["findings"]], [str(p) for p in document["problems"]])
+
+
+def ranked(findings: list[Finding], problems: list[str]) -> AnalysisReport:
+    """The report of ``findings``, most likely first."""
+    return AnalysisReport(sorted(findings, key=lambda finding: -finding.confidence), problems)
 
 
 def comm_label(comm_id: int) -> str:

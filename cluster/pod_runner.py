@@ -96,6 +96,7 @@ class PodRunner:
         namespaces: list[str] | None = None,
         api_client: kubernetes.client.ApiClient | None = None,
         log: Log = print,
+        also: Any = None,
     ) -> None:
         self.collector_url = collector_url
         self.work_dir = work_dir
@@ -104,6 +105,7 @@ class PodRunner:
         self.serializer = api_client or kubernetes.client.ApiClient()
         self.log = log
         self.pods: dict[str, RunningPod] = {}
+        self.also = also  # a ServicePodRunner stepped in the same loop, or None
 
     # -- the loop --------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -111,12 +113,16 @@ class PodRunner:
             while not stop.is_set():
                 try:
                     self.step()
+                    if self.also is not None:
+                        self.also.step()
                 except ApiException as error:
                     self.log(f"pod runner: API error {error.status} {error.reason}; retrying")
                 stop.wait(POLL_S)
         finally:
             for pod in self.pods.values():
                 pod.kill()
+            if self.also is not None:
+                self.also.stop()
 
     def _list(self) -> list[dict[str, Any]]:
         if self.namespaces:
@@ -276,14 +282,31 @@ class PodRunner:
             return subprocess.Popen(["sh", "-c", "exit 127"], start_new_session=True)
 
 
-def run_pods(collector_url: str, namespaces: list[str], work_dir: Path, log: Log = print) -> int:
-    """`rankwatch cluster run-pods`: until SIGTERM / SIGINT; uses $KUBECONFIG."""
-    kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+def run_pods(
+    collector_url: str | None,
+    namespaces: list[str],
+    work_dir: Path,
+    log: Log = print,
+    collector_service: str | None = None,
+) -> int:
+    """`rankwatch cluster run-pods`: until SIGTERM / SIGINT; uses $KUBECONFIG. With ``collector_service``
+    (``NAMESPACE/NAME``) rankwatch's own operator pods in ``namespaces`` run too (``service_pods.py``) and
+    the sidecars reach that Service through a local proxy to its ready endpoints."""
+    from rankwatch.cluster.service_pods import ServicePodRunner, ServiceProxy
+    from rankwatch.kube import api_client
+
+    api = api_client()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     work_dir.mkdir(parents=True, exist_ok=True)
+    services = ServicePodRunner(work_dir, namespaces, api, log=log) if collector_service else None
+    if services is not None and collector_service is not None:
+        namespace, _, name = collector_service.partition("/")
+        collector_url = ServiceProxy(services, namespace, name, log=log).url
+    if not collector_url:
+        raise ValueError("give a collector URL or a collector Service")
     where = ", ".join(namespaces) or "all namespaces"
     log(f"pod runner: TrainingJob pods in {where}; collector {collector_url}; files in {work_dir}")
-    PodRunner(collector_url, work_dir, namespaces, log=log).run(stop)
+    PodRunner(collector_url, work_dir, namespaces, api_client=api, log=log, also=services).run(stop)
     return 0

@@ -1,60 +1,293 @@
-"""Operator-wide settings, read once from the environment (the Deployment sets them)."""
+"""The operator's configuration: built once at start-up from the environment (the Deployment sets it)
+and the command line, validated as a whole, then passed to the parts that need it.
+
+A bad value stops the operator before it does anything, with every problem at once, each naming
+the variable, its value and what is expected (``RANKWATCH_BREAKER_MAX_SHARE='1.5': must be within
+[0, 1]``); nothing reads the environment later.
+"""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import socket
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
 
 from rankwatch import __version__
+from rankwatch.operator.diagnosis.collector import CollectorSettings
+from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
+from rankwatch.operator.remediation.cordon_decision import Safeguards
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """One or more settings are wrong; ``problems`` each name the variable and what is expected."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("bad configuration:\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class WorkerPodSettings:
+    """What the operator puts into the jobs' worker pods."""
+
+    image: str = f"rankwatch/rankwatch:{__version__}"
+    """Image holding the tracing library (init container) and the sidecar."""
+    collector_url: str = "http://rankwatch-operator.rankwatch-system.svc:8080"
+    """Where sidecars POST window summaries (the collector Service: it routes to the leader only)."""
+    sidecar_metrics_port: int = 9400
+
+
+@dataclass(frozen=True)
+class DiagnosisLimits:
+    """How much of the operator diagnoses may take together (a switch failure slows many jobs at once)."""
+
+    concurrency: int = 2
+    """Diagnoses running at once; more wait in a queue, most severe first."""
+    memory_bytes: int = 512 << 20
+    """Memory all running diagnoses may use together; each worker process gets an equal share and is
+    killed (and the diagnosis reported failed) beyond it."""
+    timeout_seconds: float = 300.0
+    """A diagnosis (dumps + analysis) taking longer is stopped and reported."""
+
+    @property
+    def worker_memory_bytes(self) -> int:
+        return self.memory_bytes // self.concurrency
+
+
+@dataclass(frozen=True)
+class LeaderElection:
+    """One active replica: the holder of a coordination.k8s.io Lease runs everything; the others wait."""
+
+    enabled: bool = True
+    lease_name: str = "rankwatch-operator"
+    lease_namespace: str = "default"
+    identity: str = ""
+    """``<pod name>_<random>``: who holds the Lease (``kubectl get lease``)."""
+    lease_seconds: float = 8.0
+    """A leader that has not renewed for this long is gone: a standby takes the Lease."""
+    renew_deadline_seconds: float = 6.0
+    """A leader that could not renew for this long stops acting (before anyone else may start)."""
+    retry_seconds: float = 1.0
+    """How often the leader renews and a standby looks."""
+
+
+@dataclass(frozen=True)
+class AlertingSettings:
+    config_path: str | None = None
+    """The alerting config (a mounted ConfigMap); None: no alerts are sent."""
+    namespace: str = "rankwatch-system"
+    """Where its Secrets and its store live (the operator's own namespace)."""
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    image: str = f"rankwatch/rankwatch:{__version__}"
-    """Image holding the tracing library (init container) and the sidecar."""
-    collector_url: str = "http://rankwatch-operator.rankwatch-system.svc:8080"
-    """Where sidecars POST window summaries."""
-    sidecar_metrics_port: int = 9400
+    namespaces: tuple[str, ...] = ()
+    """Namespaces (globs allowed) to watch; empty: every namespace."""
+    pods: WorkerPodSettings = field(default_factory=WorkerPodSettings)
     status_debounce_seconds: float = 0.5
     """Pod events of one job within this delay are folded into one status update."""
-    collector_listen: str = "0.0.0.0:8080"
-    """host:port of the collector (and the operator's /metrics); port 0 picks a free one."""
-    collector_rate_per_job: float = 200.0
-    """Sidecar messages per second a job may send (bursts of 10x); beyond, HTTP 429."""
-    alerting_config: str | None = None
-    """Path of the alerting config (a mounted ConfigMap); unset: no alerts are sent."""
+    collector: CollectorSettings = field(default_factory=CollectorSettings)
+    probe_listen: tuple[str, int] | None = None
+    """host:port of /healthz (alive) and /readyz (the leader, collector up); None: not served."""
+    diagnosis: DiagnosisLimits = field(default_factory=DiagnosisLimits)
+    safeguards: Safeguards = field(default_factory=Safeguards)
+    alerting: AlertingSettings = field(default_factory=AlertingSettings)
+    leader: LeaderElection = field(default_factory=LeaderElection)
     metrics_ranks_per_job: int = 32
     """At most this many per-rank series (``rankwatch_rank_wait_seconds``) per job on /metrics."""
 
-    @property
-    def collector_address(self) -> tuple[str, int]:
-        host, _, port = self.collector_listen.rpartition(":")
-        try:
-            return host or "0.0.0.0", int(port)
-        except ValueError:
-            raise SystemExit(f"RANKWATCH_COLLECTOR_LISTEN={self.collector_listen!r}: expected host:port") from None
-
     @classmethod
-    def from_env(cls) -> OperatorConfig:
-        defaults = cls()
-        try:
-            return cls(
-                image=os.environ.get("RANKWATCH_IMAGE", defaults.image),
-                collector_url=os.environ.get("RANKWATCH_COLLECTOR_URL", defaults.collector_url),
-                sidecar_metrics_port=int(
-                    os.environ.get("RANKWATCH_SIDECAR_METRICS_PORT", defaults.sidecar_metrics_port)
-                ),
-                status_debounce_seconds=float(
-                    os.environ.get("RANKWATCH_STATUS_DEBOUNCE_SECONDS", defaults.status_debounce_seconds)
-                ),
-                collector_listen=os.environ.get("RANKWATCH_COLLECTOR_LISTEN", defaults.collector_listen),
-                collector_rate_per_job=float(
-                    os.environ.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", defaults.collector_rate_per_job)
-                ),
-                alerting_config=os.environ.get("RANKWATCH_ALERTING_CONFIG") or None,
-                metrics_ranks_per_job=int(
-                    os.environ.get("RANKWATCH_METRICS_RANKS_PER_JOB", defaults.metrics_ranks_per_job)
-                ),
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, namespaces: tuple[str, ...] = (), standalone: bool = False
+    ) -> OperatorConfig:
+        """Read and check every setting; raises :class:`ConfigError` listing all problems."""
+        env = _Env(os.environ if environ is None else environ)
+        pods = WorkerPodSettings(
+            image=env.get("RANKWATCH_IMAGE", WorkerPodSettings.image, _non_empty),
+            collector_url=env.get("RANKWATCH_COLLECTOR_URL", WorkerPodSettings.collector_url, _http_url),
+            sidecar_metrics_port=env.get("RANKWATCH_SIDECAR_METRICS_PORT", 9400, _port),
+        )
+        rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
+        host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
+        collector = CollectorSettings(host=host, port=port, rate_per_job=rate, burst_per_job=10 * rate)
+        probe = env.get("RANKWATCH_PROBE_LISTEN", None, _listen)
+        limits = DiagnosisLimits(
+            concurrency=env.get("RANKWATCH_DIAGNOSIS_CONCURRENCY", DiagnosisLimits.concurrency, _at_least(1)),
+            memory_bytes=env.get("RANKWATCH_DIAGNOSIS_MEMORY_MIB", DiagnosisLimits.memory_bytes >> 20, _at_least(64))
+            << 20,
+            timeout_seconds=env.get("RANKWATCH_DIAGNOSIS_TIMEOUT_SECONDS", DiagnosisLimits.timeout_seconds, _positive),
+        )
+        if limits.worker_memory_bytes < MIN_WORKER_MEMORY_BYTES:
+            env.problems.append(
+                f"RANKWATCH_DIAGNOSIS_MEMORY_MIB={limits.memory_bytes >> 20}: leaves "
+                f"{limits.worker_memory_bytes >> 20} MiB per diagnosis with RANKWATCH_DIAGNOSIS_CONCURRENCY="
+                f"{limits.concurrency}; give at least {MIN_WORKER_MEMORY_BYTES >> 20} MiB per diagnosis"
             )
+        breaker = BreakerSettings(
+            max_share=env.get("RANKWATCH_BREAKER_MAX_SHARE", BreakerSettings.max_share, _share),
+            min_nodes=env.get("RANKWATCH_BREAKER_MIN_NODES", BreakerSettings.min_nodes, _at_least(0)),
+            window_seconds=env.get("RANKWATCH_BREAKER_WINDOW_SECONDS", BreakerSettings.window_seconds, _positive),
+        )
+        safeguards = Safeguards(
+            breaker=breaker,
+            cooldown_seconds=env.get("RANKWATCH_CORDON_COOLDOWN_SECONDS", Safeguards.cooldown_seconds, _not_negative),
+            min_confidence=env.get("RANKWATCH_CORDON_MIN_CONFIDENCE", Safeguards.min_confidence, _share),
+        )
+        own_namespace = env.get("POD_NAMESPACE", AlertingSettings.namespace, _non_empty)
+        alerting = AlertingSettings(
+            config_path=env.get("RANKWATCH_ALERTING_CONFIG", None, _readable_file), namespace=own_namespace
+        )
+        leader = LeaderElection(
+            enabled=not standalone,
+            lease_name=env.get("RANKWATCH_LEASE_NAME", LeaderElection.lease_name, _non_empty),
+            lease_namespace=env.get("RANKWATCH_LEASE_NAMESPACE", env.raw("POD_NAMESPACE") or "default", _non_empty),
+            # Unique per process (as controller-runtime does): a restarted container is a new candidate
+            # and waits for the Lease like the standby, instead of resuming a leadership it lost.
+            identity=f"{env.raw('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+            lease_seconds=env.get("RANKWATCH_LEASE_DURATION_SECONDS", LeaderElection.lease_seconds, _positive),
+            renew_deadline_seconds=env.get(
+                "RANKWATCH_LEASE_RENEW_DEADLINE_SECONDS", LeaderElection.renew_deadline_seconds, _positive
+            ),
+            retry_seconds=env.get("RANKWATCH_LEASE_RETRY_SECONDS", LeaderElection.retry_seconds, _positive),
+        )
+        if not leader.retry_seconds < leader.renew_deadline_seconds < leader.lease_seconds:
+            env.problems.append(
+                "RANKWATCH_LEASE_RETRY_SECONDS < RANKWATCH_LEASE_RENEW_DEADLINE_SECONDS < "
+                f"RANKWATCH_LEASE_DURATION_SECONDS must hold (they are {leader.retry_seconds:g}, "
+                f"{leader.renew_deadline_seconds:g}, {leader.lease_seconds:g}): a leader must stop before "
+                "its Lease expires, and renew several times before that"
+            )
+        config = cls(
+            namespaces=tuple(namespaces),
+            pods=pods,
+            status_debounce_seconds=env.get(
+                "RANKWATCH_STATUS_DEBOUNCE_SECONDS", cls.status_debounce_seconds, _not_negative
+            ),
+            collector=collector,
+            probe_listen=probe,
+            diagnosis=limits,
+            safeguards=safeguards,
+            alerting=alerting,
+            leader=leader,
+            metrics_ranks_per_job=env.get("RANKWATCH_METRICS_RANKS_PER_JOB", cls.metrics_ranks_per_job, _at_least(1)),
+        )
+        if env.problems:
+            raise ConfigError(env.problems)
+        return config
+
+
+MIN_WORKER_MEMORY_BYTES = 128 << 20
+"""Below this a diagnosis worker cannot hold the analysis' own code and numpy, let alone a dump."""
+
+
+class _Env:
+    """Reads variables, converting and checking each; problems are collected, not raised one by one."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.problems: list[str] = []
+
+    def raw(self, name: str) -> str | None:
+        return self.environ.get(name) or None
+
+    def get(self, name: str, default: T, parse: Callable[[str], T]) -> T:
+        value = self.environ.get(name)
+        if value is None or value == "":
+            return default
+        try:
+            return parse(value.strip())
         except ValueError as error:
-            raise SystemExit(f"rankwatch operator: bad number in environment: {error}") from error
+            self.problems.append(f"{name}={value!r}: {error}")
+            return default
+
+
+def _non_empty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    return value
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError("not a number") from None
+
+
+def _positive(value: str) -> float:
+    number = _number(value)
+    if not number > 0:
+        raise ValueError("must be greater than 0")
+    return number
+
+
+def _not_negative(value: str) -> float:
+    number = _number(value)
+    if number < 0:
+        raise ValueError("must not be negative")
+    return number
+
+
+def _share(value: str) -> float:
+    number = _number(value)
+    if not 0 <= number <= 1:
+        raise ValueError("must be within [0, 1]")
+    return number
+
+
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError("not a whole number") from None
+        if number < minimum:
+            raise ValueError(f"must be at least {minimum}")
+        return number
+
+    return parse
+
+
+def _port(value: str) -> int:
+    port = _at_least(1)(value)
+    if port > 65535:
+        raise ValueError("not a port (1-65535)")
+    return port
+
+
+def _listen(value: str) -> tuple[str, int]:
+    host, colon, port = value.rpartition(":")
+    if not colon:
+        raise ValueError("expected host:port, e.g. 0.0.0.0:8080 (port 0: any free port)")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"port {port!r} is not a number (expected host:port)") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"port {number} is out of range")
+    return host or "0.0.0.0", number
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http(s) URL, e.g. http://rankwatch-collector.rankwatch-system.svc:8080")
+    return value.rstrip("/")
+
+
+def _readable_file(value: str) -> str:
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError("no such file (the alerting config is mounted from a ConfigMap)")
+    try:
+        path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"cannot be read: {error.strerror}") from None
+    return value

@@ -1,135 +1,62 @@
 """kopf handlers: the lifecycle of a TrainingJob, kept thin; the work is in the modules they call.
 
-create/resume  -> create the token Secret, the headless Service and the worker Pods
-pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists),
-                  post Events on transitions, recreate pods lost before the job started
-startup        -> the collector (sidecar summaries, /metrics), the monitor (detector, diagnosis) and
-                  recovery (archive, restart) in this event loop; job events tell the monitor which
-                  jobs run and recovery which jobs to look at
-job/pod/node   -> the per-job series of /metrics (job_metrics.JobMetrics) follow the jobs' status,
-events            their pods and rankwatch's cordons; a deleted job's series go
+startup        -> kopf's settings; the leader's watch (collector, monitor, recovery, alerting: ``watch.py``)
+create/resume  -> create the token Secret, the headless Service and the worker Pods (``lifecycle/``)
+pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists), post
+                  Events on transitions, recreate pods lost before the job started; job events tell
+                  the monitor which jobs run and recovery which jobs to look at
+node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``); the
+                  per-job series of /metrics (``diagnosis/job_metrics.py``) follow the jobs' status,
+                  their pods and rankwatch's cordons; a deleted job's series go
+
+kopf runs only on the replica that holds the Lease (``main.py``); what it needs comes in ``memo``:
+``config`` (the validated :class:`OperatorConfig`), ``kube`` (the API client), ``leading`` (is the
+Lease still held).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from typing import Any
 
 import kopf
-import kubernetes
-from prometheus_client import REGISTRY
 
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
+from rankwatch.kube import api_client
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, SecretTokens
-from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
-from rankwatch.operator.diagnosis.job_state import JobStore
-from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
-from rankwatch.operator.recovery.reconcile import Recovery
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.operator.watch import Watch
 
-CONFIG = OperatorConfig.from_env()
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    prefix = api.GROUP
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=prefix, key="last-handled-configuration"
+        prefix=api.GROUP, key="last-handled-configuration"
     )
     # Handler log lines stay in the operator's log; Events are posted explicitly, for people.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "rankwatch-operator"
     settings.watching.server_timeout = 300
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        # The library reads $KUBECONFIG at import time; read it now, as kubectl would.
-        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-
-
-class Watch:
-    """The collector and the monitor of this operator process (one each, made at startup)."""
-
-    collector: Collector | None = None
-    monitor: Monitor | None = None
-    recovery: Recovery | None = None
-    alerts: Any = None
-    job_metrics: JobMetrics | None = None
-
-
-WATCH = Watch()
-
-
-async def _start_alerting(config: OperatorConfig) -> Any:
-    """The alert pipeline when RANKWATCH_ALERTING_CONFIG is set; a bad config stops the operator."""
-    if not config.alerting_config:
-        return None
-    from pathlib import Path
-
-    from rankwatch.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config
-
-    try:
-        secrets = kubernetes_resolver(os.environ.get("POD_NAMESPACE", "rankwatch-system"))
-        alerting = await asyncio.to_thread(load_config, Path(config.alerting_config), secrets)
-    except ConfigError as error:
-        raise kopf.PermanentError(f"alerting config {config.alerting_config}: {error}") from error
-    pipeline = AlertPipeline(alerting)
-    await pipeline.start()
-    return pipeline
-
-
-@kopf.on.startup()
-async def start_watch(**_: Any) -> None:
-    """Collector and monitor, in kopf's event loop (settings read now, not at import)."""
-    config = OperatorConfig.from_env()
-    host, port = config.collector_address
-    store, tokens = JobStore(), SecretTokens()
-    WATCH.alerts = await _start_alerting(config)
-    WATCH.job_metrics = JobMetrics(store, JobMetricsSettings(rank_series_per_job=config.metrics_ranks_per_job))
-    REGISTRY.register(WATCH.job_metrics)
-    WATCH.monitor = Monitor(
-        store, tokens, config.sidecar_metrics_port, alerts=WATCH.alerts, job_metrics=WATCH.job_metrics
-    )
-    settings = CollectorSettings(
-        host=host,
-        port=port,
-        rate_per_job=config.collector_rate_per_job,
-        burst_per_job=10 * config.collector_rate_per_job,
-    )
-    WATCH.collector = Collector(store, tokens, settings, on_stall=WATCH.monitor.wake)
-    if WATCH.alerts is not None:
-        from rankwatch.alerting import add_routes
-
-        add_routes(WATCH.collector.app, WATCH.alerts)
-    await WATCH.collector.start()
-    WATCH.monitor.start()
-    WATCH.recovery = Recovery(
-        config, tokens, new_attempt=WATCH.monitor.new_attempt, diagnosing=WATCH.monitor.diagnosing
-    )
+    if "config" not in memo:  # `kopf run -m rankwatch.operator.handlers` (the e2e tests' in-process operator)
+        memo.config = OperatorConfig.from_env(standalone=True)
+        memo.kube = api_client()
+        memo.leading = lambda: True
+    memo.status_sync = StatusSync(memo.kube, memo.config)
+    memo.watch = Watch(memo.config, memo.kube, memo.leading)
+    await memo.watch.start()
 
 
 @kopf.on.cleanup()
-async def stop_watch(**_: Any) -> None:
-    if WATCH.recovery:
-        await WATCH.recovery.stop()
-    if WATCH.monitor:
-        await WATCH.monitor.stop()
-    if WATCH.collector:
-        await WATCH.collector.stop()
-    if WATCH.alerts is not None:
-        await WATCH.alerts.stop()
-    if WATCH.job_metrics is not None:
-        REGISTRY.unregister(WATCH.job_metrics)
-    WATCH.collector = WATCH.monitor = WATCH.recovery = WATCH.alerts = WATCH.job_metrics = None
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    if "watch" in memo:
+        await memo.watch.stop()
 
 
 @kopf.on.login()
@@ -162,6 +89,7 @@ def create_workers(
     namespace: str,
     patch: kopf.Patch,
     worker_pods: kopf.Index,
+    memo: kopf.Memo,
     **_: Any,
 ) -> None:
     if status.get("phase") in job_status.TERMINAL:
@@ -170,7 +98,7 @@ def create_workers(
     try:
         job_spec = TrainingJobSpec.from_manifest(dict(spec))
         existing = {pod.name for pod in worker_pods.get((namespace, name), [])}
-        created = children.ensure_children(dict(body), job_spec, CONFIG, existing)
+        created = children.ensure_children(memo.kube, dict(body), job_spec, memo.config.pods, existing)
     except InvalidSpec as error:
         _fail(body, patch, "InvalidSpec", str(error), generation)
         return
@@ -188,49 +116,49 @@ def create_workers(
         )
 
 
-# ---- status: derived from the pods, on pod and job events, coalesced per job ----------------
-STATUS = StatusSync(CONFIG)
-
-
 @kopf.on.event("pods", labels={api.JOB_NAME_LABEL: kopf.PRESENT})
-async def pod_changed(namespace: str, labels: dict[str, str], worker_pods: kopf.Index, **_: Any) -> None:
+async def pod_changed(
+    namespace: str, labels: dict[str, str], worker_pods: kopf.Index, memo: kopf.Memo, **_: Any
+) -> None:
     job = labels[api.JOB_NAME_LABEL]
-    STATUS.schedule(namespace, job, worker_pods)
-    if WATCH.job_metrics:
-        WATCH.job_metrics.observe_pods(
+    memo.status_sync.schedule(namespace, job, worker_pods)
+    if memo.watch.job_metrics:
+        memo.watch.job_metrics.observe_pods(
             namespace, job, (pod.name for pod in worker_pods.get((namespace, job), []) if not pod.deleting)
         )
 
 
 @kopf.on.event(*JOBS)
 async def job_changed(
-    namespace: str, name: str, type: str | None, body: kopf.Body, worker_pods: kopf.Index, **_: Any
+    namespace: str, name: str, type: str | None, body: kopf.Body, worker_pods: kopf.Index, memo: kopf.Memo, **_: Any
 ) -> None:
+    monitor, recovery, job_metrics = memo.watch.monitor, memo.watch.recovery, memo.watch.job_metrics
     if type == "DELETED":
-        if WATCH.monitor:
-            WATCH.monitor.forget(namespace, name)
-        if WATCH.recovery:
-            WATCH.recovery.forget(namespace, name)
-        if WATCH.job_metrics:
-            WATCH.job_metrics.forget(namespace, name)
+        if monitor:
+            monitor.forget(namespace, name)
+        if recovery:
+            recovery.forget(namespace, name)
+        if job_metrics:
+            job_metrics.forget(namespace, name)
         return
-    if WATCH.job_metrics:
-        WATCH.job_metrics.observe(namespace, name, body.get("status") or {})
-    if WATCH.monitor:
-        WATCH.monitor.track(namespace, name, dict(body))
-    if WATCH.recovery:
-        WATCH.recovery.schedule(namespace, name)
-    STATUS.schedule(namespace, name, worker_pods)
+    if job_metrics:
+        job_metrics.observe(namespace, name, body.get("status") or {})
+    if monitor:
+        monitor.track(namespace, name, dict(body))
+    if recovery:
+        recovery.schedule(namespace, name)
+    memo.status_sync.schedule(namespace, name, worker_pods)
 
 
-def _cordon_news(name: str, annotations: kopf.Annotations, **_: Any) -> bool:
+def _cordon_news(name: str, annotations: kopf.Annotations, memo: kopf.Memo, **_: Any) -> bool:
     """A node rankwatch marked, or one it counted: the others' status updates need no handler (nor a log line)."""
-    counted = WATCH.job_metrics is not None and name in WATCH.job_metrics.cordoned
+    job_metrics = memo.watch.job_metrics if "watch" in memo else None
+    counted = job_metrics is not None and name in job_metrics.cordoned
     return counted or node_marks.CORDONED_BY in annotations
 
 
 @kopf.on.event("nodes", when=_cordon_news)
-async def node_changed(name: str, type: str | None, annotations: kopf.Annotations, **_: Any) -> None:
+async def node_changed(name: str, type: str | None, annotations: kopf.Annotations, memo: kopf.Memo, **_: Any) -> None:
     """Counts rankwatch's cordons for /metrics (kopf watches the nodes anyway, for the undo handler)."""
-    if WATCH.job_metrics:
-        WATCH.job_metrics.observe_node(name, dict(annotations), deleted=type == "DELETED")
+    if memo.watch.job_metrics:
+        memo.watch.job_metrics.observe_node(name, dict(annotations), deleted=type == "DELETED")

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankwatch.analysis.findings import FindingKind
+
 
 class InvalidSpec(ValueError):
     """The spec cannot be turned into workers; the message names the field."""
@@ -98,16 +100,12 @@ class AlertLevels:
     slowLink: str = "P1"
     degradation: str = "P2"
 
-    def for_finding(self, kind: str) -> str:
-        """The level of an analysis finding kind (``hang``, ``straggler``, ``slow_link``, ``fail_slow``)."""
-        field_name = FINDING_KIND_FIELDS.get(kind)
-        if field_name is None:
-            raise InvalidSpec(f"spec.alerting.levels: no level for finding kind {kind!r}")
-        return getattr(self, field_name)
-
-
-FINDING_KIND_FIELDS = {"hang": "hang", "straggler": "straggler", "slow_link": "slowLink", "fail_slow": "degradation"}
-"""Finding kinds of rankwatch.analysis and the spec.alerting.levels field that sets their level."""
+    def for_finding(self, kind: FindingKind) -> str:
+        """The level of a finding kind (its ``level_key`` names the field)."""
+        try:
+            return getattr(self, FindingKind(kind).level_key)
+        except ValueError:
+            raise InvalidSpec(f"spec.alerting.levels: no level for finding kind {kind!r}") from None
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ def _cluster(args: argparse.Namespace) -> int:
 
         from rankwatch.cluster.pod_runner import run_pods
 
-        if not args.collector_url:
-            print("rankwatch cluster run-pods: --collector-url is required", file=sys.stderr)
+        if not args.collector_url and not args.collector_service:
+            print("rankwatch cluster run-pods: --collector-url or --collector-service is required", file=sys.stderr)
             return 2
         work_dir = Path(args.work_dir or Path.home() / ".rankwatch" / "pods")
-        return run_pods(args.collector_url, args.namespace, work_dir, log=lambda m: print(m, flush=True))
+        log = lambda m: print(m, flush=True)  # noqa: E731
+        return run_pods(args.collector_url, args.namespace, work_dir, log, args.collector_service)
     from rankwatch.cluster.binaries import BuildError
     from rankwatch.cluster.local import ClusterError, LocalCluster
     from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringError
@@ -60,15 +61,16 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _operator(args: argparse.Namespace) -> int:
+    from rankwatch.operator.config import ConfigError, OperatorConfig
+
+    try:
+        config = OperatorConfig.from_env(namespaces=tuple(args.namespace), standalone=args.standalone)
+    except ConfigError as error:
+        print(f"rankwatch operator: {error}", file=sys.stderr)
+        return 2
     from rankwatch.operator.main import run
 
-    return run(
-        namespaces=args.namespace,
-        standalone=args.standalone,
-        liveness=args.liveness,
-        peering=args.peering,
-        priority=args.priority,
-    )
+    return run(config)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -190,21 +192,13 @@ def _alerts(args: argparse.Namespace) -> int:
 
 
 def _uncordon(args: argparse.Namespace) -> int:
-    import kubernetes
-
+    from rankwatch.kube import api_client
     from rankwatch.operator.remediation.cordon import uncordon, uncordon_job
 
     if not args.node and not args.all_from_job:
         print("rankwatch uncordon: give NODE(s) or --all-from-job NAMESPACE/NAME", file=sys.stderr)
         return 2
-    if args.kubeconfig:
-        api = kubernetes.config.new_client_from_config(config_file=args.kubeconfig)
-    else:
-        try:
-            kubernetes.config.load_incluster_config()
-            api = kubernetes.client.ApiClient()
-        except kubernetes.config.ConfigException:
-            api = kubernetes.config.new_client_from_config()
+    api = api_client(args.kubeconfig)
     results = [uncordon(api, node, via="cli") for node in args.node]
     if args.all_from_job:
         namespace, _, name = args.all_from_job.partition("/")
@@ -251,12 +245,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="`run-pods`: the operator's collector as this machine reaches it, e.g. http://127.0.0.1:8080",
     )
     cluster.add_argument(
+        "--collector-service",
+        metavar="NAMESPACE/NAME",
+        help="`run-pods`: also run rankwatch's operator pods (from the Helm chart) in the namespaces given, and "
+        "send the sidecars to this Service through a local proxy to its ready endpoints, as kube-proxy would",
+    )
+    cluster.add_argument(
         "--namespace", "-n", action="append", default=[], help="`run-pods`: only these namespaces (repeatable)"
     )
     cluster.add_argument("--work-dir", help="`run-pods`: volumes and logs of the pods (default ~/.rankwatch/pods)")
     cluster.set_defaults(handler=_cluster)
 
-    operator = commands.add_parser("operator", help="run the TrainingJob operator")
+    operator = commands.add_parser(
+        "operator",
+        help="run the TrainingJob operator (settings: RANKWATCH_* environment, see the README)",
+        description="Replicas elect a leader through a coordination.k8s.io Lease (RANKWATCH_LEASE_NAME in "
+        "RANKWATCH_LEASE_NAMESPACE, default $POD_NAMESPACE); only the leader acts and reports ready.",
+    )
     operator.add_argument(
         "--namespace",
         "-n",
@@ -264,20 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="watch only these namespaces (globs allowed; repeatable); default: all",
     )
-    operator.add_argument("--standalone", action="store_true", help="no peering with other operator replicas")
-    operator.add_argument("--liveness", default=None, help="serve a liveness probe, e.g. http://0.0.0.0:8081/healthz")
     operator.add_argument(
-        "--peering",
-        default=None,
-        metavar="NAME",
-        help="kopf peering object to coordinate replicas through (ClusterKopfPeering, or KopfPeering with -n); "
-        "it must exist. Without it: kopf's optional 'default' peering, if present",
-    )
-    operator.add_argument(
-        "--priority",
-        type=int,
-        default=None,
-        help="peering priority (highest replica is active); default with --peering: random, so replicas never tie",
+        "--standalone",
+        action="store_true",
+        help="no leader election: this process acts at once (one replica only; development and tests)",
     )
     operator.set_defaults(handler=_operator)
 
@@ -373,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.add_argument(
         "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
     )
-    alerts.add_argument("--store", help="`report`: the alert store (default: store.path of the config)")
+    alerts.add_argument(
+        "--store", help="`report`: a SQLite alert store file (default: the config's store, e.g. its ConfigMaps)"
+    )
     alerts.add_argument("--receiver", help="`report`: instead of report.receiver; `test`: required")
     alerts.add_argument("--print", action="store_true", help="`report`: print the card JSON, send nothing")
     alerts.add_argument(
@@ -386,6 +383,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEVELOPMENT_MODULES = ("rankwatch.cluster", "rankwatch.simulate", "rankwatch.analysis.scenario",
+                       "rankwatch.analysis.ring_writer")  # fmt: skip
+"""Development and test tools, not installed in the runtime image (see the Dockerfile)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith(DEVELOPMENT_MODULES):
+            raise
+        print(
+            f"rankwatch {args.command}: {error.name} is a development tool, not part of this installation "
+            "(the runtime image leaves it out); install rankwatch from its source tree for it",
+            file=sys.stderr,
+        )
+        return 2

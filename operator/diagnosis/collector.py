@@ -48,7 +48,8 @@ class SecretTokens:
     """Job tokens read from the jobs' Secrets, cached; a mismatch re-reads (rotation) at most every
     ``refresh_s`` per job, so a stream of bad tokens cannot turn into a stream of API reads."""
 
-    def __init__(self, refresh_s: float = 10.0) -> None:
+    def __init__(self, kube: kubernetes.client.ApiClient, refresh_s: float = 10.0) -> None:
+        self.kube = kube
         self.refresh_s = refresh_s
         self._cache: dict[tuple[str, str], tuple[str | None, float]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -70,10 +71,11 @@ class SecretTokens:
         self._cache.pop((namespace, name), None)
         self._locks.pop((namespace, name), None)
 
-    @staticmethod
-    def _read(namespace: str, name: str) -> str | None:
+    def _read(self, namespace: str, name: str) -> str | None:
         try:
-            secret = kubernetes.client.CoreV1Api().read_namespaced_secret(api.token_secret_name(name), namespace)
+            secret = kubernetes.client.CoreV1Api(self.kube).read_namespaced_secret(
+                api.token_secret_name(name), namespace
+            )
         except ApiException as error:
             if error.status == 404:
                 return None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rankwatch.analysis.findings import FindingKind
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis.job_state import CommState, JobState
 
@@ -38,12 +39,19 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Suspicion:
-    """Why the detector wants a diagnosis. ``kind``: hang | straggler | slowdown."""
+    """Why the detector wants a diagnosis: the kind of finding it expects (hang, straggler, or fail-slow
+    for a step time above the job's own baseline), the ranks it already suspects, what it saw."""
 
-    kind: str
+    kind: FindingKind  # given as the enum or its value
     ranks: list[int]
     summary: str
     evidence: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", FindingKind(self.kind))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": self.kind.value}
 
 
 def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: float) -> list[Suspicion]:
@@ -197,7 +205,7 @@ def step_time_up(state: JobState, thresholds: Thresholds, now: float) -> Suspici
     if base <= 0 or now_step < base * (1 + STEP_RISE) or now_step - base <= STEP_SIGMAS * spread:
         return None
     return Suspicion(
-        "slowdown",
+        FindingKind.FAIL_SLOW,
         [],
         f"step time {now_step * 1e3:.1f} ms, {100 * (now_step / base - 1):.0f}% above the job's baseline "
         f"{base * 1e3:.1f} ms",

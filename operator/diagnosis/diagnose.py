@@ -1,13 +1,23 @@
 """Diagnosis on suspicion: pull the raw records from the sidecars that matter, run
-``rankwatch.analysis`` on them off the event loop, and say what is wrong in a ``Diagnosis``.
+``rankwatch.analysis`` on them in a worker process (``worker.py``), and say what is wrong in a
+``Diagnosis``.
 
-Which sidecars: for a straggler the suspects' pods and those of their tensor-parallel peers (the
-comparison the analysis needs); for a hang or a slowdown every pod, with fewer records per ring as
-the job grows (a fixed byte budget), because the culprit of a hang can be anywhere.
+Which sidecars. A small job (up to :data:`EVERY_POD_UP_TO` pods): every pod, the most evidence for
+the least thought. A larger one: the pods the summaries point at, at most :data:`MAX_PODS`:
+- straggler: the suspects and their tensor-parallel peers (the comparison the analysis needs);
+- hang: the ranks that fell behind on a communicator (never entered the sequence number its other
+  members wait in), the pods that reported a stall, and a few members waiting in each such
+  communicator (the analysis follows their waits to the culprit); when every member entered (stuck
+  inside a collective) the members of the communicators whose calls are oldest;
+- slowdown: a spread of pods over the job (the step time is the median over ranks) plus the pods of
+  the ranks with the longest step times.
+Records per ring come from a byte budget derived from the worker's memory budget, so a bigger job
+gets fewer records per ring, never more memory.
 
 Where a sidecar is: the pod annotation ``rankwatch.io/sidecar-endpoint`` (a base URL) when set, else
 ``http://<pod IP>:<sidecar metrics port>``. The annotation exists for clusters whose pod IPs are not
-reachable from the operator (the local kwok cluster, where the e2e pod runner sets it).
+reachable from the operator (the local kwok cluster, where the e2e pod runner sets it). Responses
+are streamed to files, never held in the operator's memory.
 """
 
 from __future__ import annotations
@@ -17,35 +27,38 @@ import datetime
 import logging
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from rankwatch import protocol
-from rankwatch.analysis.analyze import analyze, summary_text
+from rankwatch.analysis.findings import AnalysisReport, Finding, FindingKind
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import RankSource, load_path
+from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.job_state import JobState
-from rankwatch.sidecar.dump import split_dump
 
 log = logging.getLogger(__name__)
 
 SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
-DUMP_BUDGET_BYTES = 256 << 20
-"""Records fetched per diagnosis at most (128 bytes each): 2M records, e.g. 2,000 per rank at 1,000 ranks."""
+RECORD_BYTES = 128
+DUMP_SHARE_OF_WORKER_MEMORY = 0.25
+"""Dump bytes per byte of worker memory. The worker's address space is about 110 MiB before any dump
+and grows by 1.05-1.25x the dump's size (mapped rings, then the records in columns, sorted and grouped;
+bench/diagnosis_memory.py): a quarter leaves room for an analysis that needs more than a straggler's."""
 MAX_RECORDS_PER_RING = 20_000
 MIN_RECORDS_PER_RING = 500
 HISTORY_SECONDS = 30.0
 """How much recent history a ring's dump should cover, when the summaries tell its call rate."""
+EVERY_POD_UP_TO = 16
+MAX_PODS = 64
+WAITERS_PER_COMMUNICATOR = 2
+SPREAD_PODS = 16
 FETCH_TIMEOUT_S = 15.0
 FETCH_CONCURRENCY = 16
-
-KINDS = {"hang": "Hang", "straggler": "Straggler", "slow_link": "SlowLink", "fail_slow": "FailSlow"}
-"""Analysis finding kinds as written on the job; a hang inside a collective is ``StuckInCollective``."""
-HUNG_KINDS = ("Hang", "StuckInCollective")
+CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -66,117 +79,218 @@ class SidecarPod:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
-    """What is written on the job. ``finding`` is the analysis finding (schema 1) it rests on."""
+class Examination:
+    """One run of the diagnosis: the analysis's report (with the dumps' problems), what was asked."""
 
-    kind: str  # Hang | StuckInCollective | Straggler | SlowLink | FailSlow
-    ranks: list[int]
-    nodes: list[str]
+    report: AnalysisReport
+    text: str
+    pods_asked: list[str]
+    pods_answered: int
+    records_per_ring: int
+    suspicion: Suspicion
+    peak_rss_bytes: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report document kept in the job's report ConfigMap."""
+        return {
+            **self.report.to_json(),
+            "suspicion": self.suspicion.to_json(),
+            "pods_asked": self.pods_asked,
+            "records_per_ring": self.records_per_ring,
+        }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What is written on the job: the finding it rests on, the pods it blames, and the examination."""
+
+    finding: Finding
     pods: list[str]
-    confidence: float
-    summary: str
     time: str
-    finding: dict[str, Any]
-    suspicion: str
-    report: dict[str, Any] = field(repr=False, default_factory=dict)
-    text: str = field(repr=False, default="")
+    examination: Examination = field(repr=False)
 
     @property
-    def hung(self) -> bool:
-        return self.kind in HUNG_KINDS
+    def kind(self) -> FindingKind:
+        return self.finding.kind
+
+    @property
+    def reason(self) -> str:
+        return self.finding.reason
 
     @property
     def condition(self) -> str:
-        return "Hung" if self.hung else "Degraded"
+        return self.finding.condition
 
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.finding.ranks)
 
-def finding_kind(finding: Mapping[str, Any]) -> str:
-    if finding["kind"] == "hang" and (finding.get("evidence") or {}).get("stuck"):
-        return "StuckInCollective"
-    return KINDS.get(finding["kind"], finding["kind"])
+    @property
+    def nodes(self) -> list[str]:
+        return sorted(self.finding.nodes)
+
+    @property
+    def confidence(self) -> float:
+        return round(float(self.finding.confidence), 2)
+
+    @property
+    def summary(self) -> str:
+        return self.finding.summary
 
 
 def pods_to_ask(state: JobState, suspicion: Suspicion, layout: Layout | None, pods: Iterable[SidecarPod]) -> list[str]:
     """Names of the pods whose dumps the analysis needs (see the module docstring)."""
     every = sorted(pod.name for pod in pods)
-    if suspicion.kind != "straggler" or not suspicion.ranks:
+    wanted: list[int] = []  # ranks, most telling first
+    if suspicion.kind is FindingKind.STRAGGLER and suspicion.ranks:
+        wanted = _straggler_peers(state, suspicion.ranks, layout)
+    elif len(every) <= EVERY_POD_UP_TO:
         return every
-    wanted_ranks = set(suspicion.ranks)
+    elif suspicion.kind is FindingKind.HANG:
+        wanted = _hang_witnesses(state, suspicion)
+    else:
+        wanted = _slowdown_sample(state)
+    chosen: list[str] = []
+    for rank in wanted:
+        pod = state.ranks[rank].pod if rank in state.ranks else None
+        if pod in every and pod not in chosen:
+            chosen.append(pod)
+    if suspicion.kind is FindingKind.HANG:
+        chosen += [pod for _, report in state.stalls for pod in [report.pod] if pod in every and pod not in chosen]
+    if len(every) > EVERY_POD_UP_TO:
+        chosen = chosen[:MAX_PODS]
+    return sorted(chosen) or every[:MAX_PODS]
+
+
+def _straggler_peers(state: JobState, suspects: list[int], layout: Layout | None) -> list[int]:
+    wanted = set(suspects)
     if layout is not None:
-        coords = {layout.coords(rank)[1:] for rank in suspicion.ranks if rank < layout.world_size}
-        wanted_ranks |= {rank for rank in state.ranks if rank < layout.world_size and layout.coords(rank)[1:] in coords}
+        coords = {layout.coords(rank)[1:] for rank in suspects if rank < layout.world_size}
+        wanted |= {rank for rank in state.ranks if rank < layout.world_size and layout.coords(rank)[1:] in coords}
     else:  # no layout: every rank sharing a communicator with a suspect
-        comms = {c for rank in suspicion.ranks if rank in state.ranks for c in state.ranks[rank].comms}
-        wanted_ranks |= {r.rank for r in state.ranks.values() if comms & set(r.comms)}
-    chosen = {state.ranks[rank].pod for rank in wanted_ranks if rank in state.ranks}
-    return [name for name in every if name in chosen] or every
+        comms = {c for rank in suspects if rank in state.ranks for c in state.ranks[rank].comms}
+        wanted |= {r.rank for r in state.ranks.values() if comms & set(r.comms)}
+    return [*suspects, *sorted(wanted - set(suspects))]
 
 
-def records_limit(state: JobState, pod_names: list[str], window_s: float) -> int:
-    """Records per ring: ~HISTORY_SECONDS of the busiest rank's calls, within the budget."""
+def _hang_witnesses(state: JobState, suspicion: Suspicion) -> list[int]:
+    """Ranks behind on a communicator first, then a few of the members waiting for them; when nobody
+    is behind, the members of the communicators with the oldest calls in flight."""
+    members: dict[str, dict[int, Any]] = {}
+    for rank in state.ranks.values():
+        for comm_id, comm in rank.comms.items():
+            members.setdefault(comm_id, {})[rank.rank] = comm
+    behind: list[int] = list(suspicion.ranks)
+    waiters: list[int] = []
+    oldest: list[tuple[float, str]] = []
+    for comm_id, comms in members.items():
+        entered = {rank: comm.last_entered for rank, comm in comms.items() if comm.last_entered is not None}
+        if not entered:
+            continue
+        front = max(entered.values())
+        late = sorted(rank for rank, seq in entered.items() if seq < front)
+        if late:
+            behind += late
+            waiters += sorted(rank for rank, seq in entered.items() if seq == front)[:WAITERS_PER_COMMUNICATOR]
+        ages = [comm.oldest_in_flight_s for comm in comms.values() if comm.in_flight and comm.oldest_in_flight_s]
+        if ages:
+            oldest.append((max(ages), comm_id))
+    if behind:
+        return list(dict.fromkeys(behind + waiters))
+    stuck: list[int] = []
+    for _, comm_id in sorted(oldest, reverse=True)[:2]:
+        stuck += sorted(members[comm_id])
+    return list(dict.fromkeys(stuck))
+
+
+def _slowdown_sample(state: JobState) -> list[int]:
+    ranks = sorted(state.ranks)
+    slowest = sorted(
+        (rank for rank in ranks if state.ranks[rank].step_time_s), key=lambda rank: -state.ranks[rank].step_time_s
+    )[:SPREAD_PODS]
+    pods = sorted({state.ranks[rank].pod for rank in ranks})
+    step = max(1, len(pods) // SPREAD_PODS)
+    spread = [next(rank for rank in ranks if state.ranks[rank].pod == pod) for pod in pods[::step]]
+    return list(dict.fromkeys(slowest + spread))
+
+
+def records_limit(state: JobState, pod_names: list[str], window_s: float, dump_budget_bytes: int) -> int:
+    """Records per ring: ~HISTORY_SECONDS of the busiest rank's calls, within the byte budget."""
     ranks = [rank for rank in state.ranks.values() if rank.pod in pod_names]
     per_window = max((max(rank.records, default=0) for rank in ranks), default=0)
     wanted = int(per_window * HISTORY_SECONDS / max(window_s, 0.1)) or MAX_RECORDS_PER_RING
-    budget = DUMP_BUDGET_BYTES // 128 // max(1, len(ranks))
+    # A ring image is padded to a power of two records: budget for twice the records asked.
+    budget = dump_budget_bytes // (2 * RECORD_BYTES) // max(1, len(ranks))
     return max(MIN_RECORDS_PER_RING, min(wanted, MAX_RECORDS_PER_RING, budget))
 
 
-async def fetch_dumps(pods: list[SidecarPod], token: str, limit: int, directory: Path) -> tuple[list[Path], list[str]]:
-    """Write each pod's ring images into ``directory``; (files written, problems)."""
+async def fetch_dumps(
+    pods: list[SidecarPod], token: str, limit: int, directory: Path, max_bytes_per_pod: int
+) -> tuple[int, list[str]]:
+    """Stream each pod's ``/dump`` into ``directory/<pod>.dump``; (pods answered, problems)."""
     problems: list[str] = []
-    files: list[Path] = []
+    answered = 0
     semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
     timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
 
     async def one(session: aiohttp.ClientSession, pod: SidecarPod) -> None:
+        nonlocal answered
         if not pod.endpoint:
             problems.append(f"pod {pod.name}: no sidecar address (no pod IP and no {SIDECAR_ENDPOINT_ANNOTATION})")
             return
-        url = f"{pod.endpoint}{protocol.DUMP_PATH}"
+        path = directory / f"{pod.name}.dump"
         async with semaphore:
             try:
                 async with session.get(
-                    url, params={"limit": str(limit)}, headers={"Authorization": protocol.bearer(token)}
+                    f"{pod.endpoint}{protocol.DUMP_PATH}",
+                    params={"limit": str(limit)},
+                    headers={"Authorization": protocol.bearer(token)},
                 ) as response:
                     if response.status != 200:
                         problems.append(f"pod {pod.name}: sidecar answered HTTP {response.status} to /dump")
                         return
-                    body = await response.read()
+                    written = 0
+                    with path.open("wb") as out:
+                        async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+                            written += len(chunk)
+                            if written > max_bytes_per_pod:
+                                raise _TooLarge
+                            out.write(chunk)
+            except _TooLarge:
+                path.unlink(missing_ok=True)
+                problems.append(f"pod {pod.name}: /dump sent more than {max_bytes_per_pod >> 20} MiB; skipped")
+                return
             except (aiohttp.ClientError, TimeoutError) as error:
+                path.unlink(missing_ok=True)
                 problems.append(
                     f"pod {pod.name}: sidecar at {pod.endpoint} unreachable: {error or type(error).__name__}"
                 )
                 return
-        try:
-            images = split_dump(body)
-        except protocol.ProtocolError as error:
-            problems.append(f"pod {pod.name}: {error}")
-            return
-        for index, image in enumerate(images):
-            path = directory / f"{pod.name}-{index}.ring"
-            await asyncio.to_thread(path.write_bytes, image)
-            files.append(path)
+        answered += 1
 
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await asyncio.gather(*(one(session, pod) for pod in pods))
-    return files, problems
+    return answered, problems
 
 
-def run_analysis(
-    directory: Path, layout: Layout | None, node_of_rank: Mapping[int, str], stall_seconds: float
-) -> tuple[dict[str, Any], str]:
-    """The analysis report and its text form (blocking: call it in a worker thread)."""
-    trace = load_path(directory)
-    trace.layout = layout if layout and (not trace.ranks or max(trace.ranks) < layout.world_size) else None
-    for rank, source in list(trace.ranks.items()):
-        if source.node in ("", "unknown") and node_of_rank.get(rank):
-            trace.ranks[rank] = RankSource(rank, node_of_rank[rank], source.pid, source.path)
-    document = analyze(trace, "all", stall_seconds)
-    return document, summary_text(document, trace)
+class _TooLarge(Exception):
+    pass
 
 
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class DiagnosisBudget:
+    """What one diagnosis may use (``config.DiagnosisLimits`` divided among the concurrent ones)."""
+
+    memory_bytes: int
+    timeout_s: float
+
+    @property
+    def dump_bytes(self) -> int:
+        return int(self.memory_bytes * DUMP_SHARE_OF_WORKER_MEMORY)
 
 
 async def diagnose(
@@ -187,51 +301,44 @@ async def diagnose(
     token: str,
     sensitivity_s: float,
     window_s: float,
-) -> tuple[Diagnosis | None, dict[str, Any]]:
-    """(the diagnosis, or None when the analysis finds nothing; the full report either way)."""
+    budget: DiagnosisBudget,
+) -> tuple[Diagnosis | None, Examination]:
+    """(the diagnosis, or None when the analysis blames no rank; what was examined either way).
+    Raises ``worker.WorkerFailed`` when the analysis ran out of memory or time."""
     names = pods_to_ask(state, suspicion, layout, pods)
     chosen = [pod for pod in pods if pod.name in names]
-    limit = records_limit(state, names, window_s)
+    limit = records_limit(state, names, window_s, budget.dump_bytes)
     node_of_rank = {rank: state.node_of_pod(r.pod) or r.node for rank, r in state.ranks.items()}
-    pod_of_node_rank = {rank: r.pod for rank, r in state.ranks.items()}
-    with tempfile.TemporaryDirectory(prefix="rankwatch-diagnosis-") as temporary:
-        directory = Path(temporary)
-        files, problems = await fetch_dumps(chosen, token, limit, directory)
-        if not files:
-            report = {"schema": 1, "healthy": True, "findings": [], "problems": problems or ["no dumps"]}
-            return None, report
+    pod_of_rank = {rank: r.pod for rank, r in state.ranks.items()}
+    request = worker.AnalysisRequest(
+        layout.tp if layout else None,
+        layout.pp if layout else None,
+        layout.world_size if layout else None,
+        node_of_rank,
         # A call pending half the sensitivity is already a wait worth following; the stall itself was
         # established by the detector.
-        stall_seconds = max(1.0, min(sensitivity_s / 2, 60.0))
-        document, text = await asyncio.to_thread(run_analysis, directory, layout, node_of_rank, stall_seconds)
-    document["problems"] = problems + list(document.get("problems") or [])
-    document["suspicion"] = asdict(suspicion)
-    document["pods_asked"] = names
-    document["records_per_ring"] = limit
-    if problems:
-        text += "\n" + "\n".join(f"warning: {problem}" for problem in problems)
+        max(1.0, min(sensitivity_s / 2, 60.0)),
+    )
+    with tempfile.TemporaryDirectory(prefix="rankwatch-diagnosis-") as temporary:
+        directory = Path(temporary)
+        per_pod = 2 * budget.dump_bytes // max(1, len(chosen)) + CHUNK_BYTES
+        answered, problems = await fetch_dumps(chosen, token, limit, directory, per_pod)
+        if not answered:
+            report = AnalysisReport([], problems or ["no dumps"])
+            return None, Examination(report, "\n".join(report.problems), names, 0, limit, suspicion)
+        result = await worker.analyse(directory, request, budget.memory_bytes, budget.timeout_s)
+    report = AnalysisReport(result.report.findings, problems + result.report.problems)
+    text = result.text + "".join(f"\nwarning: {problem}" for problem in problems)
     # A finding that blames no rank (the whole job's step time drifting, with no straggler behind it)
     # is the machine or the environment, not a fault rankwatch can localise or cordon: it is logged
     # with the report, and the job is not marked Degraded for it.
-    blaming = [finding for finding in document["findings"] if finding["ranks"]]
-    for finding in document["findings"]:
-        if not finding["ranks"]:
-            document["problems"].append(f"job-wide, no rank behind it (not a diagnosis): {finding['summary']}")
+    for finding in report.findings:
+        if not finding.ranks:
+            report.problems.append(f"job-wide, no rank behind it (not a diagnosis): {finding.summary}")
+    examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
+    blaming = [finding for finding in report.findings if finding.ranks]
     if not blaming:
-        return None, document
+        return None, examination
     finding = blaming[0]
-    pod_names = sorted({pod_of_node_rank[rank] for rank in finding["ranks"] if rank in pod_of_node_rank})
-    diagnosis = Diagnosis(
-        kind=finding_kind(finding),
-        ranks=sorted(finding["ranks"]),
-        nodes=sorted(finding["nodes"]),
-        pods=pod_names,
-        confidence=round(float(finding["confidence"]), 2),
-        summary=finding["summary"],
-        time=_now(),
-        finding=finding,
-        suspicion=suspicion.summary,
-        report=document,
-        text=text,
-    )
-    return diagnosis, document
+    blamed_pods = sorted({pod_of_rank[rank] for rank in finding.ranks if rank in pod_of_rank})
+    return Diagnosis(finding, blamed_pods, _now(), examination), examination

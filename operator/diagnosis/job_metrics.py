@@ -33,12 +33,13 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rankwatch.analysis.findings import FindingKind
 from rankwatch.operator.diagnosis.job_state import JobState, JobStore
 from rankwatch.operator.lifecycle import job_status
 
 PHASES = (job_status.PENDING, job_status.RUNNING, job_status.SUCCEEDED, job_status.FAILED)
 HEALTHS = ("Unknown", "Healthy", "Degraded", "Hung")
-DETECTION_KINDS = ("hang", "straggler", "slow_link", "fail_slow")
+DETECTION_KINDS = tuple(kind.value for kind in FindingKind)
 """The finding kinds of rankwatch.analysis (``Finding.kind``)."""
 JOB_LABELS = ["namespace", "trainingjob"]
 

@@ -7,7 +7,7 @@ series (phase, health, conditions, detections, step and wait times) are computed
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 COLLECTOR_MESSAGES = Counter(
     "rankwatch_collector_messages_total",
@@ -20,13 +20,20 @@ COLLECTOR_RANK_WINDOWS = Counter(
 )
 SUSPICIONS = Counter(
     "rankwatch_detector_suspicions_total",
-    "Suspicions raised by the detector (hang, straggler, slowdown), before diagnosis",
+    "Suspicions raised by the detector, by the kind of finding suspected (hang, straggler, fail_slow)",
     ["kind"],
 )
 DIAGNOSES = Counter(
     "rankwatch_diagnoses_total",
-    "Diagnosis runs by outcome (finding, no_finding, failed)",
+    "Diagnosis runs by outcome (finding, no_finding, failed, out_of_memory, timeout, crashed)",
     ["outcome"],
+)
+DIAGNOSES_RUNNING = Gauge("rankwatch_diagnoses_running", "Diagnoses running now (at most the configured concurrency)")
+DIAGNOSES_WAITING = Gauge("rankwatch_diagnoses_waiting", "Diagnoses queued for a free slot")
+DIAGNOSIS_PEAK_BYTES = Histogram(
+    "rankwatch_diagnosis_worker_peak_bytes",
+    "Peak resident memory of a diagnosis's analysis worker",
+    buckets=tuple(float(mib << 20) for mib in (32, 64, 128, 256, 384, 512, 768, 1024, 2048)),
 )
 DIAGNOSIS_SECONDS = Histogram(
     "rankwatch_diagnosis_duration_seconds",
@@ -34,3 +41,8 @@ DIAGNOSIS_SECONDS = Histogram(
     buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
 )
 RECOVERIES = Counter("rankwatch_recoveries_total", "Findings cleared because the job recovered", ["kind"])
+
+
+def diagnoses_in_progress(running: int, waiting: int) -> None:
+    DIAGNOSES_RUNNING.set(running)
+    DIAGNOSES_WAITING.set(waiting)

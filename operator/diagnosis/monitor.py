@@ -1,10 +1,15 @@
 """The watch over running jobs: every window, run the detector on each job's state; on suspicion,
-diagnose (one diagnosis at a time per job) and write the result; when the suspicion is gone long
+queue a diagnosis (``slots.py``: a few at a time across all jobs, most severe first), write what it
+finds and carry out its follow-ups (Event, remediation, alert); when the suspicion is gone long
 enough, clear it.
 
+Follow-ups are recorded on the job (``writer.py``), so a new leader finishes what the last one began
+(a job it first sees with an active diagnosis whose remediation or alert is not recorded) and never
+repeats what was done. Before every write the monitor checks that this replica still leads.
+
 One asyncio task for all jobs rather than a kopf timer per job: kopf timers put a finalizer on the
-resource, and rankwatch keeps jobs deletable without the operator (see handlers.py). The task is
-started with the collector, in the operator's event loop; everything blocking runs in threads.
+resource, and rankwatch keeps jobs deletable without the operator (see handlers.py). The task runs
+in the operator's event loop; the analysis runs in worker processes, API calls in threads.
 """
 
 from __future__ import annotations
@@ -14,23 +19,27 @@ import contextlib
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import kubernetes
 
-from rankwatch.analysis.findings import Finding
+from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.operator import api
-from rankwatch.operator.diagnosis import metrics
-from rankwatch.operator.diagnosis import writer as diagnosis_writer
+from rankwatch.operator.config import DiagnosisLimits
+from rankwatch.operator.diagnosis import metrics, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
-from rankwatch.operator.diagnosis.diagnose import Diagnosis, SidecarPod, diagnose
+from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, SidecarPod, diagnose
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics
 from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.slots import DiagnosisSlots
+from rankwatch.operator.diagnosis.worker import WorkerFailed
 from rankwatch.operator.lifecycle import job_status
-from rankwatch.operator.remediation import hook as remediation_hook
+from rankwatch.operator.remediation import hook as remediation
+from rankwatch.operator.remediation.cordon_decision import Safeguards
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 log = logging.getLogger(__name__)
@@ -46,10 +55,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _condition_of(suspicion: Suspicion) -> str:
-    return "Hung" if suspicion.kind == "hang" else "Degraded"
-
-
 def _format_step(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}ms" if seconds < 10 else f"{seconds:.1f}s"
 
@@ -63,12 +68,20 @@ class WatchedJob:
     phase: str = job_status.PENDING
     status: dict[str, Any] = field(default_factory=dict)
     next_check: float = 0.0
-    diagnosing: asyncio.Task[None] | None = None
-    retry_after: dict[str, float] = field(default_factory=dict)
-    suspected_since: dict[str, float] = field(default_factory=dict)
+    wanted: Suspicion | None = None
+    """The latest suspicion, taken by the diagnosis when its slot comes (not the one that queued it)."""
+    retry_after: dict[FindingKind, float] = field(default_factory=dict)
+    suspected_since: dict[FindingKind, float] = field(default_factory=dict)
     clear_since: float | None = None
     telemetry_written: bool = False
     step_written: tuple[float, float] | None = None  # (value, when)
+    followed_up: str | None = None
+    """``status.diagnosis.time`` of the diagnosis whose follow-ups this process has carried out."""
+    follow_up_after: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.namespace, self.name
 
     @property
     def thresholds(self) -> Thresholds:
@@ -80,16 +93,25 @@ class Monitor:
 
     def __init__(
         self,
+        kube: kubernetes.client.ApiClient,
         store: JobStore,
         tokens: SecretTokens,
         sidecar_port: int,
+        limits: DiagnosisLimits,
+        safeguards: Safeguards,
         alerts: Any = None,
+        leading: Callable[[], bool] = lambda: True,
         job_metrics: JobMetrics | None = None,
     ) -> None:
+        self.kube = kube
         self.store = store
         self.tokens = tokens
         self.sidecar_port = sidecar_port
+        self.budget = DiagnosisBudget(limits.worker_memory_bytes, limits.timeout_seconds)
+        self.safeguards = safeguards
         self.alerts = alerts  # an AlertPipeline, when alerting is configured
+        self.leading = leading
+        self.slots = DiagnosisSlots(limits.concurrency, on_change=metrics.diagnoses_in_progress)
         self.job_metrics = job_metrics
         self.jobs: dict[tuple[str, str], WatchedJob] = {}
         self._task: asyncio.Task[None] | None = None
@@ -117,22 +139,19 @@ class Monitor:
             self.forget(namespace, name)
 
     def forget(self, namespace: str, name: str) -> None:
-        job = self.jobs.pop((namespace, name), None)
-        if job and job.diagnosing and not job.diagnosing.done():
-            job.diagnosing.cancel()
+        self.jobs.pop((namespace, name), None)
+        self.slots.cancel((namespace, name))
         self.store.drop(namespace, name)
         self.tokens.forget(namespace, name)
 
     def diagnosing(self, namespace: str, name: str) -> bool:
-        """A diagnosis of the job is under way (analysis, writing, alerting, cordoning)."""
-        job = self.jobs.get((namespace, name))
-        return bool(job and job.diagnosing and not job.diagnosing.done())
+        """A diagnosis of the job is queued or under way (analysis, writing, alerting, cordoning)."""
+        return self.slots.busy((namespace, name))
 
     def new_attempt(self, namespace: str, name: str, ended_pods: set[str]) -> None:
         """The job was restarted: watch its next attempt from scratch (the next job event tracks it)."""
-        job = self.jobs.pop((namespace, name), None)
-        if job and job.diagnosing and not job.diagnosing.done():
-            job.diagnosing.cancel()
+        self.jobs.pop((namespace, name), None)
+        self.slots.cancel((namespace, name))
         self.store.new_attempt(namespace, name, ended_pods)
 
     def wake(self, namespace: str, name: str) -> None:
@@ -150,18 +169,19 @@ class Monitor:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for job in self.jobs.values():
-            if job.diagnosing and not job.diagnosing.done():
-                job.diagnosing.cancel()
+        await self.slots.close()
 
     async def run(self) -> None:
         while True:
             now = time.monotonic()
             for job in list(self.jobs.values()):
-                if job.phase != job_status.RUNNING or now < job.next_check:
-                    continue
-                job.next_check = now + job.spec.tracing.windowSeconds
+                if not self.leading():
+                    break
                 try:
+                    await self._follow_up_written(job, now)
+                    if job.phase != job_status.RUNNING or now < job.next_check:
+                        continue
+                    job.next_check = now + job.spec.tracing.windowSeconds
                     await self.check(job, now)
                 except Exception:  # never end the watch over every job for one job's trouble
                     log.exception("checking TrainingJob %s/%s failed", job.namespace, job.name)
@@ -174,7 +194,8 @@ class Monitor:
         step = state.recent_step_time()
         if not job.telemetry_written:
             await asyncio.to_thread(
-                diagnosis_writer.write_telemetry_flowing,
+                writer.write_telemetry_flowing,
+                self.kube,
                 job.namespace,
                 job.name,
                 _now(),
@@ -184,19 +205,19 @@ class Monitor:
             if step:
                 job.step_written = (step, now)
         elif step and self._step_changed(job, step, now):
-            await asyncio.to_thread(diagnosis_writer.write_step_time, job.namespace, job.name, _format_step(step))
+            await asyncio.to_thread(writer.write_step_time, self.kube, job.namespace, job.name, _format_step(step))
             job.step_written = (step, now)
 
         suspicions = detect(state, job.thresholds, job.layout, now)
         kinds = {s.kind for s in suspicions}
         for kind in kinds - set(job.suspected_since):
-            metrics.SUSPICIONS.labels(kind).inc()
+            metrics.SUSPICIONS.labels(kind.value).inc()
             job.suspected_since[kind] = now
         for kind in set(job.suspected_since) - kinds:
             del job.suspected_since[kind]
-        active = diagnosis_writer.active_condition(job.status)
-        hang = next((s for s in suspicions if s.kind == "hang"), None)
-        if active == "Hung":
+        active = writer.active_condition(job.status)
+        hang = next((s for s in suspicions if s.kind is FindingKind.HANG), None)
+        if active == HUNG:
             if hang is not None:
                 job.clear_since = None  # a hung job stays hung until it moves
             else:
@@ -205,11 +226,13 @@ class Monitor:
         if suspicions:
             job.clear_since = None
             suspicion = suspicions[0]
-            if active == _condition_of(suspicion) and self._already_reported(job, suspicion):
+            if active == suspicion.kind.condition and self._already_reported(job, suspicion):
                 return  # the job already says so
-            if (job.diagnosing is None or job.diagnosing.done()) and now >= job.retry_after.get(suspicion.kind, 0):
-                job.diagnosing = asyncio.create_task(self._diagnose(job, suspicion))
+            job.wanted = suspicion
+            if now >= job.retry_after.get(suspicion.kind, 0):
+                self.slots.request(job.key, suspicion.kind.severity, lambda: self._diagnose(job))
             return
+        job.wanted = None
         if active is None:
             job.clear_since = None
             return
@@ -219,15 +242,15 @@ class Monitor:
         """Clear the finding once the suspicion has been gone for a few windows."""
         job.clear_since = job.clear_since or now
         window = job.spec.tracing.windowSeconds
-        needed = max(3 * window, 15.0) if active == "Hung" else max(6 * window, 30.0)
+        needed = max(3 * window, 15.0) if active == HUNG else max(6 * window, 30.0)
         if now - job.clear_since < needed:
             return
         why = (
             "collectives complete again on every communicator"
-            if active == "Hung"
+            if active == HUNG
             else f"no rank out of line and step time at baseline for {now - job.clear_since:.0f} s"
         )
-        written = await asyncio.to_thread(diagnosis_writer.write_recovered, job.namespace, job.name, why, _now())
+        written = await asyncio.to_thread(writer.write_recovered, self.kube, job.namespace, job.name, why, _now())
         if written is not None:
             kind = (job.status.get("diagnosis") or {}).get("kind", "unknown")
             metrics.RECOVERIES.labels(kind).inc()
@@ -240,7 +263,7 @@ class Monitor:
     @staticmethod
     def _already_reported(job: WatchedJob, suspicion: Suspicion) -> bool:
         ranks = set((job.status.get("diagnosis") or {}).get("ranks") or [])
-        return not suspicion.ranks or set(suspicion.ranks) <= ranks or suspicion.kind == "slowdown"
+        return not suspicion.ranks or set(suspicion.ranks) <= ranks or suspicion.kind is FindingKind.FAIL_SLOW
 
     @staticmethod
     def _step_changed(job: WatchedJob, step: float, now: float) -> bool:
@@ -250,17 +273,10 @@ class Monitor:
         return now - when >= STEP_TIME_WRITE_S and abs(step - value) > 0.05 * value
 
     # -- diagnosis -------------------------------------------------------------------------------------
-    async def _diagnose(self, job: WatchedJob, suspicion: Suspicion) -> None:
-        try:
-            await self._diagnose_and_write(job, suspicion)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a task's exception would otherwise vanish unseen
-            metrics.DIAGNOSES.labels("failed").inc()
-            log.exception("diagnosis of TrainingJob %s/%s failed", job.namespace, job.name)
-            job.retry_after[suspicion.kind] = time.monotonic() + FAILED_RETRY_S
-
-    async def _diagnose_and_write(self, job: WatchedJob, suspicion: Suspicion) -> None:
+    async def _diagnose(self, job: WatchedJob) -> None:
+        suspicion, job.wanted = job.wanted, None
+        if suspicion is None or self.jobs.get(job.key) is not job:
+            return  # the job recovered, finished or went while it waited
         started = time.monotonic()
         suspected = job.suspected_since.get(suspicion.kind, started)
         log.warning("TrainingJob %s/%s: %s; diagnosing", job.namespace, job.name, suspicion.summary)
@@ -270,26 +286,27 @@ class Monitor:
             if token is None:
                 raise TokenUnavailable(f"no Secret {api.token_secret_name(job.name)}")
             state = self.store.get(job.namespace, job.name)
-            diagnosis, report = await diagnose(
-                state,
-                suspicion,
-                job.layout,
-                pods,
-                token,
-                job.thresholds.sensitivity_s,
-                job.thresholds.window_s,
+            window = job.thresholds.window_s
+            diagnosis, examination = await diagnose(
+                state, suspicion, job.layout, pods, token, job.thresholds.sensitivity_s, window, self.budget
             )
         except asyncio.CancelledError:
             raise
+        except WorkerFailed as error:
+            metrics.DIAGNOSES.labels(error.reason).inc()
+            log.error("diagnosis of TrainingJob %s/%s failed: %s", job.namespace, job.name, error)
+            job.retry_after[suspicion.kind] = time.monotonic() + NO_FINDING_RETRY_S
+            return
         except Exception:
             metrics.DIAGNOSES.labels("failed").inc()
             log.exception("diagnosis of TrainingJob %s/%s failed", job.namespace, job.name)
             job.retry_after[suspicion.kind] = time.monotonic() + FAILED_RETRY_S
             return
+        metrics.DIAGNOSIS_PEAK_BYTES.observe(examination.peak_rss_bytes)
         if diagnosis is None:
             metrics.DIAGNOSES.labels("no_finding").inc()
-            unreachable = "pods_asked" not in report  # no sidecar answered: asking again at once will not help
-            quick = suspicion.kind == "hang" and not unreachable  # a hang's evidence grows with time
+            reachable = examination.pods_answered > 0  # no sidecar answered: asking again at once will not help
+            quick = suspicion.kind is FindingKind.HANG and reachable  # a hang's evidence grows with time
             retry = job.thresholds.window_s * 2 if quick else NO_FINDING_RETRY_S
             job.retry_after[suspicion.kind] = time.monotonic() + retry
             log.info(
@@ -297,55 +314,105 @@ class Monitor:
                 job.namespace,
                 job.name,
                 suspicion.summary,
-                "; ".join(report.get("problems") or []) or "none",
+                "; ".join(examination.report.problems) or "none",
                 retry,
             )
             return
         metrics.DIAGNOSES.labels("finding").inc()
-        written = await asyncio.to_thread(diagnosis_writer.write_diagnosis, job.namespace, job.name, diagnosis, _now())
+        if not self.leading():
+            return
+        written = await asyncio.to_thread(writer.write_diagnosis, self.kube, job.namespace, job.name, diagnosis, _now())
         if written is None:
-            log.info(
-                "TrainingJob %s/%s already carries %s on %s", job.namespace, job.name, diagnosis.kind, diagnosis.nodes
-            )
-        else:
-            elapsed = time.monotonic() - started
-            if self.job_metrics is not None:
-                self.job_metrics.detected(job.namespace, job.name, diagnosis.finding["kind"])
-            metrics.DIAGNOSIS_SECONDS.observe(elapsed)
-            log.warning(
-                "TrainingJob %s/%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
-                job.namespace,
-                job.name,
-                diagnosis.summary,
-                elapsed,
-                time.monotonic() - suspected,
-            )
-            await self._alert(job, diagnosis)
-            await remediation_hook.remediate(written, diagnosis)
-        job.status = {
-            **job.status,
-            "diagnosis": {"active": True, "kind": diagnosis.kind, "ranks": diagnosis.ranks},
-        }
+            log.info("TrainingJob %s/%s already carries %s on %s", job.namespace, job.name, diagnosis.reason,
+                     diagnosis.nodes)  # fmt: skip
+            return
+        elapsed = time.monotonic() - started
+        if self.job_metrics is not None:
+            self.job_metrics.detected(job.namespace, job.name, diagnosis.kind.value)
+        metrics.DIAGNOSIS_SECONDS.observe(elapsed)
+        log.warning(
+            "TrainingJob %s/%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
+            job.namespace,
+            job.name,
+            diagnosis.summary,
+            elapsed,
+            time.monotonic() - suspected,
+        )
+        job.status = written["status"]
         job.clear_since = None
+        await self._follow_up(job, written, diagnosis.finding)
+
+    # -- follow-ups ------------------------------------------------------------------------------------
+    async def _follow_up_written(self, job: WatchedJob, now: float) -> None:
+        """Finish the follow-ups of a diagnosis this process did not write (a previous leader did)."""
+        diagnosis = job.status.get("diagnosis") or {}
+        if (
+            self.slots.busy(job.key)  # its own diagnosis carries out what it writes
+            or job.followed_up == diagnosis.get("time")
+            or now < job.follow_up_after
+            or not writer.pending_follow_ups(job.status, self.alerts is not None)
+        ):
+            return
+        job.follow_up_after = now + FAILED_RETRY_S
+        objects = kubernetes.client.CustomObjectsApi(self.kube)
+        body = await asyncio.to_thread(
+            objects.get_namespaced_custom_object, api.GROUP, api.VERSION, job.namespace, api.PLURAL, job.name
+        )
+        status = body.get("status") or {}
+        if not writer.pending_follow_ups(status, self.alerts is not None):
+            job.status, job.followed_up = status, (status.get("diagnosis") or {}).get("time")
+            return
+        time_ = status["diagnosis"]["time"]
+        finding = await asyncio.to_thread(writer.stored_finding, self.kube, job.namespace, job.name, time_)
+        if finding is None:
+            log.warning("TrainingJob %s/%s: the finding of the diagnosis of %s is gone; its follow-ups are "
+                        "not carried out", job.namespace, job.name, time_)  # fmt: skip
+            job.followed_up = time_
+            return
+        log.info("TrainingJob %s/%s: finishing the follow-ups of the diagnosis of %s (%s)", job.namespace, job.name,
+                 time_, ", ".join(writer.pending_follow_ups(status, self.alerts is not None)))  # fmt: skip
+        await asyncio.to_thread(writer.post_diagnosis_event, self.kube, body, status["diagnosis"])
+        await self._follow_up(job, body, finding)
+
+    async def _follow_up(self, job: WatchedJob, body: dict[str, Any], finding: Finding) -> None:
+        """Remediation and the alert of the diagnosis in ``body``'s status, each unless recorded done."""
+        status = body.get("status") or {}
+        time_ = status["diagnosis"]["time"]
+        pending = writer.pending_follow_ups(status, self.alerts is not None)
+        done = True
+        if writer.REMEDIATION in pending and self.leading():
+            try:
+                result = await remediation.remediate(self.kube, body, finding, self.safeguards)
+            except Exception:
+                log.exception("remediation of TrainingJob %s/%s (%s on %s) failed; retrying", job.namespace,
+                              job.name, finding.reason, finding.nodes)  # fmt: skip
+                done = False
+            else:
+                await asyncio.to_thread(writer.record_follow_up, self.kube, job.namespace, job.name, time_,
+                                        writer.REMEDIATION, remediation.outcome_text(result))  # fmt: skip
+        if writer.ALERTED in pending and self.leading():
+            try:
+                await self._alert(job, finding)
+            except Exception:
+                log.exception("alerting for TrainingJob %s/%s failed; retrying", job.namespace, job.name)
+                done = False
+            else:
+                await asyncio.to_thread(writer.record_follow_up, self.kube, job.namespace, job.name, time_,
+                                        writer.ALERTED, _now())  # fmt: skip
+        if done:
+            job.followed_up = time_
+
+    async def _alert(self, job: WatchedJob, finding: Finding) -> None:
+        from rankwatch.alerting import alert_from_finding
+
+        await self.alerts.submit([alert_from_finding(job.namespace, job.name, finding, job.spec.alerting)])
 
     def _pods(self, job: WatchedJob) -> list[SidecarPod]:
-        pods = kubernetes.client.CoreV1Api().list_namespaced_pod(
+        pods = kubernetes.client.CoreV1Api(self.kube).list_namespaced_pod(
             job.namespace, label_selector=f"{api.JOB_NAME_LABEL}={job.name}"
         )
-        client = kubernetes.client.ApiClient()
         return [
-            SidecarPod.from_pod(client.sanitize_for_serialization(pod), self.sidecar_port)
+            SidecarPod.from_pod(self.kube.sanitize_for_serialization(pod), self.sidecar_port)
             for pod in pods.items
             if not pod.metadata.deletion_timestamp
         ]
-
-    async def _alert(self, job: WatchedJob, diagnosis: Diagnosis) -> None:
-        if self.alerts is None:
-            return
-        from rankwatch.alerting import alert_from_finding
-
-        try:
-            finding = Finding(**{key: diagnosis.finding[key] for key in Finding.__dataclass_fields__})
-            await self.alerts.submit([alert_from_finding(job.namespace, job.name, finding, job.spec.alerting)])
-        except Exception:
-            log.exception("alerting for TrainingJob %s/%s failed", job.namespace, job.name)

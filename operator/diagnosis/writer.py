@@ -1,18 +1,21 @@
-"""Write a diagnosis onto the TrainingJob, and clear it when the job recovers.
+"""Write a diagnosis onto the TrainingJob, record its follow-ups, and clear it when the job recovers.
 
 What a person sees: ``status.diagnosis``, the ``Hung`` / ``Degraded`` condition with reason and
 message, ``status.health`` and ``status.suspects`` (printer columns), the annotations
 ``rankwatch.io/suspect-nodes`` / ``suspect-ranks``, a Warning Event whose message names rank, node and
-the numbers, and the full report (JSON + text) in a ConfigMap the job owns.
+the numbers, and the full report (JSON + text, and the finding itself) in a ConfigMap the job owns.
 
-"Already reported" is read from the job's status, not from memory, so a restarted operator that
-diagnoses the same culprit again writes nothing and posts no second Event. Blocking (the
-Kubernetes client): call these in a worker thread. Status patches carry the resourceVersion they
-were computed from, so a concurrent writer (the pod-status sync) means recompute, never overwrite.
+Everything is recorded on the job, never only in memory, so that a restarted operator or a new
+leader neither repeats nor loses anything: "already reported" is read from the status; the Event is
+named after the diagnosis (posting it again finds it); ``status.diagnosis.remediation`` and
+``alertedTime`` say which follow-ups are done. Blocking (the Kubernetes client): call these in a
+worker thread. Status patches carry the resourceVersion they were computed from, so a concurrent
+writer (the pod-status sync) means recompute, never overwrite.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 from typing import Any
@@ -20,9 +23,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api
+from rankwatch.analysis.findings import HUNG, Finding, FindingKind
+from rankwatch.operator import api, events
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
-from rankwatch.operator.lifecycle import job_events, job_status
+from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.status_patch import update_status
 
 log = logging.getLogger(__name__)
@@ -32,6 +36,7 @@ SUSPECT_RANKS_ANNOTATION = "rankwatch.io/suspect-ranks"
 REPORT_MAX_BYTES = 512 << 10
 """The report ConfigMap stays well under the 1 MiB object limit; longer reports are cut, saying so."""
 MAX_LISTED = 32
+REMEDIATION, ALERTED = "remediation", "alertedTime"
 
 
 def report_configmap_name(job_name: str) -> str:
@@ -43,32 +48,37 @@ def _listed(values: list[Any]) -> str:
     return text + (f",+{len(values) - MAX_LISTED}" if len(values) > MAX_LISTED else "")
 
 
+def condition_of(reason: str | None) -> str | None:
+    kind = FindingKind.from_reason(reason or "")
+    return kind.condition if kind else None
+
+
 def same_diagnosis(previous: dict[str, Any] | None, diagnosis: Diagnosis) -> bool:
     """The job already carries this finding (active, same condition, same culprit ranks)."""
     if not previous or not previous.get("active"):
         return False
-    previous_hung = previous.get("kind") in ("Hang", "StuckInCollective")
-    return previous_hung == diagnosis.hung and sorted(previous.get("ranks") or []) == diagnosis.ranks
+    return (
+        condition_of(previous.get("kind")) == diagnosis.condition
+        and sorted(previous.get("ranks") or []) == diagnosis.ranks[:MAX_LISTED]
+    )
 
 
 def active_condition(status: dict[str, Any]) -> str | None:
     """``Hung`` or ``Degraded`` when the job carries an active diagnosis, else None."""
     diagnosis = status.get("diagnosis") or {}
-    if not diagnosis.get("active"):
-        return None
-    return "Hung" if diagnosis.get("kind") in ("Hang", "StuckInCollective") else "Degraded"
+    return condition_of(diagnosis.get("kind")) if diagnosis.get("active") else None
 
 
-def event_message(diagnosis: Diagnosis, job_name: str) -> str:
+def event_message(summary: str, confidence: float, job_name: str) -> str:
     return (
-        f"{diagnosis.summary} (confidence {diagnosis.confidence:.2f}; full report: "
+        f"{summary} (confidence {confidence:.2f}; full report: "
         f"kubectl get configmap {report_configmap_name(job_name)} -o jsonpath='{{.data.report\\.txt}}')"
     )
 
 
 def report_configmap(job: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any]:
     """The report ConfigMap, cut to REPORT_MAX_BYTES (findings' evidence first, then the text)."""
-    document = dict(diagnosis.report)
+    document = diagnosis.examination.to_json()
     report_json = json.dumps(document, indent=1, default=str)
     if len(report_json) > REPORT_MAX_BYTES // 2:
         document["findings"] = [
@@ -76,7 +86,7 @@ def report_configmap(job: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any
         ][:MAX_LISTED]
         document["truncated"] = True
         report_json = json.dumps(document, default=str)[: REPORT_MAX_BYTES // 2]
-    text = diagnosis.text
+    text = diagnosis.examination.text
     if len(text) > REPORT_MAX_BYTES // 2:
         text = text[: REPORT_MAX_BYTES // 2] + "\n(cut: report over the size limit)\n"
     metadata = job["metadata"]
@@ -98,12 +108,16 @@ def report_configmap(job: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any
                 }
             ],
         },
-        "data": {"report.json": report_json, "report.txt": text},
+        "data": {
+            "report.json": report_json,
+            "report.txt": text,
+            "finding.json": json.dumps({"time": diagnosis.time, "finding": diagnosis.finding.to_json()}, default=str),
+        },
     }
 
 
-def _store_report(job: dict[str, Any], diagnosis: Diagnosis) -> str:
-    core = kubernetes.client.CoreV1Api()
+def _store_report(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagnosis: Diagnosis) -> str:
+    core = kubernetes.client.CoreV1Api(kube)
     manifest = report_configmap(job, diagnosis)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     try:
@@ -111,20 +125,39 @@ def _store_report(job: dict[str, Any], diagnosis: Diagnosis) -> str:
     except ApiException as error:
         if error.status != 409:
             raise
-        core.replace_namespaced_config_map(name, namespace, manifest)
+        core.patch_namespaced_config_map(name, namespace, manifest)  # the chart grants patch, not update
     return name
 
 
-def _annotate(namespace: str, name: str, annotations: dict[str, str | None]) -> None:
-    kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object(
+def stored_finding(kube: kubernetes.client.ApiClient, namespace: str, name: str, time: str) -> Finding | None:
+    """The finding of the diagnosis written at ``time``, from the job's report ConfigMap (None when
+    the ConfigMap is gone or holds another diagnosis)."""
+    try:
+        configmap = kubernetes.client.CoreV1Api(kube).read_namespaced_config_map(report_configmap_name(name), namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    try:
+        stored = json.loads((configmap.data or {})["finding.json"])
+        return Finding.from_json(stored["finding"]) if stored["time"] == time else None
+    except (KeyError, TypeError, ValueError) as error:
+        log.warning("TrainingJob %s/%s: report ConfigMap has no readable finding (%s)", namespace, name, error)
+        return None
+
+
+def _annotate(kube: kubernetes.client.ApiClient, namespace: str, name: str, annotations: dict[str, str | None]) -> None:
+    kubernetes.client.CustomObjectsApi(kube).patch_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"metadata": {"annotations": annotations}}
     )
 
 
-def write_diagnosis(namespace: str, name: str, diagnosis: Diagnosis, now: str) -> dict[str, Any] | None:
-    """Put ``diagnosis`` on the job; returns the job (as read) when written, None when the job
-    already carried it (or is gone)."""
-    objects = kubernetes.client.CustomObjectsApi()
+def write_diagnosis(
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, diagnosis: Diagnosis, now: str
+) -> dict[str, Any] | None:
+    """Put ``diagnosis`` on the job (report, status, annotations, Event); returns the job as
+    written, None when the job already carried it (or is gone). Its follow-ups are left pending."""
+    objects = kubernetes.client.CustomObjectsApi(kube)
     try:
         job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
     except ApiException as error:
@@ -133,56 +166,105 @@ def write_diagnosis(namespace: str, name: str, diagnosis: Diagnosis, now: str) -
         raise
     if same_diagnosis((job.get("status") or {}).get("diagnosis"), diagnosis):
         return None
-    report_name = _store_report(job, diagnosis)
+    report_name = _store_report(kube, job, diagnosis)
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
         status = job.get("status") or {}
         if same_diagnosis(status.get("diagnosis"), diagnosis):
             return None
         generation = job["metadata"].get("generation", 1)
-        reason = diagnosis.kind
-        message = diagnosis.summary
         conditions = list(status.get("conditions") or [])
         superseded = active_condition(status)
         if superseded and superseded != diagnosis.condition:  # one active finding at a time
             conditions = job_status.set_condition(
-                conditions, superseded, "False", "Superseded", f"superseded by {diagnosis.kind}", now, generation
+                conditions, superseded, "False", "Superseded", f"superseded by {diagnosis.reason}", now, generation
             )
-        conditions = job_status.set_condition(conditions, diagnosis.condition, "True", reason, message, now, generation)
+        conditions = job_status.set_condition(
+            conditions, diagnosis.condition, "True", diagnosis.reason, diagnosis.summary, now, generation
+        )
         return {
             "health": diagnosis.condition,
             "suspects": _listed(diagnosis.nodes),
             "conditions": conditions,
             "diagnosis": {
                 "active": True,
-                "kind": diagnosis.kind,
+                "kind": diagnosis.reason,
                 "ranks": diagnosis.ranks[:MAX_LISTED],
                 "nodes": diagnosis.nodes[:MAX_LISTED],
                 "pods": diagnosis.pods[:MAX_LISTED],
                 "confidence": diagnosis.confidence,
                 "summary": diagnosis.summary,
-                "communicator": diagnosis.finding.get("communicator"),
+                "communicator": diagnosis.finding.communicator,
                 "time": diagnosis.time,
                 "resolvedTime": None,
-                "suspicion": diagnosis.suspicion,
+                "suspicion": diagnosis.examination.suspicion.summary,
                 "report": report_name,
+                REMEDIATION: None,
+                ALERTED: None,
             },
         }
 
-    written = update_status(namespace, name, change)
+    written = update_status(namespace, name, kube=kube, change=change)
     if written is None:
         return None
-    job, _ = written
+    job, fields = written
     _annotate(
+        kube,
         namespace,
         name,
         {SUSPECT_NODES_ANNOTATION: _listed(diagnosis.nodes), SUSPECT_RANKS_ANNOTATION: _listed(diagnosis.ranks)},
     )
-    job_events.post(job, "Warning", diagnosis.kind, event_message(diagnosis, name))
-    return job
+    post_diagnosis_event(kube, job, fields["diagnosis"])
+    return {**job, "status": {**(job.get("status") or {}), **fields}}
 
 
-def write_recovered(namespace: str, name: str, why: str, now: str) -> dict[str, Any] | None:
+def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagnosis: dict[str, Any]) -> None:
+    """The Warning Event of the diagnosis in ``status.diagnosis``, named after it: a second post (a new
+    leader finishing the follow-ups) finds the first and adds nothing. Failures are logged."""
+    metadata = job["metadata"]
+    target = events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
+    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["name"])
+    try:
+        events.post_event(
+            kube,
+            target,
+            type="Warning",
+            reason=diagnosis["kind"],
+            message=message,
+            key=f"diagnosis/{diagnosis['kind']}/{diagnosis['time']}",
+            repeat=False,
+            now=datetime.datetime.now(datetime.UTC),
+        )
+    except ApiException as error:
+        log.warning("Event %s on TrainingJob %s/%s not posted: HTTP %s", diagnosis["kind"], metadata["namespace"],
+                    metadata["name"], error.status)  # fmt: skip
+
+
+def pending_follow_ups(status: dict[str, Any], alerting: bool) -> list[str]:
+    """What the active diagnosis in ``status`` still calls for (``remediation``, ``alertedTime``)."""
+    diagnosis = status.get("diagnosis") or {}
+    if not diagnosis.get("active") or not diagnosis.get("time"):
+        return []
+    pending = [REMEDIATION] if not diagnosis.get(REMEDIATION) else []
+    return pending + ([ALERTED] if alerting and not diagnosis.get(ALERTED) else [])
+
+
+def record_follow_up(
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, time: str, field: str, value: str
+) -> bool:
+    """Mark one follow-up of the diagnosis written at ``time`` done; False when the job carries
+    another diagnosis by now (or is gone)."""
+
+    def change(job: dict[str, Any]) -> dict[str, Any] | None:
+        diagnosis = (job.get("status") or {}).get("diagnosis") or {}
+        if diagnosis.get("time") != time or diagnosis.get(field):
+            return None
+        return {"diagnosis": {**diagnosis, field: value}}
+
+    return update_status(namespace, name, kube=kube, change=change) is not None
+
+
+def write_recovered(kube: kubernetes.client.ApiClient, namespace: str, name: str, why: str, now: str) -> dict | None:
     """Clear the active diagnosis: condition False (reason Recovered), health Healthy, suspects and
     annotations removed, a Normal Event. The diagnosis stays in the status, inactive, with
     ``resolvedTime``, so the last finding is still readable."""
@@ -200,29 +282,38 @@ def write_recovered(namespace: str, name: str, why: str, now: str) -> dict[str, 
         diagnosis = {**status["diagnosis"], "active": False, "resolvedTime": now}
         return {"health": "Healthy", "suspects": "", "conditions": conditions, "diagnosis": diagnosis}
 
-    written = update_status(namespace, name, change)
+    written = update_status(namespace, name, kube=kube, change=change)
     if written is None:
         return None
     job, _ = written
-    _annotate(namespace, name, {SUSPECT_NODES_ANNOTATION: None, SUSPECT_RANKS_ANNOTATION: None})
+    _annotate(kube, namespace, name, {SUSPECT_NODES_ANNOTATION: None, SUSPECT_RANKS_ANNOTATION: None})
     previous = (job.get("status") or {}).get("diagnosis") or {}
-    job_events.post(
-        job,
-        "Normal",
-        "Recovered",
-        f"{previous.get('kind', 'finding')} cleared: {why} (was: {previous.get('summary', '')})",
-    )
+    metadata = job["metadata"]
+    try:
+        events.post_event(
+            kube,
+            events.EventTarget.job(namespace, name, metadata["uid"]),
+            type="Normal",
+            reason="Recovered",
+            message=f"{previous.get('kind', 'finding')} cleared: {why} (was: {previous.get('summary', '')})",
+            key=f"recovered/{previous.get('kind')}/{previous.get('time')}",
+            repeat=False,
+            now=datetime.datetime.now(datetime.UTC),
+        )
+    except ApiException as error:
+        log.warning("Event Recovered on TrainingJob %s/%s not posted: HTTP %s", namespace, name, error.status)
     return job
 
 
-def write_telemetry_flowing(namespace: str, name: str, now: str, step_time: str | None) -> bool:
+def write_telemetry_flowing(kube: kubernetes.client.ApiClient, namespace: str, name: str, now: str,
+                            step_time: str | None) -> bool:  # fmt: skip
     """Hung and Degraded leave Unknown/AwaitingTelemetry for False once summaries arrive; True if written."""
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
         status = job.get("status") or {}
         conditions = list(status.get("conditions") or [])
         waiting = [
-            c for c in conditions if c.get("type") in ("Hung", "Degraded") and c.get("reason") == "AwaitingTelemetry"
+            c for c in conditions if c.get("type") in (HUNG, "Degraded") and c.get("reason") == "AwaitingTelemetry"
         ]
         if not waiting or status.get("phase") in job_status.TERMINAL:
             return None
@@ -244,11 +335,13 @@ def write_telemetry_flowing(namespace: str, name: str, now: str, step_time: str 
             fields["stepTime"] = step_time
         return fields
 
-    return update_status(namespace, name, change) is not None
+    return update_status(namespace, name, kube=kube, change=change) is not None
 
 
-def write_step_time(namespace: str, name: str, step_time: str) -> None:
+def write_step_time(kube: kubernetes.client.ApiClient, namespace: str, name: str, step_time: str) -> None:
     """The printer column ``Step time``; written only when it changed (the caller decides how much)."""
-    update_status(namespace, name, lambda job: None if job.get("status", {}).get("stepTime") == step_time else {
-        "stepTime": step_time
-    })  # fmt: skip
+
+    def change(job: dict[str, Any]) -> dict[str, Any] | None:
+        return None if job.get("status", {}).get("stepTime") == step_time else {"stepTime": step_time}
+
+    update_status(namespace, name, kube=kube, change=change)

@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
@@ -75,11 +75,15 @@ def backing_off(status: dict[str, Any], now: datetime.datetime | None = None) ->
 
 
 def ensure_children(
-    job: dict[str, Any], spec: TrainingJobSpec, config: OperatorConfig, existing_pods: set[str]
+    kube: client.ApiClient,
+    job: dict[str, Any],
+    spec: TrainingJobSpec,
+    config: WorkerPodSettings,
+    existing_pods: set[str],
 ) -> list[str]:
     """Make sure the Secret, the Service and every worker Pod of the current attempt exist (none while
     a restart backs off); return what was created."""
-    core = client.CoreV1Api()
+    core = client.CoreV1Api(kube)
     uid = job["metadata"]["uid"]
     status = job.get("status") or {}
     attempt, avoid = current_attempt(status), list(status.get("avoidNodes") or [])

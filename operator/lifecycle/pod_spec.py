@@ -17,7 +17,7 @@ import secrets
 from typing import Any
 
 from rankwatch.operator import api
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 LIB_VOLUME = "rankwatch-lib"
@@ -153,7 +153,7 @@ def _inject_user_container(
     env.extend(injected_env)
 
 
-def _init_container(config: OperatorConfig) -> dict[str, Any]:
+def _init_container(config: WorkerPodSettings) -> dict[str, Any]:
     return {
         "name": INIT_CONTAINER,
         "image": config.image,
@@ -165,7 +165,7 @@ def _init_container(config: OperatorConfig) -> dict[str, Any]:
 
 
 def _sidecar_container(
-    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, config: OperatorConfig
+    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, config: WorkerPodSettings
 ) -> dict[str, Any]:
     field_env = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
@@ -234,7 +234,7 @@ def worker_pod(
     job: dict[str, Any],
     spec: TrainingJobSpec,
     index: int,
-    config: OperatorConfig,
+    config: WorkerPodSettings,
     attempt: int = 0,
     avoid_nodes: list[str] | None = None,
 ) -> dict[str, Any]:

@@ -42,12 +42,17 @@ def patch_status_of_version(
 
 
 def update_status(
-    namespace: str, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None], attempts: int = 8
+    namespace: str,
+    name: str,
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+    attempts: int = 8,
+    kube: kubernetes.client.ApiClient | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Apply ``change(job) -> status fields`` conditionally on the job's resourceVersion, reading again
     and recomputing on conflict. Returns (job as read, fields written), or None when ``change`` had
-    nothing to write or the job is gone. Blocking."""
-    objects = kubernetes.client.CustomObjectsApi()
+    nothing to write or the job is gone. Blocking. ``kube``: the client (default: the library's
+    default configuration, which ``rankwatch.kube.api_client`` sets)."""
+    objects = kubernetes.client.CustomObjectsApi(kube)
     for _attempt in range(attempts):
         try:
             job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)

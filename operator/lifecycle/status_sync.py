@@ -16,7 +16,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import OperatorConfig, WorkerPodSettings
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_patch import Patched, patch_status_of_version
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
@@ -33,7 +33,8 @@ def now() -> str:
 class StatusSync:
     """Coalesces the pod and job events of each job into one ``sync_status`` after ``delay_s``."""
 
-    def __init__(self, config: OperatorConfig) -> None:
+    def __init__(self, kube: kubernetes.client.ApiClient, config: OperatorConfig) -> None:
+        self.kube = kube
         self.config = config
         self._scheduled: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
@@ -53,16 +54,22 @@ class StatusSync:
         try:
             async with lock:
                 pods = list(index.get((namespace, name), []))
-                await asyncio.to_thread(sync_status, namespace, name, pods, self.config)
+                await asyncio.to_thread(sync_status, self.kube, namespace, name, pods, self.config.pods)
         except Exception:  # never kill the loop; try again shortly even if no new event comes
             log.exception("status sync of TrainingJob %s/%s failed; retrying", namespace, name)
             await asyncio.sleep(SYNC_RETRY_SECONDS)
             self.schedule(namespace, name, index)
 
 
-def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod], config: OperatorConfig) -> None:
+def sync_status(
+    kube: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    pods: list[job_status.WorkerPod],
+    config: WorkerPodSettings,
+) -> None:
     """Recompute one job's status; write it only if it changed and nobody wrote in between."""
-    objects = kubernetes.client.CustomObjectsApi()
+    objects = kubernetes.client.CustomObjectsApi(kube)
     for _attempt in range(5):
         try:
             job = objects.get_namespaced_custom_object(api.GROUP, api.VERSION, namespace, api.PLURAL, name)
@@ -81,7 +88,7 @@ def sync_status(namespace: str, name: str, pods: list[job_status.WorkerPod], con
         current = [pod for pod in pods if pod.attempt == attempt and not pod.deleting]
         if previous.get("phase") == job_status.PENDING and len(current) < job_spec.replicas:
             # A pod deleted before the attempt started is recreated; after the start it is a failure.
-            created = children.ensure_children(job, job_spec, config, {pod.name for pod in pods})
+            created = children.ensure_children(kube, job, job_spec, config, {pod.name for pod in pods})
             if created:
                 kopf.event(job, type="Normal", reason="Recreated", message=f"recreated {', '.join(created)}")
                 return  # their events bring us back

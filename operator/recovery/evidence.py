@@ -25,12 +25,13 @@ from typing import Any
 import aiohttp
 
 from rankwatch import protocol
-from rankwatch.analysis.analyze import analyze, summary_text
+from rankwatch.analysis.analyze import analyze_trace, summary_text
 from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import load_path
 from rankwatch.operator.diagnosis.diagnose import FETCH_CONCURRENCY, SidecarPod, fetch_dumps
+from rankwatch.operator.diagnosis.worker import split_dumps
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
@@ -127,11 +128,12 @@ def render_reports(directory: Path, layout: Layout | None, manifest: Manifest) -
     trace = load_path(rings)
     if layout is not None and (not trace.ranks or max(trace.ranks) < layout.world_size):
         trace.layout = layout
-    document = analyze(trace, "all", STALL_SECONDS)
+    report = analyze_trace(trace, "all", STALL_SECONDS)
+    document = report.to_json()
     manifest.findings = document["findings"]
     write_html_report(trace, document, str(directory / "report.html"))
     write_chrome_trace(trace, document["findings"], str(directory / "timeline.json"))
-    (directory / "analysis.txt").write_text(summary_text(document, trace) + "\n")
+    (directory / "analysis.txt").write_text(summary_text(report, trace) + "\n")
 
 
 async def collect(
@@ -150,7 +152,8 @@ async def collect(
         manifest.problems.append("the job's token Secret is gone: the sidecars could not be asked")
     else:
         (directory / "rings").mkdir(exist_ok=True)
-        _, dump_problems = await fetch_dumps(pods, token, records_per_ring(ranks), directory / "rings")
+        _, dump_problems = await fetch_dumps(pods, token, records_per_ring(ranks), directory / "rings", BUDGET_BYTES)
+        dump_problems += await asyncio.to_thread(split_dumps, directory / "rings")
         _, file_problems = await fetch_files(pods, token, directory / "files")
         manifest.problems += dump_problems + file_problems
     if report:

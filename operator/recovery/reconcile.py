@@ -25,11 +25,11 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.analysis.topology import Layout, LayoutError
-from rankwatch.operator import api
+from rankwatch.operator import api, events
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.diagnose import SidecarPod
-from rankwatch.operator.lifecycle import children, job_events, job_status
+from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.recovery import archive, attempts, evidence
 from rankwatch.operator.recovery.decision import (
     SLOWDOWN_KINDS,
@@ -106,8 +106,14 @@ class Recovery:
     """``schedule(namespace, name)`` after every job event; the rest happens in its own tasks."""
 
     def __init__(
-        self, config: OperatorConfig, tokens: SecretTokens, new_attempt: Any = None, diagnosing: Any = None
+        self,
+        kube: kubernetes.client.ApiClient,
+        config: OperatorConfig,
+        tokens: SecretTokens,
+        new_attempt: Any = None,
+        diagnosing: Any = None,
     ) -> None:
+        self.kube = kube
         self.config = config
         self.tokens = tokens  # the jobs' sidecar tokens (shared with the collector)
         self.new_attempt = new_attempt  # callable(namespace, name, ended pod names): the monitor's reset
@@ -220,7 +226,7 @@ class Recovery:
         names = {pod["metadata"]["name"] for pod in existing}
         if len(existing) - len(ended) >= spec.replicas:
             return  # every worker of this attempt exists (waiting to be scheduled, perhaps)
-        created = await asyncio.to_thread(children.ensure_children, job, spec, self.config, names)
+        created = await asyncio.to_thread(children.ensure_children, self.kube, job, spec, self.config.pods, names)
         if created:
             log.info("TrainingJob %s/%s: attempt %d: created %s", namespace, name, attempt, ", ".join(created))
 
@@ -237,7 +243,7 @@ class Recovery:
         started = time.monotonic()
         try:
             pods = [
-                SidecarPod.from_pod(pod, self.config.sidecar_metrics_port)
+                SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port)
                 for pod in await asyncio.to_thread(attempts.attempt_pods, namespace, name, attempt)
                 if not pod["metadata"].get("deletionTimestamp")
             ]
@@ -271,7 +277,11 @@ class Recovery:
             log.warning("TrainingJob %s/%s: attempt %d evidence not kept: %s", namespace, name, attempt,
                         "; ".join(kept.problems))  # fmt: skip
             await asyncio.to_thread(
-                job_events.post, job, "Warning", "EvidenceNotKept", f"attempt {attempt}: {'; '.join(kept.problems)}"
+                events.post_job_event,
+                job,
+                "Warning",
+                "EvidenceNotKept",
+                f"attempt {attempt}: {'; '.join(kept.problems)}",
             )
         return kept
 
@@ -283,7 +293,7 @@ class Recovery:
         written = await asyncio.to_thread(attempts.write_handled, namespace, name, key)
         if written is not None:
             where = f"; evidence: {kept.path}" if kept.path else ""
-            await asyncio.to_thread(job_events.post, job, "Normal", "RestartSkipped", verdict.message + where)
+            await asyncio.to_thread(events.post_job_event, job, "Normal", "RestartSkipped", verdict.message + where)
 
     async def _restart(self, job: dict[str, Any], spec: TrainingJobSpec, verdict: Verdict) -> None:
         namespace, name, status = job["metadata"]["namespace"], job["metadata"]["name"], job["status"]
@@ -317,7 +327,7 @@ class Recovery:
             + f"; {verdict.message}"
         )
         log.warning("TrainingJob %s/%s: %s", namespace, name, message)
-        await asyncio.to_thread(job_events.post, written, "Warning", "Restarting", message)
+        await asyncio.to_thread(events.post_job_event, written, "Warning", "Restarting", message)
         self.schedule(namespace, name)  # creates the next attempt's workers when the backoff is over
 
     async def _fail(self, job: dict[str, Any], spec: TrainingJobSpec, verdict: Verdict) -> None:
@@ -334,4 +344,4 @@ class Recovery:
         fresh = await asyncio.to_thread(_read_job, namespace, name)
         message = (fresh or written).get("status", {}).get("message", verdict.message)
         log.warning("TrainingJob %s/%s failed: %s", namespace, name, message)
-        await asyncio.to_thread(job_events.post, written, "Warning", "RestartLimitReached", message)
+        await asyncio.to_thread(events.post_job_event, written, "Warning", "RestartLimitReached", message)

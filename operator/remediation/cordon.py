@@ -2,7 +2,7 @@
 
 Entry points (blocking; the ``*_async`` forms run them in a thread for the kopf event loop):
 
-- :func:`remediate` ``(api, suspicion, policy) -> RemediationResult``: per named node, cordon
+- :func:`remediate` ``(api, request, policy) -> RemediationResult``: per named node, cordon
   (``spec.unschedulable``), taint ``rankwatch.io/suspect=<ns>.<job>:NoSchedule``, annotate
   (who, why, when, evidence, prior schedulability), Event on the Node and on the job; or say why
   not (see :class:`~rankwatch.operator.remediation.cordon_decision.Outcome`).
@@ -25,26 +25,27 @@ from dataclasses import dataclass, replace
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.operator import events
+from rankwatch.operator.events import EventTarget
 from rankwatch.operator.remediation import circuit_breaker, node_actions, node_marks
 from rankwatch.operator.remediation.cordon_decision import (
+    CordonRequest,
     NodeDecision,
     Outcome,
     RemediationPolicy,
     Safeguards,
-    Suspicion,
     decide,
 )
 from rankwatch.operator.remediation.metrics import RemediationMetrics
-from rankwatch.operator.remediation.node_actions import EventTarget
 from rankwatch.operator.remediation.node_marks import NodeView
 
 __all__ = [
+    "CordonRequest",
     "NodeDecision",
     "Outcome",
     "RemediationPolicy",
     "RemediationResult",
     "Safeguards",
-    "Suspicion",
     "UncordonResult",
     "remediate",
     "remediate_async",
@@ -65,9 +66,9 @@ _LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class RemediationResult:
-    suspicion: Suspicion
+    request: CordonRequest
     decisions: tuple[NodeDecision, ...]
-    """One per node the suspicion names, in its order."""
+    """One per node the request names, in its order."""
     dry_run: bool
     breaker_open: bool
     """The circuit breaker stopped at least one cordon."""
@@ -83,12 +84,12 @@ class RemediationResult:
 
 def remediate(
     api: client.ApiClient,
-    suspicion: Suspicion,
+    request: CordonRequest,
     policy: RemediationPolicy,
     *,
     now: datetime.datetime | None = None,
 ) -> RemediationResult:
-    """Cordon what ``policy`` allows of the nodes ``suspicion`` names.
+    """Cordon what ``policy`` allows of the nodes ``request`` names.
 
     A write to one node that fails is that node's ``FAILED`` outcome; failing to read the nodes or
     the job's pods raises ``ApiException`` (nothing was changed then; call again later).
@@ -96,18 +97,18 @@ def remediate(
     metrics = RemediationMetrics.default()
     with _LOCK:
         moment = now or node_marks.now()
-        job_nodes = node_actions.nodes_of_job(api, suspicion.job_namespace, suspicion.job_name, suspicion.job_uid)
+        job_nodes = node_actions.nodes_of_job(api, request.job_namespace, request.job_name, request.job_uid)
         done: dict[str, NodeDecision] = {}
         decisions: list[NodeDecision] = []
         for _attempt in range(ATTEMPTS):
             nodes = node_actions.list_nodes(api)
-            decisions = decide(suspicion, policy, job_nodes, nodes, moment)
+            decisions = decide(request, policy, job_nodes, nodes, moment)
             conflict = False
             for decision in decisions:
                 if decision.node in done or not decision.outcome.changes_node:
                     continue
                 try:
-                    written = _write_mark(api, nodes[decision.node], suspicion, decision, moment)
+                    written = _write_mark(api, nodes[decision.node], request, decision, moment)
                 except ApiException as error:  # 403, 422, 5xx: this node fails, the others go on
                     message = f"writing to {decision.node} failed: HTTP {error.status} {error.reason}"
                     done[decision.node] = NodeDecision(decision.node, Outcome.FAILED, message)
@@ -127,27 +128,29 @@ def remediate(
         ]
         final = _roll_back_over_cap(api, policy, final, moment)
     result = RemediationResult(
-        suspicion, tuple(final), policy.job.dryRun, any(d.outcome is Outcome.BREAKER_OPEN for d in final)
+        request, tuple(final), policy.job.dryRun, any(d.outcome is Outcome.BREAKER_OPEN for d in final)
     )
     _report(api, result, policy, nodes, moment, metrics)
     return result
 
 
-async def remediate_async(api: client.ApiClient, suspicion: Suspicion, policy: RemediationPolicy) -> RemediationResult:
+async def remediate_async(
+    api: client.ApiClient, request: CordonRequest, policy: RemediationPolicy
+) -> RemediationResult:
     """:func:`remediate` off the event loop."""
-    return await asyncio.to_thread(remediate, api, suspicion, policy)
+    return await asyncio.to_thread(remediate, api, request, policy)
 
 
 def _write_mark(
-    api: client.ApiClient, view: NodeView, suspicion: Suspicion, decision: NodeDecision, moment: datetime.datetime
+    api: client.ApiClient, view: NodeView, request: CordonRequest, decision: NodeDecision, moment: datetime.datetime
 ) -> bool:
     patch = node_marks.mark_patch(
         view,
-        job=suspicion.job,
-        job_uid=suspicion.job_uid,
-        job_taint_value=node_marks.taint_value(suspicion.job_namespace, suspicion.job_name),
-        reason=suspicion.kind,
-        evidence=node_marks.evidence_text(suspicion.summary, suspicion.evidence),
+        job=request.job,
+        job_uid=request.job_uid,
+        job_taint_value=node_marks.taint_value(request.job_namespace, request.job_name),
+        reason=request.kind,
+        evidence=node_marks.evidence_text(request.summary, request.evidence),
         moment=moment,
         dry_run=decision.outcome is Outcome.DRY_RUN,
     )
@@ -201,38 +204,38 @@ def _report(
     metrics: RemediationMetrics,
 ) -> None:
     """Events, log lines and metrics for what happened. An Event that cannot be posted is logged, not fatal."""
-    suspicion = result.suspicion
-    job = EventTarget.job(suspicion.job_namespace, suspicion.job_name, suspicion.job_uid)
-    why = f"{suspicion.kind}: {suspicion.summary}" if suspicion.summary else suspicion.kind
+    request = result.request
+    job = EventTarget.job(request.job_namespace, request.job_name, request.job_uid)
+    why = f"{request.kind}: {request.summary}" if request.summary else request.kind
     stamp = node_marks.format_time(moment)
     for decision in result.decisions:
         outcome, node = decision.outcome, decision.node
         posts: list[tuple[EventTarget, str, str, str, str, bool]] = []
         if outcome.changes_node:
             dry = outcome is Outcome.DRY_RUN
-            metrics.cordoned.labels(kind=suspicion.kind, dry_run=str(dry).lower()).inc()
+            metrics.cordoned.labels(kind=request.kind, dry_run=str(dry).lower()).inc()
             view = nodes.get(node)  # None only if the node was deleted between two attempts
-            target = EventTarget.node(view) if view else EventTarget("v1", "Node", node, "")
+            target = EventTarget.node(view.name, view.uid) if view else EventTarget("v1", "Node", node, "")
             if dry:
-                text = f"dry run: rankwatch would cordon and taint {node} for TrainingJob {suspicion.job} ({why})"
+                text = f"dry run: rankwatch would cordon and taint {node} for TrainingJob {request.job} ({why})"
                 posts += [(target, "Normal", "CordonDryRun", text, f"dry-run/{stamp}", False)]
                 posts += [(job, "Normal", "NodeCordonDryRun", text, f"dry-run/{node}/{stamp}", False)]
             else:
-                text = f"rankwatch {decision.message} for TrainingJob {suspicion.job} ({why})"
+                text = f"rankwatch {decision.message} for TrainingJob {request.job} ({why})"
                 text += f"; undo: rankwatch uncordon {node}"
                 posts += [(target, "Warning", "CordonedByRankwatch", text, f"cordon/{stamp}", False)]
                 posts += [(job, "Normal", "NodeCordoned", text, f"cordon/{node}/{stamp}", False)]
-            log.warning("TrainingJob %s: %s", suspicion.job, text)
+            log.warning("TrainingJob %s: %s", request.job, text)
         elif outcome in _SKIP_EVENTS:
             metrics.not_cordoned.labels(outcome=outcome.value).inc()
             type_, reason = _SKIP_EVENTS[outcome]
             text = f"did not cordon {node}: {decision.message}"
             posts += [(job, type_, reason, text, f"{outcome.value}/{node}", True)]
             level = logging.WARNING if type_ == "Warning" else logging.INFO
-            log.log(level, "TrainingJob %s: %s", suspicion.job, text)
+            log.log(level, "TrainingJob %s: %s", request.job, text)
         for target, type_, reason, text, key, repeat in posts:
             try:
-                node_actions.post_event(
+                events.post_event(
                     api, target, type=type_, reason=reason, message=text, key=key, repeat=repeat, now=moment
                 )
             except ApiException as error:
@@ -241,7 +244,7 @@ def _report(
         metrics.breaker_trips.inc()
         log.warning(
             "CIRCUIT BREAKER OPEN: rankwatch stopped cordoning for TrainingJob %s (nodes %s); undo stays possible",
-            suspicion.job,
+            request.job,
             ", ".join(result.nodes(Outcome.BREAKER_OPEN)),
         )
     if not policy.job.dryRun and any(
@@ -297,14 +300,14 @@ def uncordon(
         message = f"uncordoned {node} and removed rankwatch's taint (TrainingJob {mark.job})"
     RemediationMetrics.default().uncordoned.labels(via=via).inc()
     log.warning("%s (via %s)", message, via)
-    posts = [(EventTarget.node(view), "UncordonedByRankwatch")]
+    posts = [(EventTarget.node(view.name, view.uid), "UncordonedByRankwatch")]
     if mark is not None and "/" in mark.job:
         namespace, name = mark.job.split("/", 1)
         posts.append((EventTarget.job(namespace, name, mark.job_uid), "NodeUncordoned"))
     key = f"uncordon/{node_marks.format_time(moment)}"
     for target, reason in posts:
         try:
-            node_actions.post_event(
+            events.post_event(
                 api,
                 target,
                 type="Normal",

@@ -1,6 +1,6 @@
 """Which of the nodes a diagnosis names rankwatch may cordon, and why not the others (pure).
 
-Input: a :class:`Suspicion` (what the diagnosis says), a :class:`RemediationPolicy` (the job's
+Input: a :class:`CordonRequest` (what the diagnosis says), a :class:`RemediationPolicy` (the job's
 ``spec.remediation`` plus the operator-wide :class:`Safeguards`), the nodes that ran the job's
 pods and the cluster's nodes as they are now. Output: one :class:`NodeDecision` per named node.
 No API calls here, so every safeguard is unit-tested without a cluster.
@@ -10,34 +10,32 @@ from __future__ import annotations
 
 import datetime
 import enum
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankwatch.analysis.findings import Finding, FindingKind
 from rankwatch.operator.remediation import circuit_breaker
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.node_marks import NodeView
 from rankwatch.operator.spec import Remediation
 
-SUSPICION_KINDS = ("hang", "straggler", "slow_link", "fail_slow")
-
 
 @dataclass(frozen=True)
-class Suspicion:
+class CordonRequest:
     """What a diagnosis blames: the input of remediation.
 
     ``nodes`` in the diagnosis's order of blame (the first is cordoned first when
-    ``maxNodesPerJob`` cuts the list); ``kind`` one of :data:`SUSPICION_KINDS` (the analysis
-    finding kinds); ``confidence`` in [0, 1]; ``summary`` one line a person can act on (it goes
-    into Events); ``evidence`` the finding's numbers (kept, cut short, in a node annotation).
-    ``job_uid`` tells a recreated job of the same name apart; give it whenever known.
+    ``maxNodesPerJob`` cuts the list); ``kind`` the finding's kind; ``confidence`` in [0, 1];
+    ``summary`` one line a person can act on (it goes into Events); ``evidence`` the finding's
+    numbers (kept, cut short, in a node annotation). ``job_uid`` tells a recreated job of the same
+    name apart; give it whenever known.
     """
 
     job_namespace: str
     job_name: str
     job_uid: str
-    kind: str
+    kind: FindingKind  # given as the enum or its value
     nodes: tuple[str, ...]
     ranks: tuple[int, ...] = ()
     confidence: float = 1.0
@@ -45,8 +43,11 @@ class Suspicion:
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.kind not in SUSPICION_KINDS:
-            raise ValueError(f"Suspicion of {self.job}: kind {self.kind!r} is not one of {', '.join(SUSPICION_KINDS)}")
+        try:
+            object.__setattr__(self, "kind", FindingKind(self.kind))
+        except ValueError:
+            kinds = ", ".join(FindingKind)
+            raise ValueError(f"CordonRequest of {self.job}: kind {self.kind!r} is not one of {kinds}") from None
         # Callers may hand lists; keep the dataclass immutable (and hashable in its sequences).
         object.__setattr__(self, "nodes", tuple(self.nodes))
         object.__setattr__(self, "ranks", tuple(self.ranks))
@@ -56,9 +57,8 @@ class Suspicion:
         return f"{self.job_namespace}/{self.job_name}"
 
     @classmethod
-    def from_finding(cls, job_namespace: str, job_name: str, job_uid: str, finding: Any) -> Suspicion:
-        """From a ``rankwatch.analysis.findings.Finding`` (or anything with its fields); its
-        ``nodes`` must be Kubernetes Node names (the pods' ``spec.nodeName``)."""
+    def from_finding(cls, job_namespace: str, job_name: str, job_uid: str, finding: Finding) -> CordonRequest:
+        """From an analysis finding; its ``nodes`` must be Kubernetes Node names (the pods' ``spec.nodeName``)."""
         return cls(
             job_namespace,
             job_name,
@@ -72,19 +72,10 @@ class Suspicion:
         )
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        return float(value)
-    except ValueError as error:
-        raise ValueError(f"{name}={value!r} is not a number") from error
-
-
 @dataclass(frozen=True)
 class Safeguards:
-    """Operator-wide limits a job's spec cannot raise (environment of the operator Deployment)."""
+    """Operator-wide limits a job's spec cannot raise (``rankwatch.operator.config`` builds them from the
+    Deployment's environment)."""
 
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     cooldown_seconds: float = 1800.0
@@ -92,24 +83,6 @@ class Safeguards:
     diagnosis still pending on the old evidence does not cordon it again at once."""
     min_confidence: float = 0.0
     """Diagnoses below this confidence are recorded but cordon nothing (0: every diagnosis acts)."""
-
-    @classmethod
-    def from_env(cls) -> Safeguards:
-        """``RANKWATCH_BREAKER_MAX_SHARE``, ``_MIN_NODES``, ``_WINDOW_SECONDS``,
-        ``RANKWATCH_CORDON_COOLDOWN_SECONDS``, ``RANKWATCH_CORDON_MIN_CONFIDENCE``."""
-        base, breaker = cls(), BreakerSettings()
-        share = _env_float("RANKWATCH_BREAKER_MAX_SHARE", breaker.max_share)
-        if not 0 <= share <= 1:
-            raise ValueError(f"RANKWATCH_BREAKER_MAX_SHARE={share} must be within [0, 1]")
-        return cls(
-            breaker=BreakerSettings(
-                max_share=share,
-                min_nodes=int(_env_float("RANKWATCH_BREAKER_MIN_NODES", breaker.min_nodes)),
-                window_seconds=_env_float("RANKWATCH_BREAKER_WINDOW_SECONDS", breaker.window_seconds),
-            ),
-            cooldown_seconds=_env_float("RANKWATCH_CORDON_COOLDOWN_SECONDS", base.cooldown_seconds),
-            min_confidence=_env_float("RANKWATCH_CORDON_MIN_CONFIDENCE", base.min_confidence),
-        )
 
 
 @dataclass(frozen=True)
@@ -120,8 +93,8 @@ class RemediationPolicy:
     safeguards: Safeguards = field(default_factory=Safeguards)
 
     @classmethod
-    def for_job(cls, remediation: Remediation, safeguards: Safeguards | None = None) -> RemediationPolicy:
-        return cls(remediation, safeguards if safeguards is not None else Safeguards.from_env())
+    def for_job(cls, remediation: Remediation, safeguards: Safeguards) -> RemediationPolicy:
+        return cls(remediation, safeguards)
 
 
 class Outcome(enum.StrEnum):
@@ -168,13 +141,13 @@ def _unique(names: tuple[str, ...]) -> list[str]:
 
 
 def decide(
-    suspicion: Suspicion,
+    request: CordonRequest,
     policy: RemediationPolicy,
     job_nodes: frozenset[str],
     nodes: Mapping[str, NodeView],
     now: datetime.datetime,
 ) -> list[NodeDecision]:
-    """One decision per node ``suspicion`` names, in its order; the checks run cheapest-to-explain first."""
+    """One decision per node ``request`` names, in its order; the checks run cheapest-to-explain first."""
     spec, guards = policy.job, policy.safeguards
     breaker = circuit_breaker.state(nodes.values(), guards.breaker, now)
     room = breaker.room
@@ -183,12 +156,12 @@ def decide(
         name
         for name, view in nodes.items()
         if (mark := view.mark) is not None
-        and mark.is_for(suspicion.job, suspicion.job_uid)
+        and mark.is_for(request.job, request.job_uid)
         and (mark.cordoned or spec.dryRun)
     }
     cooldown = datetime.timedelta(seconds=guards.cooldown_seconds)
     decisions = []
-    for name in _unique(suspicion.nodes):
+    for name in _unique(request.nodes):
 
         def decision(outcome: Outcome, message: str, name: str = name) -> None:
             decisions.append(NodeDecision(name, outcome, message))
@@ -197,20 +170,20 @@ def decide(
         mark = view.mark if view is not None else None
         if not spec.cordon:
             decision(Outcome.DISABLED, "spec.remediation.cordon is false")
-        elif suspicion.confidence < guards.min_confidence:
+        elif request.confidence < guards.min_confidence:
             decision(
                 Outcome.LOW_CONFIDENCE,
-                f"confidence {suspicion.confidence:.2f} is below the operator's minimum {guards.min_confidence:.2f}",
+                f"confidence {request.confidence:.2f} is below the operator's minimum {guards.min_confidence:.2f}",
             )
         elif name not in job_nodes:
-            decision(Outcome.NOT_JOB_NODE, f"no pod of {suspicion.job} ran on {name}; rankwatch leaves it alone")
+            decision(Outcome.NOT_JOB_NODE, f"no pod of {request.job} ran on {name}; rankwatch leaves it alone")
         elif view is None:
             decision(Outcome.NODE_MISSING, f"node {name} does not exist (any more)")
         elif mark is not None and mark.cordoned:
-            whose = "this job" if mark.is_for(suspicion.job, suspicion.job_uid) else f"job {mark.job}"
+            whose = "this job" if mark.is_for(request.job, request.job_uid) else f"job {mark.job}"
             decision(Outcome.ALREADY_CORDONED, f"already cordoned by rankwatch for {whose} ({mark.reason})")
         elif mark is not None and spec.dryRun:
-            whose = "this job" if mark.is_for(suspicion.job, suspicion.job_uid) else f"job {mark.job}"
+            whose = "this job" if mark.is_for(request.job, request.job_uid) else f"job {mark.job}"
             decision(Outcome.ALREADY_CORDONED, f"already annotated by a dry run for {whose}")
         elif view.opted_out:
             decision(Outcome.OPTED_OUT, f"{name} is labelled rankwatch.io/remediation=disabled")

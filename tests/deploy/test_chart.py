@@ -1,4 +1,4 @@
-"""The Helm chart: lint, render, and what the rendered objects promise (RBAC, peering, secrets by name,
+"""The Helm chart: lint, render, and what the rendered objects promise (RBAC, leader election, secrets by name,
 monitoring objects only where the Prometheus Operator exists, a dashboard with the agreed panels)."""
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ def test_chart_crd_is_the_repository_crd():
     assert copy.read_bytes() == source.read_bytes(), f"refresh the chart's copy: cp {source} {copy}"
 
 
-def test_chart_crds_include_kopf_peering():
+def test_chart_crds_are_rankwatchs_own():
     crds = [doc for path in (CHART / "crds").glob("*.yaml") for doc in yaml.safe_load_all(path.read_text()) if doc]
-    names = {crd["metadata"]["name"] for crd in crds}
-    assert names == {"trainingjobs.rankwatch.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert {crd["metadata"]["name"] for crd in crds} == {"trainingjobs.rankwatch.io"}
 
 
 def test_without_prometheus_operator_no_monitoring_objects(render):
@@ -74,32 +73,49 @@ def test_rule_groups_can_be_switched_off(render):
     assert "rankwatch-node" in [g["name"] for g in rule["spec"]["groups"]]
 
 
-def test_operator_runs_two_peered_non_root_replicas(render):
-    objects = render()
+def test_operator_runs_two_non_root_replicas_of_which_only_the_leader_is_ready(render):
+    objects = render(release="rw", namespace="ops")
     deployment = one(objects, "Deployment")
     spec = deployment["spec"]["template"]["spec"]
     (container,) = spec["containers"]
     assert deployment["spec"]["replicas"] == 2
-    assert container["args"][:3] == ["rankwatch", "operator", "--peering=rankwatch"]
-    assert "--standalone" not in container["args"]
+    assert container["args"] == ["rankwatch", "operator"]
     assert container["image"] == "rankwatch/rankwatch:0.1.0"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["RANKWATCH_LEASE_NAME"], env["RANKWATCH_LEASE_NAMESPACE"]) == ("rw-rankwatch-operator", "ops")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert env["RANKWATCH_PROBE_LISTEN"] == f"0.0.0.0:{ports['health']}"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # A rollout cannot wait for a standby to become ready: it never does.
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["runAsUser"] == pod_spec._restricted_security_context()["runAsUser"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    peering = one(objects, "ClusterKopfPeering")
-    assert peering["metadata"]["name"] == "rankwatch"
+    assert not [v for v in spec["volumes"] if "persistentVolumeClaim" in v], "the alert store is in the API server"
+    assert not by_kind(objects, "ClusterKopfPeering") and not by_kind(objects, "KopfPeering")
 
 
-def test_namespaced_operator_peers_per_namespace_and_may_list_namespaces(render):
+def test_the_lease_and_the_alert_store_are_granted_in_the_release_namespace_only(render):
+    objects = render(release="rw", namespace="ops")
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == "ops"
+    assert {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]} in (
+        role["rules"]
+    )
+    binding = one(objects, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
+    config = yaml.safe_load(one(objects, "ConfigMap", "-alerting")["data"]["alerting.yaml"])
+    assert config["store"]["configMap"] and "path" not in config["store"]
+
+
+def test_namespaced_operator_may_list_namespaces(render):
     objects = render("--set", "operator.namespaces={team-a,ml-*}")
     args = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=ml-*" in args
-    assert [(p["kind"], p["metadata"]["namespace"]) for p in by_kind(objects, "KopfPeering")] == [
-        ("KopfPeering", "team-a")
-    ]
     rules = one(objects, "ClusterRole")["rules"]
     assert {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]} in rules
-    assert not any("clusterkopfpeerings" in r["resources"] for r in rules)
 
 
 def test_operator_env_points_sidecars_at_the_collector_service(render):
@@ -113,7 +129,7 @@ def test_operator_env_points_sidecars_at_the_collector_service(render):
     assert env["RANKWATCH_COLLECTOR_URL"] == f"http://{collector['metadata']['name']}.ops.svc:{port}"
     assert env["RANKWATCH_IMAGE"] == "rankwatch/rankwatch:0.1.0"
     assert env["RANKWATCH_ALERTING_CONFIG"] == "/etc/rankwatch/alerting/alerting.yaml"
-    # Every setting the operator reads today is set by the chart.
+    # Every setting the operator reads is set by the chart.
     config_source = (REPO / "operator" / "config.py").read_text()
     assert set(re.findall(r'"(RANKWATCH_[A-Z_]+)"', config_source)) <= set(env)
 
@@ -171,7 +187,6 @@ def test_rbac_grants_exactly_the_operators_verbs(render):
     assert ("", "secrets", "list") not in granted and ("", "secrets", "watch") not in granted
     assert not any("*" in item for item in granted)
     assert ("rankwatch.io", "trainingjobs/status", "patch") in granted
-    assert ("kopf.dev", "clusterkopfpeerings", "patch") in granted
     assert ("", "nodes", "patch") in granted
     deleting = {item for item in granted if item[2] == "delete"}
     assert deleting == {("", "pods", "delete")}, "recovery ends a hung attempt's pods; nothing else is deleted"

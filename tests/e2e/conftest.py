@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).parents[2]
 CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
+CHART = REPO / "helm" / "rankwatch"
 E2E_NAMESPACE_PREFIX = "rw-e2e-"
 
 
@@ -98,6 +99,29 @@ def api(kubeconfig: str) -> kubernetes.client.ApiClient:
 def crd(kubectl: Callable[..., Any]) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+
+
+@pytest.fixture(scope="session")
+def helm(kubeconfig: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., subprocess.CompletedProcess[str]]:
+    from rankwatch.cluster.binaries import ensure_tool
+
+    path = ensure_tool("helm")
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {
+        "KUBECONFIG": kubeconfig,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+    }
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run([str(path), *args], env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stderr}{result.stdout}"
+        return result
+
+    return run
 
 
 def free_port() -> int:
@@ -189,6 +213,10 @@ def operator(
         os.environ["KUBECONFIG"] = operator_kubeconfig
         kubeconfig = operator_kubeconfig
     kubernetes.config.load_kube_config(config_file=kubeconfig)
+    # The operator reads its safeguards once, at start: cordons back to back (tests that cordon and undo
+    # may land on the same node one after another, and several tests cordon at once).
+    os.environ["RANKWATCH_CORDON_COOLDOWN_SECONDS"] = "0"
+    os.environ["RANKWATCH_BREAKER_MAX_SHARE"] = "1"
     args = ["run", "--standalone", "--namespace", f"{E2E_NAMESPACE_PREFIX}*", "-m", "rankwatch.operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         yield runner

@@ -50,6 +50,8 @@ def standin_job(
             },
             "tracing": {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW, "gpuTiming": gpu_timing},
             "remediation": remediation or {"cordon": False},
+            # Diagnosis only: recovery's default restart after a hang would reset the conditions under test.
+            "recovery": {"policy": "None"},
         },
     }
 
@@ -98,12 +100,11 @@ def report(api, namespace: str, job: dict) -> dict:
 
 
 @pytest.fixture
-def uncordon_afterwards(api, namespace, monkeypatch):
-    """Whatever the test's jobs got cordoned is undone, so the next tests have all four nodes; the
-    per-node cooldown after an undo is off meanwhile (the two variants may land on one node)."""
+def uncordon_afterwards(api, namespace):
+    """Whatever the test's jobs got cordoned is undone, so the next tests have all four nodes (the
+    session operator runs without the cooldown after an undo: the two variants may land on one node)."""
     from rankwatch.operator.remediation.cordon import uncordon_job
 
-    monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")  # read per diagnosis by the in-process operator
     yield
     for name in ("slow", "slow-dry"):
         uncordon_job(api, namespace, name, via="test")
@@ -156,6 +157,12 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
     )
     assert marked.get("rankwatch.io/dry-run") == ("true" if dry_run else None), marked
     unschedulable, taints, _ = node_marks(api, node)
+    recorded = eventually(
+        lambda: get_job(api, namespace, name)["status"]["diagnosis"].get("remediation"), 30, what="remediation recorded"
+    )
+    assert recorded == (f"dry run: would cordon and taint {node}" if dry_run else f"cordoned and tainted {node}")
+    warnings = [e for e in events(api, namespace, name) if e.reason == "Straggler"]
+    assert len(warnings) == 1 and warnings[0].type == "Warning", warnings
     if dry_run:
         assert not unschedulable and not [t for t in taints if t.startswith("rankwatch.io/suspect")]
     else:

@@ -52,12 +52,10 @@ def s3_secret(api, namespace, s3):
 
 @pytest.fixture
 def safeguards(api, namespace, monkeypatch):
-    """Cordons allowed back to back (the in-process operator reads these per diagnosis); whatever the
-    test's jobs got cordoned is undone afterwards, so later tests have all four nodes."""
+    """Whatever the test's jobs got cordoned is undone afterwards, so later tests have all four nodes
+    (the session operator runs with cordons allowed back to back: see conftest.py)."""
     from rankwatch.operator.remediation.cordon import uncordon_job
 
-    monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")
-    monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "1")
     yield monkeypatch
     for name in ("hang", "limit", "dry", "breaker"):
         uncordon_job(api, namespace, name, via="test")
@@ -207,7 +205,8 @@ def test_restart_limit_fails_the_job_naming_every_attempts_culprits(api, namespa
     assert f"attempt 0: Hang, rank(s) {HANG_RANK} on {first[0]}" in status["message"], status["message"]
     assert f"attempt 1: Hang, rank(s) {HANG_RANK} on {second[0]}" in status["message"], status["message"]
     eventually(lambda: not pods_of(api, namespace, "limit", 1), 30, what="the last attempt's pods ended")
-    assert "RestartLimitReached" in [e.reason for e in events(api, namespace, "limit")]
+    # The Event follows the pods' end (the operator ends them, then says so).
+    eventually(lambda: "RestartLimitReached" in [e.reason for e in events(api, namespace, "limit")], 20, what="Event")
 
 
 def test_dry_run_restarts_nothing_but_writes_and_archives_everything(
@@ -236,12 +235,36 @@ def test_dry_run_restarts_nothing_but_writes_and_archives_everything(
 
 
 def test_with_the_breaker_open_the_restart_avoids_the_suspect_by_node_affinity(
-    api, namespace, pod_runner, eventually, safeguards
+    api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path
 ):
-    safeguards.setenv("RANKWATCH_BREAKER_MAX_SHARE", "0")
-    safeguards.setenv("RANKWATCH_BREAKER_MIN_NODES", "0")
+    # The operator reads its safeguards once, at start: an operator of this test's own, whose circuit
+    # breaker allows no cordon at all.
+    namespace, port = unwatched_namespace, processes.free_port()
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{port}",
+           "RANKWATCH_BREAKER_MAX_SHARE": "0", "RANKWATCH_BREAKER_MIN_NODES": "0"}  # fmt: skip
+    with open(tmp_path / "operator.log", "ab") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+    try:
+        _breaker_open_restart(api, namespace, eventually)
+    finally:
+        processes.stop(runner)
+        processes.stop(operator)
+
+
+def _breaker_open_restart(api, namespace: str, eventually) -> None:
     create_job(api, namespace, recovering_job("breaker", {"backoffSeconds": 0}, hang_faults(True)))
-    [node] = wait_hung(api, namespace, "breaker", eventually)["status"]["diagnosis"]["nodes"]
+
+    # With nothing to cordon or archive, attempt 0 ends within a second of its diagnosis: read the
+    # suspect from the ended attempt's record rather than race to see Hung=True.
+    def ended() -> list | None:
+        attempts = get_job(api, namespace, "breaker").get("status", {}).get("attempts") or []
+        return attempts[0]["nodes"] if attempts and attempts[0].get("reason") == "Hang" else None
+
+    [node] = eventually(ended, 150, interval=0.5, what="attempt 0 ended by its hang")
 
     def restarted():
         pods = pods_of(api, namespace, "breaker", 1)

@@ -1,6 +1,6 @@
 """Remediation on the local cluster: real Nodes (kwok), real TrainingJobs, real pods bound to the nodes.
 
-The diagnosis is given (a Suspicion); what is under test is what happens to the nodes, the Events
+The diagnosis is given (a CordonRequest); what is under test is what happens to the nodes, the Events
 a person sees, the undo (CLI and annotation) and the RBAC it needs. Every test leaves the nodes as
 it found them.
 """
@@ -26,10 +26,10 @@ from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
+    CordonRequest,
     Outcome,
     RemediationPolicy,
     Safeguards,
-    Suspicion,
     remediate,
     uncordon,
 )
@@ -84,8 +84,8 @@ def clean_nodes(core):
         _reset_node(core, name)
 
 
-def create_job(api, namespace: str, name: str, nodes: list[str], **remediation) -> Suspicion:
-    """A TrainingJob (nobody runs it) with one worker pod bound to each node; the Suspicion's job part."""
+def create_job(api, namespace: str, name: str, nodes: list[str], **remediation) -> CordonRequest:
+    """A TrainingJob (nobody runs it) with one worker pod bound to each node; the CordonRequest's job part."""
     job = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
         "rankwatch.io",
         "v1alpha1",
@@ -117,11 +117,11 @@ def create_job(api, namespace: str, name: str, nodes: list[str], **remediation) 
                 "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "trainer:1"}]},
             },
         )
-    return Suspicion(namespace, name, uid, "straggler", (), confidence=0.9, summary="rank 13 is 24% slower")
+    return CordonRequest(namespace, name, uid, "straggler", (), confidence=0.9, summary="rank 13 is 24% slower")
 
 
-def suspect(base: Suspicion, *nodes: str) -> Suspicion:
-    return Suspicion(
+def suspect(base: CordonRequest, *nodes: str) -> CordonRequest:
+    return CordonRequest(
         base.job_namespace,
         base.job_name,
         base.job_uid,
@@ -289,7 +289,7 @@ def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
     refused = [d for r in results for d in r.decisions if d.outcome is Outcome.BREAKER_OPEN]
     assert len(refused) == 12 - cap
     assert REGISTRY.get_sample_value("rankwatch_circuit_breaker_tripped") == 1
-    tripped = [r.suspicion.job_name for r in results if r.breaker_open]
+    tripped = [r.request.job_name for r in results if r.breaker_open]
     warnings = job_events(core, unwatched_namespace, tripped[0], "CircuitBreakerOpen")
     assert warnings and warnings[0].type == "Warning" and "circuit breaker open" in warnings[0].message
 

@@ -11,7 +11,7 @@ import sys
 
 import aiohttp
 
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import TrainingJobSpec
 
@@ -20,7 +20,7 @@ def injected_env(collector_url: str) -> dict[str, str]:
     """The sidecar container's environment exactly as the operator builds it (field refs resolved)."""
     job = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "uid-1"}}
     spec = TrainingJobSpec(template={"spec": {"containers": [{"name": "trainer", "image": "t"}]}}, nprocPerNode=4)
-    pod = pod_spec.worker_pod(job, spec, 0, OperatorConfig(collector_url=collector_url))
+    pod = pod_spec.worker_pod(job, spec, 0, WorkerPodSettings(collector_url=collector_url))
     sidecar = next(c for c in pod["spec"]["initContainers"] if c["name"] == pod_spec.SIDECAR_CONTAINER)
     assert sidecar["command"] == ["rankwatch", "sidecar"]
     fields = {"metadata.name": "llama-worker-0", "spec.nodeName": "gpu-node-3", "status.podIP": "127.0.0.1"}

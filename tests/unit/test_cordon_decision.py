@@ -8,7 +8,7 @@ import pytest
 
 from rankwatch.operator.remediation import circuit_breaker, node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
-from rankwatch.operator.remediation.cordon_decision import Outcome, RemediationPolicy, Safeguards, Suspicion, decide
+from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards, decide
 from rankwatch.operator.remediation.node_marks import NodeView
 from rankwatch.operator.spec import Remediation
 
@@ -33,8 +33,8 @@ def cluster(count: int, **special: NodeView) -> dict[str, NodeView]:
     return nodes
 
 
-def suspicion(*nodes: str, confidence: float = 0.9) -> Suspicion:
-    return Suspicion("team-a", "llama", "uid-1", "straggler", tuple(nodes), (13,), confidence, "rank 13 is slow")
+def blame(*nodes: str, confidence: float = 0.9) -> CordonRequest:
+    return CordonRequest("team-a", "llama", "uid-1", "straggler", tuple(nodes), (13,), confidence, "rank 13 is slow")
 
 
 def outcomes(decisions) -> dict[str, Outcome]:
@@ -46,49 +46,49 @@ def policy(safeguards: Safeguards = OPEN, **job) -> RemediationPolicy:
 
 
 def test_straggler_on_one_node_of_the_job_is_cordoned():
-    decisions = decide(suspicion("n1"), policy(), frozenset({"n0", "n1"}), cluster(4), NOW)
+    decisions = decide(blame("n1"), policy(), frozenset({"n0", "n1"}), cluster(4), NOW)
     assert outcomes(decisions) == {"n1": Outcome.CORDONED}
 
 
 def test_node_that_ran_no_pod_of_the_job_is_never_touched():
-    decisions = decide(suspicion("n1", "n3"), policy(), frozenset({"n1"}), cluster(4), NOW)
+    decisions = decide(blame("n1", "n3"), policy(), frozenset({"n1"}), cluster(4), NOW)
     assert outcomes(decisions) == {"n1": Outcome.CORDONED, "n3": Outcome.NOT_JOB_NODE}
 
 
 def test_dry_run_only_annotates_and_counts_against_the_job_limit():
-    decisions = decide(suspicion("n0", "n1", "n2"), policy(dryRun=True), frozenset({"n0", "n1", "n2"}), cluster(4), NOW)
+    decisions = decide(blame("n0", "n1", "n2"), policy(dryRun=True), frozenset({"n0", "n1", "n2"}), cluster(4), NOW)
     assert outcomes(decisions) == {"n0": Outcome.DRY_RUN, "n1": Outcome.DRY_RUN, "n2": Outcome.JOB_LIMIT}
 
 
 def test_cordon_disabled_and_low_confidence_cordon_nothing():
     jobs = frozenset({"n0"})
-    assert outcomes(decide(suspicion("n0"), policy(cordon=False), jobs, cluster(2), NOW)) == {"n0": Outcome.DISABLED}
+    assert outcomes(decide(blame("n0"), policy(cordon=False), jobs, cluster(2), NOW)) == {"n0": Outcome.DISABLED}
     guarded = Safeguards(breaker=BreakerSettings(max_share=1.0), min_confidence=0.5)
-    decisions = decide(suspicion("n0", confidence=0.4), policy(guarded), jobs, cluster(2), NOW)
+    decisions = decide(blame("n0", confidence=0.4), policy(guarded), jobs, cluster(2), NOW)
     assert outcomes(decisions) == {"n0": Outcome.LOW_CONFIDENCE}
 
 
 def test_opted_out_node_is_left_alone():
     nodes = cluster(3, n1=node("n1", labels={"rankwatch.io/remediation": "disabled"}))
-    decisions = decide(suspicion("n1", "n2"), policy(), frozenset({"n1", "n2"}), nodes, NOW)
+    decisions = decide(blame("n1", "n2"), policy(), frozenset({"n1", "n2"}), nodes, NOW)
     assert outcomes(decisions) == {"n1": Outcome.OPTED_OUT, "n2": Outcome.CORDONED}
 
 
 def test_per_job_limit_counts_nodes_the_job_already_holds():
     nodes = cluster(4, n0=node("n0", annotations=cordoned_by("team-a/llama", "uid-1"), unschedulable=True))
-    decisions = decide(suspicion("n0", "n1", "n2"), policy(maxNodesPerJob=2), frozenset(nodes), nodes, NOW)
+    decisions = decide(blame("n0", "n1", "n2"), policy(maxNodesPerJob=2), frozenset(nodes), nodes, NOW)
     assert outcomes(decisions) == {"n0": Outcome.ALREADY_CORDONED, "n1": Outcome.CORDONED, "n2": Outcome.JOB_LIMIT}
 
 
 def test_a_recreated_job_of_the_same_name_is_another_job():
     nodes = cluster(2, n0=node("n0", annotations=cordoned_by("team-a/llama", "uid-OLD"), unschedulable=True))
-    decisions = decide(suspicion("n1"), policy(maxNodesPerJob=1), frozenset(nodes), nodes, NOW)
+    decisions = decide(blame("n1"), policy(maxNodesPerJob=1), frozenset(nodes), nodes, NOW)
     assert outcomes(decisions) == {"n1": Outcome.CORDONED}
 
 
 def test_node_cordoned_by_someone_else_is_tainted_and_its_prior_state_kept():
     nodes = cluster(2, n1=node("n1", unschedulable=True))
-    decisions = decide(suspicion("n1"), policy(), frozenset(nodes), nodes, NOW)
+    decisions = decide(blame("n1"), policy(), frozenset(nodes), nodes, NOW)
     assert outcomes(decisions) == {"n1": Outcome.TAINTED}
     patch = node_marks.mark_patch(
         nodes["n1"],
@@ -107,11 +107,9 @@ def test_recently_uncordoned_node_waits_for_the_cooldown():
     undone = {node_marks.UNCORDONED_AT: node_marks.format_time(NOW - datetime.timedelta(minutes=5))}
     nodes = cluster(2, n1=node("n1", annotations=undone))
     guarded = Safeguards(breaker=BreakerSettings(max_share=1.0), cooldown_seconds=600)
-    assert outcomes(decide(suspicion("n1"), policy(guarded), frozenset(nodes), nodes, NOW)) == {"n1": Outcome.COOLDOWN}
+    assert outcomes(decide(blame("n1"), policy(guarded), frozenset(nodes), nodes, NOW)) == {"n1": Outcome.COOLDOWN}
     later = NOW + datetime.timedelta(minutes=6)
-    assert outcomes(decide(suspicion("n1"), policy(guarded), frozenset(nodes), nodes, later)) == {
-        "n1": Outcome.CORDONED
-    }
+    assert outcomes(decide(blame("n1"), policy(guarded), frozenset(nodes), nodes, later)) == {"n1": Outcome.CORDONED}
 
 
 def test_breaker_caps_cordons_at_the_share_of_nodes_within_the_window():
@@ -123,7 +121,7 @@ def test_breaker_caps_cordons_at_the_share_of_nodes_within_the_window():
         n1=node("n1", annotations=cordoned_by("x/b", "ub", 5), unschedulable=True),
         n2=node("n2", annotations=cordoned_by("x/c", "uc", 20), unschedulable=True),
     )
-    decisions = decide(suspicion("n10", "n11"), policy(guarded), frozenset(nodes), nodes, NOW)
+    decisions = decide(blame("n10", "n11"), policy(guarded), frozenset(nodes), nodes, NOW)
     assert outcomes(decisions) == {"n10": Outcome.CORDONED, "n11": Outcome.BREAKER_OPEN}
     assert "2 of 30 nodes" in decisions[1].message and "cap 3" in decisions[1].message
 
@@ -146,15 +144,15 @@ def test_excess_counts_cordons_beyond_the_cap():
 
 def test_already_cordoned_by_another_job_is_not_cordoned_again():
     nodes = cluster(2, n1=node("n1", annotations=cordoned_by("team-b/gpt", "uid-9"), unschedulable=True))
-    decisions = decide(suspicion("n1"), policy(), frozenset(nodes), nodes, NOW)
+    decisions = decide(blame("n1"), policy(), frozenset(nodes), nodes, NOW)
     assert outcomes(decisions) == {"n1": Outcome.ALREADY_CORDONED}
     assert "team-b/gpt" in decisions[0].message
 
 
 def test_dry_run_marks_are_upgraded_when_the_job_turns_dry_run_off():
     nodes = cluster(2, n1=node("n1", annotations=cordoned_by("team-a/llama", "uid-1", dry_run=True)))
-    dry = decide(suspicion("n1"), policy(dryRun=True), frozenset(nodes), nodes, NOW)
-    real = decide(suspicion("n1"), policy(), frozenset(nodes), nodes, NOW)
+    dry = decide(blame("n1"), policy(dryRun=True), frozenset(nodes), nodes, NOW)
+    real = decide(blame("n1"), policy(), frozenset(nodes), nodes, NOW)
     assert outcomes(dry) == {"n1": Outcome.ALREADY_CORDONED} and outcomes(real) == {"n1": Outcome.CORDONED}
 
 
@@ -202,27 +200,16 @@ def test_evidence_annotation_is_bounded():
     assert text.startswith("rank 13 slow {") and len(text) == node_marks.EVIDENCE_MAX_CHARS
 
 
-def test_suspicion_refuses_an_unknown_kind_and_keeps_its_nodes_immutable():
+def test_cordon_request_refuses_an_unknown_kind_and_keeps_its_nodes_immutable():
     with pytest.raises(ValueError, match=r"team-a/llama: kind 'slow'"):
-        Suspicion("team-a", "llama", "uid-1", "slow", ("n0",))
-    assert Suspicion("team-a", "llama", "uid-1", "hang", ["n0"]).nodes == ("n0",)  # type: ignore[arg-type]
+        CordonRequest("team-a", "llama", "uid-1", "slow", ("n0",))
+    assert CordonRequest("team-a", "llama", "uid-1", "hang", ["n0"]).nodes == ("n0",)  # type: ignore[arg-type]
 
 
-def test_safeguards_from_the_environment(monkeypatch):
-    monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "0.5")
-    monkeypatch.setenv("RANKWATCH_BREAKER_WINDOW_SECONDS", "300")
-    monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "60")
-    guards = Safeguards.from_env()
-    assert (guards.breaker.max_share, guards.breaker.window_seconds, guards.cooldown_seconds) == (0.5, 300, 60)
-    monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "50")
-    with pytest.raises(ValueError, match="RANKWATCH_BREAKER_MAX_SHARE"):
-        Safeguards.from_env()
-
-
-def test_suspicion_from_an_analysis_finding():
+def test_cordon_request_from_an_analysis_finding():
     from rankwatch.analysis.findings import Finding
 
     finding = Finding("straggler", [13], ["gpu-node-1"], "00ab", 0.8, "rank 13 slow", {"wait_ms": 0.4})
-    assert Suspicion.from_finding("team-a", "llama", "uid-1", finding) == Suspicion(
+    assert CordonRequest.from_finding("team-a", "llama", "uid-1", finding) == CordonRequest(
         "team-a", "llama", "uid-1", "straggler", ("gpu-node-1",), (13,), 0.8, "rank 13 slow", {"wait_ms": 0.4}
     )

@@ -151,7 +151,7 @@ def test_step_time_up_against_the_jobs_own_baseline():
         step = 0.020 * generator.uniform(0.97, 1.03) * (1.25 if number >= 15 else 1.0)
         window(state, number * WINDOW, number, jittery_waits(generator), completed=10 * (number + 1), step_s=step)
     kinds = [s.kind for s in detect(state, THRESHOLDS, LAYOUT, 19 * WINDOW)]
-    assert kinds == ["slowdown"]
+    assert kinds == ["fail_slow"]
 
 
 def test_a_thousand_ranks_are_checked_in_milliseconds():

@@ -6,11 +6,11 @@ import copy
 
 import pytest
 
-from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, Parallelism, Tracing, TrainingJobSpec
 
-CONFIG = OperatorConfig(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
+CONFIG = WorkerPodSettings(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
 JOB = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "uid-123"}}
 TEMPLATE = {
     "metadata": {"labels": {"team": "llm"}, "annotations": {"note": "keep"}},

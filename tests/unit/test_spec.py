@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rankwatch.analysis.findings import STUCK_IN_COLLECTIVE, FindingKind
 from rankwatch.operator.spec import (
-    FINDING_KIND_FIELDS,
     Alerting,
     AlertLevels,
     InvalidSpec,
@@ -64,7 +64,7 @@ def test_from_manifest_names_missing_and_unknown_fields():
 
 def test_every_level_field_is_in_the_crd_and_every_finding_kind_has_a_level():
     crd_levels = SPEC_SCHEMA["alerting"]["properties"]["levels"]["properties"]
-    assert set(FINDING_KIND_FIELDS.values()) == set(crd_levels) == {f.name for f in fields(AlertLevels)}
+    assert {kind.level_key for kind in FindingKind} == set(crd_levels) == {f.name for f in fields(AlertLevels)}
     assert [AlertLevels().for_finding(kind) for kind in ("hang", "straggler", "slow_link", "fail_slow")] == [
         "P0",
         "P1",
@@ -78,6 +78,13 @@ def test_from_manifest_reads_alerting_levels_and_refuses_unknown_kinds():
     assert spec.alerting == Alerting(route="llm", levels=AlertLevels(straggler="P0"))
     with pytest.raises(InvalidSpec, match=r"spec\.alerting.*stall"):
         TrainingJobSpec.from_manifest({"template": {}, "alerting": {"levels": {"stall": "P0"}}})
+
+
+def test_the_status_speaks_the_finding_kinds_reasons():
+    status = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    reasons = status["diagnosis"]["properties"]["kind"]["enum"]
+    assert set(reasons) == {kind.reason for kind in FindingKind} | {STUCK_IN_COLLECTIVE}
+    assert all(FindingKind.from_reason(reason) for reason in reasons)
 
 
 def test_from_manifest_reads_recovery_and_the_archive_without_the_secret_values():

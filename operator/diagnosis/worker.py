@@ -1,0 +1,209 @@
+"""The analysis of one diagnosis, in a process of its own, within a memory budget.
+
+Why a process: a diagnosis may hold hundreds of MiB of records and minutes of numpy work; in the
+operator's process it would share the memory limit (and the GIL) with the collector, the event
+loop and every other diagnosis, and one oversized dump would get the whole operator OOM-killed
+exactly when many jobs need it. The worker limits its own address space to its budget
+(``RLIMIT_AS``, set before numpy is imported; address space is never below the resident set), so
+an analysis that needs more fails with ``MemoryError`` and exits with :data:`OUT_OF_MEMORY`; it
+also volunteers as the kernel's first choice under memory pressure (``oom_score_adj``). The parent
+kills it after the timeout. The untrusted bytes of the sidecars' dumps are parsed here too.
+
+Protocol (files in the diagnosis directory): ``*.dump`` (each pod's ``/dump`` response as
+received), ``request.json`` (layout, node of each rank, stall seconds) in; ``result.json``
+(the report as the ``--json`` document, its text, peak RSS) out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import mmap
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rankwatch.analysis.findings import AnalysisReport
+
+OUT_OF_MEMORY = 3
+BAD_INPUT = 4
+WORKER_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MALLOC_ARENA_MAX": "2"}
+"""One BLAS thread and two malloc arenas: each extra thread reserves address space the budget would pay for."""
+
+
+class WorkerFailed(RuntimeError):
+    """The analysis did not finish; the message says why (memory, time, crash) in words for the log."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # out_of_memory | timeout | crashed
+
+
+@dataclass(frozen=True)
+class AnalysisRequest:
+    tp: int | None
+    pp: int | None
+    world_size: int | None
+    node_of_rank: dict[int, str]
+    stall_seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "layout": None if self.tp is None else [self.tp, self.pp, self.world_size],
+            "node_of_rank": {str(rank): node for rank, node in self.node_of_rank.items()},
+            "stall_seconds": self.stall_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AnalysisRequest:
+        tp, pp, world = data["layout"] or (None, None, None)
+        nodes = {int(rank): str(node) for rank, node in data["node_of_rank"].items()}
+        return cls(tp, pp, world, nodes, float(data["stall_seconds"]))
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    report: AnalysisReport
+    text: str
+    peak_rss_bytes: int
+    peak_address_space_bytes: int
+    seconds: float
+
+
+async def analyse(directory: Path, request: AnalysisRequest, memory_bytes: int, timeout_s: float) -> AnalysisResult:
+    """Run the worker on ``directory``; raises :class:`WorkerFailed` when it runs out of memory or
+    time, or crashes (it is killed then: nothing of it outlives the call)."""
+    (directory / "request.json").write_text(json.dumps(request.to_json()))
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        __name__,
+        str(directory),
+        str(memory_bytes),
+        env={**os.environ, **WORKER_ENV},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
+    except (TimeoutError, asyncio.CancelledError) as error:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        if isinstance(error, asyncio.CancelledError):
+            raise
+        raise WorkerFailed(f"the analysis took longer than {timeout_s:.0f} s and was stopped", "timeout") from None
+    budget = f"{memory_bytes >> 20} MiB"
+    if process.returncode == OUT_OF_MEMORY:
+        raise WorkerFailed(f"the analysis needed more than its memory budget of {budget}", "out_of_memory")
+    if process.returncode and process.returncode < 0:
+        raise WorkerFailed(
+            f"the analysis was killed by signal {-process.returncode} (budget {budget}; an OOM kill shows as 9)",
+            "crashed",
+        )
+    if process.returncode:
+        tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
+        raise WorkerFailed(f"the analysis failed (exit {process.returncode}): {' | '.join(tail)}", "crashed")
+    result = json.loads((directory / "result.json").read_text())
+    return AnalysisResult(
+        AnalysisReport.from_json(result["report"]), result["text"], int(result["peak_rss_bytes"]),
+        int(result["peak_address_space_bytes"]), time.monotonic() - started,
+    )  # fmt: skip
+
+
+def split_dumps(directory: Path) -> list[str]:
+    """Cut each ``*.dump`` into its ring images (``<pod>-<n>.ring``), mapped rather than read into
+    memory; a body that is not a dump is a problem named in the report, the other pods still count."""
+    from rankwatch.protocol import ProtocolError
+    from rankwatch.sidecar.dump import split_dump
+
+    problems = []
+    for dump in sorted(directory.glob("*.dump")):
+        with dump.open("rb") as handle, contextlib.ExitStack() as stack:
+            if os.fstat(handle.fileno()).st_size:
+                mapped = stack.enter_context(mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ))
+                view = stack.enter_context(memoryview(mapped))
+                try:
+                    _write_rings(directory, dump.stem, split_dump(view))
+                except ProtocolError as error:
+                    problems.append(f"pod {dump.stem}: {error}")
+        dump.unlink()
+    return problems
+
+
+def _write_rings(directory: Path, pod: str, images: list[memoryview]) -> None:
+    """(Its own frame, so that no slice of the mapping outlives it and the mapping can close.)"""
+    for index, image in enumerate(images):
+        (directory / f"{pod}-{index}.ring").write_bytes(image)
+
+
+def run(directory: Path) -> dict[str, Any]:
+    """The analysis itself (in the worker): the report document, its text, the peak RSS."""
+    from rankwatch.analysis.analyze import analyze_trace, summary_text
+    from rankwatch.analysis.topology import Layout, LayoutError
+    from rankwatch.analysis.trace import RankSource, load_path
+
+    request = AnalysisRequest.from_json(json.loads((directory / "request.json").read_text()))
+    problems = split_dumps(directory)
+    if not any(directory.glob("*.ring")):
+        report = AnalysisReport([], [*problems, "no ring in the dumps"])
+        return {"report": report.to_json(), "text": "\n".join(report.problems), "peak_rss_bytes": _peak_rss(),
+                "peak_address_space_bytes": _peak_address_space()}  # fmt: skip
+    trace = load_path(directory)
+    layout = None
+    if request.tp is not None and (not trace.ranks or max(trace.ranks) < (request.world_size or 0)):
+        with contextlib.suppress(LayoutError):
+            layout = Layout(request.tp, request.pp or 1, request.world_size or 0)
+    trace.layout = layout
+    for rank, source in list(trace.ranks.items()):
+        if source.node in ("", "unknown") and request.node_of_rank.get(rank):
+            trace.ranks[rank] = RankSource(rank, request.node_of_rank[rank], source.pid, source.path)
+    found = analyze_trace(trace, "all", request.stall_seconds)
+    report = AnalysisReport(found.findings, problems + found.problems)
+    return {
+        "report": report.to_json(),
+        "text": summary_text(report, trace),
+        "peak_rss_bytes": _peak_rss(),
+        "peak_address_space_bytes": _peak_address_space(),
+    }
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_address_space() -> int:
+    """VmPeak: what the budget (``RLIMIT_AS``) is measured against."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmPeak:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    directory, memory_bytes = Path(argv[0]), int(argv[1])
+    resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+    with contextlib.suppress(OSError):  # raising one's own OOM score needs no privilege
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    try:
+        result = run(directory)
+    except MemoryError:
+        return OUT_OF_MEMORY
+    except OSError as error:  # a mapping beyond the limit fails with ENOMEM, not MemoryError
+        if error.errno == errno.ENOMEM:
+            return OUT_OF_MEMORY
+        raise
+    (directory / "result.json").write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,99 @@
+"""What the leader runs beside kopf's handlers: the collector (sidecar summaries, Alertmanager intake,
+/metrics), the monitor (detector, diagnoses and their follow-ups), recovery (evidence archive,
+restarts) and the alert pipeline.
+
+Started by a kopf startup handler, so only on the replica that holds the Lease (``main.py`` starts
+kopf only there), and stopped by its cleanup handler, before the Lease is given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kopf
+import kubernetes
+from prometheus_client import REGISTRY
+
+from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
+from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
+from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.monitor import Monitor
+from rankwatch.operator.recovery.reconcile import Recovery
+
+log = logging.getLogger(__name__)
+
+
+class Watch:
+    def __init__(self, config: OperatorConfig, kube: kubernetes.client.ApiClient, leading: Callable[[], bool]) -> None:
+        self.config, self.kube, self.leading = config, kube, leading
+        self.collector: Collector | None = None
+        self.monitor: Monitor | None = None
+        self.recovery: Recovery | None = None
+        self.alerts: Any = None
+        self.job_metrics: JobMetrics | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        self.alerts = await self._start_alerting()
+        store, tokens = JobStore(), SecretTokens(self.kube)
+        self.job_metrics = JobMetrics(
+            store, JobMetricsSettings(rank_series_per_job=config.metrics_ranks_per_job), leading=self.leading
+        )
+        REGISTRY.register(self.job_metrics)
+        self.monitor = Monitor(
+            self.kube,
+            store,
+            tokens,
+            config.pods.sidecar_metrics_port,
+            config.diagnosis,
+            config.safeguards,
+            alerts=self.alerts,
+            leading=self.leading,
+            job_metrics=self.job_metrics,
+        )
+        self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake)
+        if self.alerts is not None:
+            from rankwatch.alerting import add_routes
+
+            add_routes(self.collector.app, self.alerts)
+        await self.collector.start()
+        self.monitor.start()
+        self.recovery = Recovery(
+            self.kube, config, tokens, new_attempt=self.monitor.new_attempt, diagnosing=self.monitor.diagnosing
+        )
+
+    async def stop(self) -> None:
+        if self.recovery:
+            await self.recovery.stop()
+        if self.monitor:
+            await self.monitor.stop()
+        if self.collector:
+            await self.collector.stop()
+        if self.alerts is not None:
+            await self.alerts.stop()
+        if self.job_metrics is not None:
+            REGISTRY.unregister(self.job_metrics)
+        self.collector = self.monitor = self.recovery = self.alerts = self.job_metrics = None
+
+    async def _start_alerting(self) -> Any:
+        """The alert pipeline when an alerting config is given; a bad config stops the operator."""
+        settings = self.config.alerting
+        if not settings.config_path:
+            return None
+        from rankwatch.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config, open_store
+        from rankwatch.alerting.store import StoreError
+
+        try:
+            secrets = kubernetes_resolver(settings.namespace, self.kube)
+            alerting = await asyncio.to_thread(load_config, Path(settings.config_path), secrets)
+            store = await asyncio.to_thread(open_store, alerting.store, self.kube, settings.namespace)
+        except (ConfigError, StoreError) as error:
+            raise kopf.PermanentError(f"alerting config {settings.config_path}: {error}") from error
+        pipeline = AlertPipeline(alerting, store=store)
+        await pipeline.start()
+        return pipeline

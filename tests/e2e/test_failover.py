@@ -1,0 +1,326 @@
+"""Two operator replicas as the Helm chart installs them, run for real by the pod runner (processes,
+readiness probes, Services through their EndpointSlices): the leader is SIGKILLed during a straggler
+diagnosis and again during a hang diagnosis; the standby leads within 15 s, and each diagnosis is
+written once, cordons once and pages once. Only the leader is ever a ready endpoint; the standby
+does not even listen for summaries."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Feishu
+
+from alerting_support import BOT_TOKEN, SIGNING_SECRET
+from fake_feishu import FakeFeishu
+
+pytestmark = pytest.mark.e2e
+
+CHART = Path(__file__).parents[2] / "helm" / "rankwatch"
+JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
+TAKEOVER_S = 15.0
+
+
+class Feishu:
+    """The local Feishu on a loop of its own (the test is synchronous)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.fake = FakeFeishu()
+        self._run(self.fake.start())
+        self.fake.add_bot(BOT_TOKEN, SIGNING_SECRET)
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def pages(self, alertname: str) -> list[str]:
+        titles = [card["header"]["title"]["content"] for card in self.fake.cards()]
+        return [title for title in titles if alertname in title and not title.startswith("[Resolved]")]
+
+    def stop(self) -> None:
+        self._run(self.fake.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class Replicas:
+    """The operator pods of the release as the pod runner runs them."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, release: str) -> None:
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.discovery = kubernetes.client.DiscoveryV1Api(api)
+        self.coordination = kubernetes.client.CoordinationV1Api(api)
+        self.namespace, self.release = namespace, release
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        """Running operator pods by name: their local ports and the pid of their process."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector="app.kubernetes.io/component=operator")
+        found = {}
+        for pod in pods.items:
+            annotations = pod.metadata.annotations or {}
+            if "runner.rankwatch.io/pid" in annotations and not pod.metadata.deletion_timestamp:
+                found[pod.metadata.name] = {
+                    "ports": json.loads(annotations["runner.rankwatch.io/ports"]),
+                    "pid": int(annotations["runner.rankwatch.io/pid"]),
+                }
+        return found
+
+    def holder(self) -> str:
+        """The pod whose process holds the Lease (identities are ``<pod>_<random>``)."""
+        try:
+            lease = self.coordination.read_namespaced_lease(f"{self.release}-rankwatch-operator", self.namespace)
+        except kubernetes.client.exceptions.ApiException as error:
+            if error.status == 404:
+                return ""  # nobody took it yet
+            raise
+        return (lease.spec.holder_identity or "").rsplit("_", 1)[0]
+
+    def ready(self, pod: dict[str, Any]) -> bool:
+        return http(pod, "health", "/readyz")[0] == 200
+
+    def endpoints(self, service: str) -> list[str]:
+        """The ready endpoints of one of the release's Services (what kube-proxy routes to)."""
+        slices = self.discovery.list_namespaced_endpoint_slice(
+            self.namespace, label_selector=f"kubernetes.io/service-name={self.release}-rankwatch-{service}"
+        )
+        return sorted(
+            e.target_ref.name
+            for s in slices.items
+            for e in s.endpoints or []
+            if e.conditions and e.conditions.ready and e.target_ref
+        )
+
+
+def http(pod: dict[str, Any], port: str, path: str) -> tuple[int | None, str]:
+    """(status, body) of a GET to one replica; (None, why) when nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{pod['ports'][port]}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:
+        return None, str(error)
+
+
+def refuses(pod: dict[str, Any], port: str) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(2)
+        return sock.connect_ex(("127.0.0.1", pod["ports"][port])) != 0
+
+
+def metric(pod: dict[str, Any], name: str) -> float:
+    status, body = http(pod, "http", "/metrics")
+    if status != 200:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name))
+
+
+def job_manifest(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """2 pods x 4 ranks of the stand-in job (TP 4), a fault on one rank, cordoning on."""
+    return {
+        "apiVersion": "rankwatch.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 2,
+            "nprocPerNode": 4,
+            "parallelism": {"tensor": 4, "pipeline": 1},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "rankwatch/rankwatch:0.1.0",
+                            "command": ["rankwatch", "simulate-pod", "--tp", "4", "--steps", "1000000"],
+                            "env": [{"name": k, "value": v} for k, v in faults.items()],
+                            "resources": {"limits": {"nvidia.com/gpu": 4}},
+                        }
+                    ]
+                }
+            },
+            "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
+            "remediation": {"cordon": True},
+            "recovery": {"policy": "None"},  # diagnosis only: no restart to race with
+        },
+    }
+
+
+@pytest.fixture
+def installed(helm, api, crd, kubeconfig, tmp_path) -> Iterator[tuple[Replicas, str, Feishu]]:
+    """The chart in a namespace of its own watching one jobs namespace, alerting to the local Feishu,
+    its pods and the jobs' pods run by the pod runner."""
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace, jobs = f"ha-{suffix}", f"rw-ha-{suffix}", f"rw-hajobs-{suffix}"
+    core = kubernetes.client.CoreV1Api(api)
+    for name in (namespace, jobs):
+        core.create_namespace({"metadata": {"name": name}})
+    feishu = Feishu()
+    secrets = {
+        "rankwatch-feishu": {"webhook-url": feishu.fake.bot_url(BOT_TOKEN), "signing-secret": SIGNING_SECRET},
+        "rankwatch-intake": {"token": "intake-token"},
+    }
+    for name, data in secrets.items():
+        core.create_namespaced_secret(namespace, {"metadata": {"name": name}, "stringData": data})
+    values = {
+        "operator": {
+            "namespaces": [jobs],
+            "safeguards": {"breakerMaxShare": 1.0, "cordonCooldownSeconds": 0},
+        },
+        "alerting": {
+            "config": {
+                "receivers": [
+                    {
+                        "name": "feishu",
+                        "feishu": {
+                            "webhook_url": {"secretKeyRef": {"name": "rankwatch-feishu", "key": "webhook-url"}},
+                            "secret": {"secretKeyRef": {"name": "rankwatch-feishu", "key": "signing-secret"}},
+                        },
+                    }
+                ],
+                "route": {"receiver": "feishu", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "4h"},
+                "store": {"configMap": "rankwatch-alerts"},
+            }
+        },
+    }
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    helm("install", release, str(CHART), "--namespace", namespace, "--values", str(tmp_path / "values.yaml"))
+    with open(tmp_path / "pod-runner.log", "ab") as log:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-service",
+             f"{namespace}/{release}-rankwatch-collector", "-n", namespace, "-n", jobs, "--work-dir",
+             str(tmp_path / "pods")],
+            env={**os.environ, "KUBECONFIG": kubeconfig}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        yield Replicas(api, namespace, release), jobs, feishu
+    finally:
+        from rankwatch.operator.remediation.cordon import uncordon_job
+
+        for job in ("slow", "hang"):
+            uncordon_job(api, jobs, job, via="test")
+        runner.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            runner.wait(20)
+        if runner.poll() is None:
+            runner.kill()
+        helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
+        for name in (jobs, namespace):
+            core.delete_namespace(name)
+        feishu.stop()
+        for log in sorted((tmp_path / "pods" / namespace).glob("*/operator.log")):
+            print(f"--- {log.parent.name}\n{log.read_text()[-4000:]}")
+
+
+def leader_and_standby(replicas: Replicas, eventually) -> tuple[str, str]:
+    """Both replicas up, exactly one leading and ready, the other waiting and not ready."""
+
+    def settled() -> tuple[str, str] | None:
+        pods = replicas.pods()
+        holder = replicas.holder()
+        if len(pods) != 2 or holder not in pods:
+            return None
+        (standby,) = set(pods) - {holder}
+        if replicas.ready(pods[holder]) and not replicas.ready(pods[standby]):
+            return holder, standby
+        return None
+
+    return eventually(settled, 90, interval=0.5, what="one leader and one standby")
+
+
+def kill_during_diagnosis(replicas: Replicas, leader: str, eventually) -> tuple[float, str]:
+    """SIGKILL the leader's process while it runs a diagnosis; the moment of the kill (monotonic, and
+    as written in status times)."""
+    pod = replicas.pods()[leader]
+    eventually(lambda: metric(pod, "rankwatch_diagnoses_running") >= 1, 120, interval=0.05, what="a diagnosis running")
+    os.kill(pod["pid"], signal.SIGKILL)
+    return time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+
+
+def takeover(replicas: Replicas, standby: str, killed_at: float, eventually) -> float:
+    """Seconds from the kill until the standby holds the Lease and reports ready; meanwhile no
+    Service ever has two ready endpoints."""
+
+    def leading() -> bool:
+        assert len(replicas.endpoints("collector")) <= 1
+        return replicas.holder() == standby and replicas.ready(replicas.pods()[standby])
+
+    eventually(leading, 60, interval=0.2, what=f"{standby} leading")
+    return time.monotonic() - killed_at
+
+
+def test_the_standby_takes_over_diagnoses_in_flight_and_repeats_nothing(installed, api, eventually):
+    replicas, jobs, feishu = installed
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    leader, standby = leader_and_standby(replicas, eventually)
+    pods = replicas.pods()
+    for service in ("collector", "intake", "metrics"):
+        assert eventually(lambda s=service: replicas.endpoints(s) == [leader], 20, what=f"{service} -> leader only")
+    assert http(pods[standby], "health", "/readyz")[1].startswith("standby")
+    assert refuses(pods[standby], "http"), "a standby does not even listen for summaries"
+
+    timings = []
+    for job, faults, reason, alertname in (
+        ("slow", {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}, "Straggler",
+         "TrainingJobStraggler"),
+        ("hang", {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}, "Hang",
+         "TrainingJobHang"),
+    ):  # fmt: skip
+        objects.create_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], job_manifest(job, faults))
+        killed_at, killed_time = kill_during_diagnosis(replicas, leader, eventually)
+        timings.append(takeover(replicas, standby, killed_at, eventually))
+        leader, standby = standby, leader
+        assert eventually(lambda now=leader: replicas.endpoints("collector") == [now], 20, what="the Service follows")
+
+        def written(job: str = job) -> dict | None:
+            status = objects.get_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], job).get("status", {})
+            diagnosis = status.get("diagnosis") or {}
+            return diagnosis if diagnosis.get("remediation") and diagnosis.get("alertedTime") else None
+
+        diagnosis = eventually(written, 120, interval=1, what=f"{job}: diagnosis, cordon and alert recorded")
+        assert diagnosis["kind"] in (reason, "StuckInCollective") and diagnosis["active"]
+        assert diagnosis["time"] >= killed_time, "written by the new leader: the old one died before it could"
+        (node,) = diagnosis["nodes"]
+        eventually(lambda a=alertname: feishu.pages(a), 30, what=f"the {alertname} page")
+        time.sleep(8)  # room for anything that would be repeated
+        warnings = [
+            e
+            for e in core.list_namespaced_event(jobs).items
+            if e.involved_object.name == job and e.reason == diagnosis["kind"]
+        ]
+        assert len(warnings) == 1 and warnings[0].count == 1, "the diagnosis is written once"
+        cordons = [
+            e
+            for e in core.list_namespaced_event("default").items
+            if e.involved_object.name == node
+            and e.reason == "CordonedByRankwatch"
+            and f"TrainingJob {jobs}/{job} " in e.message
+        ]
+        assert len(cordons) == 1 and core.read_node(node).spec.unschedulable, "one cordon"
+        assert len(feishu.pages(alertname)) == 1, "one page"
+        assert job in diagnosis["remediation"] or node in diagnosis["remediation"]
+        # The killed replica is back (restarted as a kubelet would) and waits; summaries reach the leader only.
+        standby_pod = eventually(lambda s=standby: replicas.pods().get(s), 60, what="the killed replica restarted")
+        eventually(lambda p=standby_pod: http(p, "health", "/readyz")[0] == 503, 30, what="restarted as standby")
+        assert refuses(standby_pod, "http") and replicas.endpoints("collector") == [leader]
+        assert metric(replicas.pods()[leader], 'rankwatch_collector_messages_total{kind="summary",result="accepted"}')
+
+    print(f"takeover after SIGKILL of the leader: {', '.join(f'{t:.1f} s' for t in timings)}")
+    assert all(t <= TAKEOVER_S for t in timings), timings

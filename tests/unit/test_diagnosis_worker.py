@@ -1,0 +1,68 @@
+"""The diagnosis's analysis in a worker process: real dumps of a simulated job in, a typed report out;
+an analysis beyond its memory budget or its time is stopped and reported, never the operator's problem."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rankwatch.analysis.findings import FindingKind
+from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse
+from rankwatch.sidecar.dump import ring_image, select
+from rankwatch.sidecar.ring_tail import RingTail
+from rankwatch.simulate import Faults, Simulation, run
+
+TP, WORLD = 4, 8
+
+
+@pytest.fixture(scope="module")
+def straggler_rings(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """A simulated 8-rank job (TP 4) whose rank 5 computes twice as long: its rings (27,000 calls each), by rank."""
+    out = tmp_path_factory.mktemp("straggler")
+    run(Simulation(world_size=WORLD, tp=TP, steps=3000, compute_us=50, ranks_per_node=4,
+                   faults=Faults(slow_rank=5, slowdown=1.0)), out, log=lambda *_: None)  # fmt: skip
+    meta = json.loads((out / "simulation.json").read_text())
+    return {entry["rank"]: Path(entry["ring"]) for entry in meta["ranks"]}
+
+
+def write_dump(path: Path, rings: list[Path], repeat: int = 1) -> None:
+    """What a sidecar's /dump answers for these rings (``repeat``: each ring's records that many times over)."""
+    with path.open("wb") as out:
+        for ring in rings:
+            tail = RingTail(ring)
+            records, _ = select(tail, 0, 1 << 30)
+            out.write(ring_image(tail, np.tile(records, repeat)))
+
+
+def request() -> AnalysisRequest:
+    return AnalysisRequest(TP, 1, WORLD, {rank: f"gpu-node-{rank // 4}" for rank in range(WORLD)}, 1.0)
+
+
+def test_the_worker_names_the_straggler_from_the_pods_dumps(straggler_rings, tmp_path):
+    write_dump(tmp_path / "job-worker-0.dump", [straggler_rings[r] for r in range(4)])
+    write_dump(tmp_path / "job-worker-1.dump", [straggler_rings[r] for r in range(4, 8)])
+    (tmp_path / "job-worker-2.dump").write_bytes(b"<html>502 Bad Gateway</html>")
+    result = asyncio.run(analyse(tmp_path, request(), 512 << 20, 120))
+    finding = result.report.findings[0]
+    assert finding.kind is FindingKind.STRAGGLER and finding.ranks == [5] and finding.nodes == ["sim-node-1"]
+    assert any("job-worker-2" in problem and "ring header" in problem for problem in result.report.problems)
+    assert "STRAGGLER" in result.text and 0 < result.peak_rss_bytes < 256 << 20
+    assert not list(tmp_path.glob("*.dump")), "the dumps are cut into rings and gone"
+
+
+def test_an_analysis_beyond_its_memory_budget_is_stopped_and_reported(straggler_rings, tmp_path):
+    write_dump(tmp_path / "job-worker-0.dump", list(straggler_rings.values()), repeat=4)  # 128 MiB
+    with pytest.raises(WorkerFailed, match=r"needed more than its memory budget of 160 MiB") as caught:
+        asyncio.run(analyse(tmp_path, request(), 160 << 20, 120))
+    assert caught.value.reason == "out_of_memory"
+
+
+def test_an_analysis_beyond_its_time_is_killed(straggler_rings, tmp_path):
+    write_dump(tmp_path / "job-worker-0.dump", list(straggler_rings.values()))
+    with pytest.raises(WorkerFailed, match=r"took longer than 0 s and was stopped") as caught:
+        asyncio.run(analyse(tmp_path, request(), 1 << 30, 0.3))
+    assert caught.value.reason == "timeout"
