@@ -177,14 +177,20 @@ def run(directory: Path) -> dict[str, Any]:
 
 
 def _peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """VmHWM, the peak of this process image only: ``ru_maxrss`` keeps the forking operator's RSS
+    across the exec, so it would report the operator's size rather than the analysis's."""
+    return _status_kib("VmHWM") * 1024
 
 
 def _peak_address_space() -> int:
     """VmPeak: what the budget (``RLIMIT_AS``) is measured against."""
+    return _status_kib("VmPeak") * 1024
+
+
+def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmPeak:"):
-            return int(line.split()[1]) * 1024
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
     return 0
 
 
