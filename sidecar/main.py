@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from rankwatch.protocol import StallReport, WindowSummary
 from rankwatch.sidecar.config import SidecarConfig, TokenSource
+from rankwatch.sidecar.host_load import HostSampler
 from rankwatch.sidecar.metrics import LiveRank, LiveState, SidecarMetrics
 from rankwatch.sidecar.progress import RankProgress
 from rankwatch.sidecar.ring_tail import RingSet, RingTail
@@ -45,7 +46,9 @@ class Sidecar:
         self.rings = RingSet(config.trace_dir)
         self.progress: dict[str, RankProgress] = {}
         self.alive: dict[str, bool] = {}
-        self.windows = WindowBuilder(self.identity, time.time_ns())
+        self.windows = WindowBuilder(
+            self.identity, time.time_ns(), HostSampler(visible=lambda: self.rings.probe.visible)
+        )
         self.watch = StallWatch(self.identity, config.trace_dir, config.sensitivity_s)
         self.shipper = (
             Shipper(
