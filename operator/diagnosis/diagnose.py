@@ -26,6 +26,7 @@ import asyncio
 import datetime
 import logging
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any
 import aiohttp
 
 from rankwatch import protocol
+from rankwatch.analysis.cause import attribute
 from rankwatch.analysis.findings import AnalysisReport, Finding, FindingKind
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis import worker
@@ -59,6 +61,7 @@ SPREAD_PODS = 16
 FETCH_TIMEOUT_S = 15.0
 FETCH_CONCURRENCY = 16
 CHUNK_BYTES = 1 << 20
+HOST_WINDOWS_FOR_CAUSE = 6
 
 
 @dataclass(frozen=True)
@@ -327,8 +330,15 @@ async def diagnose(
             report = AnalysisReport([], problems or ["no dumps"])
             return None, Examination(report, "\n".join(report.problems), names, 0, limit, suspicion)
         result = await worker.analyse(directory, request, budget.memory_bytes, budget.timeout_s)
-    report = AnalysisReport(result.report.findings, problems + result.report.problems)
+    # the cause again, now with the hosts' scheduling figures from the summaries of the last windows
+    host = state.host_loads(time.monotonic(), HOST_WINDOWS_FOR_CAUSE * window_s + window_s / 2)
+    findings = [attribute(finding, host) for finding in result.report.findings]
+    report = AnalysisReport(findings, problems + result.report.problems)
     text = result.text + "".join(f"\nwarning: {problem}" for problem in problems)
+    text += "".join(
+        f"\n{finding.kind.value.upper()} ranks {finding.ranks}, with the hosts' scheduling: {finding.cause_text}"
+        for finding in findings
+    )
     # A finding that blames no rank (the whole job's step time drifting, with no straggler behind it)
     # is the machine or the environment, not a fault rankwatch can localise or cordon: it is logged
     # with the report, and the job is not marked Degraded for it.
