@@ -55,6 +55,11 @@ class HostLoads:
     node_cpu_pressure: dict[str, float]
 
 
+def starved(run_delay_share: float, peers_median: float) -> bool:
+    """A process waiting for a CPU far longer than its peers (the rule ``host`` rests on)."""
+    return run_delay_share >= HOST_MIN_DELAY_SHARE and run_delay_share >= HOST_DELAY_RATIO * peers_median
+
+
 def attribute(finding: Finding, host: HostLoads | None = None) -> Finding:
     """``finding`` with its cause and the evidence that decided it."""
     cause, evidence = _decide(finding, host)
@@ -115,7 +120,7 @@ def _starved_host(finding: Finding, host: HostLoads | None) -> str | None:
             if load is None:
                 continue
             share = load.run_delay_share
-            if share >= HOST_MIN_DELAY_SHARE and share >= HOST_DELAY_RATIO * median:
+            if starved(share, median):
                 return (
                     f"rank {rank}'s process waited {share * 1e3:.0f} ms per second for a CPU (run-queue delay; "
                     f"{load.involuntary_switches_per_s:.0f} involuntary context switches/s) against a median "

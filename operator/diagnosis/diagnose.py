@@ -36,7 +36,7 @@ import aiohttp
 
 from rankwatch import protocol
 from rankwatch.analysis.cause import attribute
-from rankwatch.analysis.findings import AnalysisReport, Finding, FindingKind
+from rankwatch.analysis.findings import AnalysisReport, Cause, Finding, FindingKind
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
@@ -280,6 +280,32 @@ class _TooLarge(Exception):
     pass
 
 
+def host_starved_finding(suspicion: Suspicion, node_of_rank: dict[int, str], layout: Layout | None) -> Finding:
+    """The finding behind a ``host_starved`` suspicion, when the traces cannot single the rank out: a
+    rank whose collectives progress on its own starved host (the stand-in NCCL; a CPU-bound collective
+    path) is late inside them too, so its waits do not stand out from its peers'. The summaries'
+    figures are the evidence: its run-queue delay against the job's other ranks, its group's waits
+    against the job's other groups."""
+    ranks = [int(rank) for rank in suspicion.evidence["ranks"]]
+    first = suspicion.evidence["ranks"][str(ranks[0])]
+    where = f" ({layout.describe(ranks[0])})" if layout and ranks[0] < layout.world_size else ""
+    share, peers = first["run_delay_ms_per_s"], first["peers_run_delay_ms_per_s"]
+    return Finding(
+        kind=FindingKind.STRAGGLER,
+        ranks=ranks,
+        nodes=sorted({node_of_rank.get(rank, "") for rank in ranks} - {""}),
+        communicator=first["communicator"],
+        confidence=round(min(0.9, 1 - peers / share), 3) if share > 0 else 0.0,
+        summary=(
+            f"rank {ranks[0]}{where} on node {node_of_rank.get(ranks[0], 'unknown')} holds back its group "
+            f"(communicator {first['communicator']}): the group waits {first['group_wait_s'] * 1e3:.2f} ms per "
+            f"collective against {first['other_groups_wait_s'] * 1e3:.2f} ms in the job's other groups, while the "
+            f"rank's process waits {share:.0f} ms per second for a CPU against {peers:.0f} ms/s of the other ranks"
+        ),
+        evidence={"source": "host_starved", **first},
+    )
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -345,8 +371,14 @@ async def diagnose(
     for finding in report.findings:
         if not finding.ranks:
             report.problems.append(f"job-wide, no rank behind it (not a diagnosis): {finding.summary}")
-    examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     blaming = [finding for finding in report.findings if finding.ranks]
+    if not blaming and suspicion.evidence.get("source") == "host_starved":
+        starved = attribute(host_starved_finding(suspicion, node_of_rank, layout), host)
+        if starved.cause is Cause.HOST:  # still starved now, by the same rule the detector used
+            report.findings.insert(0, starved)
+            blaming = [starved]
+            text += f"\n{starved.kind.value.upper()} (from the summaries): {starved.summary}\n  {starved.cause_text}"
+    examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     if not blaming:
         return None, examination
     finding = blaming[0]
