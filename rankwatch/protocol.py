@@ -29,7 +29,8 @@ from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
 SCHEMA_VERSION = 2
-"""2 added the host's scheduling figures: ``RankWindow.scheduling`` and ``WindowSummary.cpu_pressure``."""
+"""2 added the host's scheduling figures (``RankWindow.scheduling``, ``WindowSummary.cpu_pressure``) and the
+ranks' Python stacks in a stall report (``RankPosition.python_stack``)."""
 SCHEMAS_READ = (1, 2)
 SUMMARIES_PATH = "/v1/jobs/{namespace}/{name}/summaries"
 STALLS_PATH = "/v1/jobs/{namespace}/{name}/stalls"
@@ -165,6 +166,7 @@ class RankPosition:
     last_call_ns: int | None
     silent_s: float | None  # since the rank's last call or return
     comms: list[CommPosition]
+    python_stack: list[str] | None = None  # main thread, innermost first ("file:line function"); None: not taken
 
 
 @dataclass(frozen=True)

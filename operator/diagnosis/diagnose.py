@@ -41,6 +41,7 @@ from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ FETCH_TIMEOUT_S = 15.0
 FETCH_CONCURRENCY = 16
 CHUNK_BYTES = 1 << 20
 HOST_WINDOWS_FOR_CAUSE = 6
+STACKS_MAX_AGE_S = 120.0
+"""Python stacks from stall reports older than this (or 4 sensitivities) belong to another episode."""
 
 
 @dataclass(frozen=True)
@@ -358,7 +361,8 @@ async def diagnose(
         result = await worker.analyse(directory, request, budget.memory_bytes, budget.timeout_s)
     # the cause again, now with the hosts' scheduling figures from the summaries of the last windows
     host = state.host_loads(time.monotonic(), HOST_WINDOWS_FOR_CAUSE * window_s + window_s / 2)
-    findings = [attribute(finding, host) for finding in result.report.findings]
+    stacks = latest_stacks(state, time.monotonic() - max(STACKS_MAX_AGE_S, 4 * sensitivity_s))
+    findings = [with_python_stacks(attribute(finding, host), stacks) for finding in result.report.findings]
     report = AnalysisReport(findings, problems + result.report.problems)
     text = result.text + "".join(f"\nwarning: {problem}" for problem in problems)
     text += "".join(
