@@ -124,7 +124,8 @@ def _starved_host(finding: Finding, host: HostLoads | None) -> str | None:
                 return (
                     f"rank {rank}'s process waited {share * 1e3:.0f} ms per second for a CPU (run-queue delay; "
                     f"{load.involuntary_switches_per_s:.0f} involuntary context switches/s) against a median "
-                    f"{median * 1e3:.0f} ms/s of its {count} peers, over the last {load.windows} windows"
+                    f"{median * 1e3:.0f} ms/s of its {count} peers, over the last {load.windows} "
+                    f"window{'s' if load.windows != 1 else ''}"
                 )
     for node in sorted(set(finding.nodes)):
         pressure = host.node_cpu_pressure.get(node)

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -234,6 +235,7 @@ POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_LINK_PEER",
     "RANKWATCH_STANDIN_LINK_LATENCY_US",
     CPU_NEIGHBOURS,
+    "RANKWATCH_STANDIN_DATA_STALL_AT_STEP",
 )
 
 
@@ -246,6 +248,7 @@ class PodRun:
     steps: int = 10
     microbatches: int = 2
     compute_us: int = 2000
+    python: bool = False  # ranks are Python processes (``rankwatch.python_rank``), not the C driver
 
 
 def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
@@ -289,6 +292,10 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
         str(driver), "--rendezvous", str(rendezvous), "--tp", str(pod.tp), "--pp", str(pod.pp),
         "--steps", str(pod.steps), "--microbatches", str(pod.microbatches), "--compute-us", str(pod.compute_us),
     ]  # fmt: skip
+    if pod.python:
+        environ[RENDEZVOUS] = str(rendezvous)
+        argv = [sys.executable, "-m", "rankwatch.python_rank", "--steps", str(pod.steps),
+                "--compute-us", str(pod.compute_us)]  # fmt: skip
     processes, neighbours = [], []
     for local in range(nproc):
         env = pod_rank_env(environ, local)

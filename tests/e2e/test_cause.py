@@ -66,3 +66,25 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     assert job["status"]["suspects"] == diagnosis["nodes"][0]
     print(f"starved host diagnosed {time.monotonic() - started:.0f} s after Running: {diagnosis['summary']}; "
           f"cause {diagnosis['cause']}: {evidence}", file=sys.__stdout__)  # fmt: skip
+
+
+def test_a_rank_stalled_in_python_is_shown_at_its_frame_against_its_peers(api, namespace, pod_runner, eventually):
+    # a Python training loop (the stand-in NCCL through ctypes, as PyTorch reaches NCCL); rank 2's data
+    # loader never returns the batch of step 300, so its peers wait in the all-reduce it never calls
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_DATA_STALL_AT_STEP": "300"}
+    manifest = standin_job("data-stall", faults)
+    manifest["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        "rankwatch", "simulate-pod", "--python", "--steps", "1000000",
+    ]  # fmt: skip
+    create_job(api, namespace, manifest)
+    wait_running(api, namespace, "data-stall", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "data-stall", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2], diagnosis
+    summary = diagnosis["summary"]
+    found = re.search(r"Python: rank 2 is at \S+python_rank\.py:\d+ load_batch; ranks ([\d, ]+) at \S+ (\S+)", summary)
+    assert found, summary
+    assert found[2] == "Nccl.all_reduce" and {0, 1, 3} <= {int(rank) for rank in found[1].split(", ")}, summary
+    stacks = report(api, namespace, job)["findings"][0]["evidence"]["python_stacks"]
+    assert stacks["2"][0].endswith(" load_batch") and stacks["2"][1].endswith(" train")
+    print(f"stalled in Python: {summary}", file=sys.__stdout__)
