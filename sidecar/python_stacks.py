@@ -74,8 +74,10 @@ def take_stack(pid: int, executable: str | None = None, timeout_s: float = TIMEO
     except OSError as error:
         return StackResult(None, f"py-spy could not run: {error}")
     if done.returncode != 0:
-        reason = (done.stderr or done.stdout).strip().splitlines()
-        return StackResult(None, reason[-1] if reason else f"py-spy exited with {done.returncode}")
+        lines = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        # py-spy prints "Error: <why>" and then a Rust backtrace: the first line says it
+        reason = next((line for line in lines if line.startswith("Error")), lines[0] if lines else None)
+        return StackResult(None, reason or f"py-spy exited with {done.returncode}")
     try:
         frames = main_thread_frames(json.loads(done.stdout))
     except json.JSONDecodeError as error:
