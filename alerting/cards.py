@@ -123,6 +123,8 @@ def _alert_elements(alert: Alert, resolved: bool) -> list[dict[str, Any]]:
         },
         _markdown(f"**Summary**\n{_escape(summary_of(alert))}"),
     ]
+    if alert.annotations.get("cause"):
+        elements.append(_markdown(f"**Cause**\n{_escape(_cut(alert.annotations['cause'], MAX_TEXT))}"))
     evidence = evidence_of(alert)
     if evidence:
         elements.append(_markdown(f"**Evidence**\n{_escape(evidence)}"))

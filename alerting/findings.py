@@ -2,8 +2,8 @@
 
 Labels (the identity) say what and where: kind, job, nodes, ranks, communicator. The same culprit
 found again by the next diagnosis is the same alert (deduplicated, repeated at repeat_interval);
-another rank or node is another alert. Confidence and evidence are annotations: they change from
-one diagnosis to the next without making a new alert.
+another rank or node is another alert. Cause, confidence and evidence are annotations: they change
+from one diagnosis to the next without making a new alert.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def alert_from_finding(
         labels["communicator"] = finding.communicator
     annotations = {
         "summary": finding.summary,
+        "cause": finding.cause_text,
         "confidence": f"{finding.confidence:.2f}",
         "evidence": json.dumps(finding.evidence, sort_keys=True, default=str),
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.analysis.cause import attribute
 from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
@@ -72,7 +73,9 @@ def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1
             findings += fail_slow_with_culprits(trace, endpoints)
     findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
-    return ranked(findings, problems)
+    # the traces alone decide the causes they can (slow link, a GPU behind); the in-cluster diagnosis
+    # decides again with the hosts' scheduling figures
+    return ranked([attribute(finding) for finding in findings], problems)
 
 
 def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Finding]:
@@ -93,6 +96,7 @@ def summary_text(report: AnalysisReport, trace: Trace) -> str:
         lines.append("healthy: no hang, no straggler, no slow link, no fail-slow")
     for finding in report.findings:
         lines.append(f"{finding.kind.value.upper()} (confidence {finding.confidence:.2f}): {finding.summary}")
+        lines.append(f"  {finding.cause_text}")
         for key, who in (("culprit_frame", "its call"), ("waiting_frame", "its peers wait")):
             if frame := finding.evidence.get(key):
                 lines.append(f"  {who} at {frame['file']}:{frame['line']} in {frame['function']}")

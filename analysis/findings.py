@@ -58,6 +58,16 @@ class FindingKind(enum.StrEnum):
         return next((kind for kind in cls if kind.reason == reason), None)
 
 
+class Cause(enum.StrEnum):
+    """Why a finding happened (decided by ``rankwatch.analysis.cause``, which says how)."""
+
+    COMPUTE = "compute"
+    COMMUNICATION = "communication"
+    HOST = "host"
+    DATA_STORAGE = "data/storage"
+    UNKNOWN = "unknown"
+
+
 _PRESENTATION = {
     FindingKind.HANG: ("Hang", "TrainingJobHang", "hang"),
     FindingKind.STRAGGLER: ("Straggler", "TrainingJobStraggler", "straggler"),
@@ -75,9 +85,17 @@ class Finding:
     confidence: float  # in [0, 1]
     summary: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    cause: Cause = Cause.UNKNOWN  # given as the enum or its value
+    cause_evidence: str = ""  # the figures that decided the cause (or what was missing to decide one)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", FindingKind(self.kind))
+        object.__setattr__(self, "cause", Cause(self.cause))
+
+    @property
+    def cause_text(self) -> str:
+        """``cause host: <evidence>``, as the Event, the alert and ``rankwatch analyze`` show it."""
+        return f"cause {self.cause.value}" + (f": {self.cause_evidence}" if self.cause_evidence else "")
 
     @property
     def reason(self) -> str:
@@ -91,10 +109,11 @@ class Finding:
         return self.kind.condition
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
+        return {**asdict(self), "kind": self.kind.value, "cause": self.cause.value}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Finding:
+        """A finding from ``to_json``; reports written before causes existed read as cause ``unknown``."""
         return cls(
             kind=FindingKind(data["kind"]),
             ranks=[int(rank) for rank in data["ranks"]],
@@ -103,6 +122,8 @@ class Finding:
             confidence=float(data["confidence"]),
             summary=str(data["summary"]),
             evidence=dict(data.get("evidence") or {}),
+            cause=Cause(data.get("cause") or Cause.UNKNOWN),
+            cause_evidence=str(data.get("cause_evidence") or ""),
         )
 
 

@@ -179,6 +179,18 @@ def _gaps(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return np.where(known, (start - end).astype(np.float64), np.nan).reshape(rows.shape)
 
 
+def _gpu_queue_ns(trace: Trace, rows: np.ndarray) -> float | None:
+    """Median time from a rank's call (host launch) to its collective's GPU start, over its GPU-timed
+    calls: long when the GPU is still busy with earlier work (the host runs ahead), near zero when
+    the GPU was idle waiting for the host. None without GPU timing."""
+    calls = trace.calls
+    start = calls["gpu_start"][rows]
+    timed = start > 0
+    if not timed.any():
+        return None
+    return float(np.median((start[timed] - calls["t_call"][rows][timed]).astype(np.float64)))
+
+
 def _findings(
     trace: Trace, candidates: list[_Candidate], min_delay_ns: float, explained_by_links: frozenset[int]
 ) -> list[Finding]:
@@ -206,6 +218,7 @@ def _findings(
         spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3
         confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns))
         what = "waits" if trace.has_returns else "arrives later: it waits"
+        queued = _gpu_queue_ns(trace, candidate.rows[:, position])
         own_wait, peers_wait = float(np.median(own)), float(np.median(peer_median))
         finding = Finding(
             kind="straggler",
@@ -226,6 +239,8 @@ def _findings(
                 # its extra time between calls against a typical rank's: how much slower it runs
                 "slowdown": round(excess / typical_gap, 3) if np.isfinite(excess) and typical_gap > 0 else None,
                 "own_compute": own_compute,
+                # host launch to GPU start of its collectives: GPU work still queued ahead of them
+                "gpu_queue_ms": round(queued / 1e6, 4) if queued is not None else None,
                 "score": round(delay / spread, 2),
                 "last_share": round(candidate.last_share, 3),
                 "collectives": len(waits),

@@ -5,7 +5,11 @@
 2. Under load: a writer process publishes 8 ranks x 5,000 calls/s (each call entered, then finished
    one batch later, as the tracer does) while `rankwatch sidecar` runs as a real subprocess with its
    defaults (0.5 s polls, 5 s windows) and POSTs to a loopback collector; its CPU time comes from
-   /proc/<pid>/stat. Target: under 5% of one core.
+   /proc/<pid>/stat. Target: under 5% of one core. The summaries carry the host figures (each ring's
+   process schedstat and status read once per window, the node's /proc/pressure/cpu).
+3. Python stacks on a stall: ``--ranks`` Python processes waiting in a function; the sidecar's
+   StackTaker takes all their stacks with py-spy (what one stall report costs), wall time and the CPU
+   of the py-spy processes.
 
     python bench/sidecar_cpu.py [--seconds 30] [--ranks 8] [--rate 5000]
 """
@@ -191,6 +195,33 @@ async def under_load(ranks: int, rate: int, seconds: float) -> dict[str, float]:
     }
 
 
+STACK_RANK = "import time\ndef load_batch():\n    time.sleep(3600)\nprint('ready', flush=True)\nload_batch()\n"
+
+
+def stack_cost(ranks: int) -> dict[str, float]:
+    """Wall and CPU time to take ``ranks`` processes' Python stacks, as the sidecar does for a stall report."""
+    import resource
+
+    from rankwatch.sidecar.python_stacks import StackTaker
+
+    processes = [subprocess.Popen([sys.executable, "-c", STACK_RANK], stdout=subprocess.PIPE, text=True)
+                 for _ in range(ranks)]  # fmt: skip
+    try:
+        for process in processes:
+            process.stdout.readline()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        stacks = StackTaker().stacks({rank: process.pid for rank, process in enumerate(processes)})
+        wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"ranks": ranks, "stacks_taken": len(stacks), "wall_seconds": wall, "py_spy_cpu_seconds": cpu}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
@@ -214,7 +245,12 @@ def main() -> None:
         f"{load['summaries_received']} summaries of {load['mean_summary_bytes_gzip']:.0f} B gzip; "
         f"exit code {load['exit_code']}"
     )
-    print(json.dumps({"per_million": million, "under_load": load}))
+    stacks = stack_cost(args.ranks)
+    print(
+        f"Python stacks of {stacks['ranks']} ranks (one stall report): {stacks['stacks_taken']} taken in "
+        f"{stacks['wall_seconds']:.2f} s, {stacks['py_spy_cpu_seconds']:.2f} s CPU of py-spy"
+    )
+    print(json.dumps({"per_million": million, "under_load": load, "stacks": stacks}))
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ def _simulate_pod(args: argparse.Namespace) -> int:
     from rankwatch.simulate import PodRun, SimulationError, run_pod
 
     try:
-        return run_pod(PodRun(args.tp, args.pp, args.steps, args.microbatches, args.compute_us))
+        return run_pod(PodRun(args.tp, args.pp, args.steps, args.microbatches, args.compute_us, args.python))
     except (SimulationError, NativeBuildError) as error:
         print(f"rankwatch simulate-pod: {error}", file=sys.stderr)
         return 2
@@ -311,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_pod.add_argument("--steps", type=int, default=10)
     simulate_pod.add_argument("--microbatches", type=int, default=2)
     simulate_pod.add_argument("--compute-us", type=int, default=2000)
+    simulate_pod.add_argument(
+        "--python", action="store_true", help="ranks are a Python training loop (a trainer with Python stacks)"
+    )
     simulate_pod.set_defaults(handler=_simulate_pod)
 
     sidecar = commands.add_parser(

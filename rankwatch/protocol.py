@@ -10,7 +10,8 @@ Two messages, each POSTed as gzip'd JSON with ``Authorization: Bearer <job token
 A collector answers 2xx when it has taken the message; 400 / 404 (no such job) / 413 / 422 refuse it
 for good (the sidecar drops it); 401 / 403 / 429 / 5xx are retried with backoff, so delivery is at least once:
 (pod, start_ns, window) identifies a summary, (pod, detected_ns) a stall report. Every message carries
-``schema``; a parser refuses other versions rather than guess. Times are CLOCK_REALTIME
+``schema``; a parser takes the versions in ``SCHEMAS_READ`` and refuses others rather than guess (a
+field added by a later version has a default, so an older message still parses, without it). Times are CLOCK_REALTIME
 nanoseconds (ints) or durations in seconds (floats); communicator ids are 16 hex digits (a JSON
 number cannot carry 64 bits in every client). Sequence ranges are over collective calls only:
 send/receive numbers count per peer and are not comparable across calls.
@@ -24,10 +25,13 @@ import json
 import types
 import typing
 import zlib
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added the host's scheduling figures (``RankWindow.scheduling``, ``WindowSummary.cpu_pressure``) and the
+ranks' Python stacks in a stall report (``RankPosition.python_stack``)."""
+SCHEMAS_READ = (1, 2)
 SUMMARIES_PATH = "/v1/jobs/{namespace}/{name}/summaries"
 STALLS_PATH = "/v1/jobs/{namespace}/{name}/stalls"
 CONTENT_TYPE = "application/json"
@@ -89,6 +93,18 @@ class CommWindow:
 
 
 @dataclass(frozen=True)
+class RankScheduling:
+    """How the kernel scheduled a rank's process (its main thread, which launches the work) during one
+    window, from ``/proc/<pid>/schedstat`` and ``/proc/<pid>/status``: a rank that waits for a CPU
+    (a busy neighbour, too few cores for the dataloader workers) falls behind its peers for reasons
+    no GPU or link figure shows."""
+
+    cpu_s: float  # on a CPU
+    run_delay_s: float  # runnable, waiting on a run queue for a CPU
+    involuntary_switches: int  # taken off a CPU while it still wanted to run (preempted)
+
+
+@dataclass(frozen=True)
 class RankWindow:
     """One traced process (one ring) during one window; a restarted process is a new RankWindow."""
 
@@ -104,6 +120,7 @@ class RankWindow:
     last_call_ns: int | None
     step_time_s: float | None  # longest typical period among repeated call signatures (one training step)
     comms: list[CommWindow]
+    scheduling: RankScheduling | None = None  # None: not readable (other PID namespace), or its first window
 
 
 @dataclass(frozen=True)
@@ -120,6 +137,9 @@ class WindowSummary:
     end_ns: int
     dropped_summaries: int  # summaries this sidecar dropped (queue full) since its last accepted one
     ranks: list[RankWindow]
+    cpu_pressure: float | None = None
+    """Share of the window in which some runnable task of the node waited for a CPU (``/proc/pressure/cpu``,
+    "some"); None where the kernel has no pressure stall information, and in the first window."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,7 @@ class RankPosition:
     last_call_ns: int | None
     silent_s: float | None  # since the rank's last call or return
     comms: list[CommPosition]
+    python_stack: list[str] | None = None  # main thread, innermost first ("file:line function"); None: not taken
 
 
 @dataclass(frozen=True)
@@ -238,10 +259,10 @@ def _parse(body: bytes, cls: type[T]) -> T:
     if not isinstance(document, dict):
         raise ProtocolError(f"{cls.__name__}: expected a JSON object, got {type(document).__name__}")
     schema = document.get("schema")
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema not in SCHEMAS_READ:
         raise ProtocolError(
-            f"{cls.__name__}: schema {schema!r}, this side speaks {SCHEMA_VERSION} (upgrade the older of sidecar "
-            "and operator)"
+            f"{cls.__name__}: schema {schema!r}, this side reads {', '.join(map(str, SCHEMAS_READ))} (upgrade the "
+            "older of sidecar and operator)"
         )
     try:
         return _compiled(cls)(document)
@@ -281,13 +302,13 @@ def _compiled(hint: Any) -> Any:
 
         return check_dict
     if is_dataclass(hint):
-        hints, names = _fields_of(hint)
+        hints, names, required = _fields_of(hint)
         checks = [(name, _compiled(hints[name])) for name in names]
 
         def check_object(value: Any) -> Any:
-            if type(value) is not dict or value.keys() != names:
+            if type(value) is not dict or not (required <= value.keys() <= names):
                 raise _Invalid
-            return hint(**{name: check(value[name]) for name, check in checks})
+            return hint(**{name: check(value[name]) for name, check in checks if name in value})
 
         return check_object
     kinds = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
@@ -304,24 +325,29 @@ def _compiled(hint: Any) -> Any:
 
 
 @functools.cache
-def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str]]:
-    """A dataclass's resolved annotations and field names, once per class (``get_type_hints`` evaluates
-    every annotation string anew: it was three quarters of the collector's parsing time)."""
-    return typing.get_type_hints(cls), frozenset(f.name for f in fields(cls))
+def _fields_of(cls: type) -> tuple[dict[str, Any], frozenset[str], frozenset[str]]:
+    """A dataclass's resolved annotations, field names and the names without a default, once per class
+    (``get_type_hints`` evaluates every annotation string anew: it was three quarters of the collector's
+    parsing time). A field with a default is one a later schema added: older messages lack it."""
+    every = fields(cls)
+    required = frozenset(f.name for f in every if f.default is MISSING and f.default_factory is MISSING)
+    return typing.get_type_hints(cls), frozenset(f.name for f in every), required
 
 
 def _build(cls: type[T], value: Any, where: str) -> T:
     """A dataclass from a JSON object, checking every field against its annotation (no extra keys)."""
     if not isinstance(value, dict):
         raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
-    hints, names = _fields_of(cls)
+    hints, names, required = _fields_of(cls)
     unknown = sorted(set(value) - names)
     if unknown:
         raise ProtocolError(f"{where}: unknown field {unknown[0]!r}")
     arguments = {}
     for name in names:
         if name not in value:
-            raise ProtocolError(f"{where}: missing field {name!r}")
+            if name in required:
+                raise ProtocolError(f"{where}: missing field {name!r}")
+            continue
         arguments[name] = _check(hints[name], value[name], f"{where}.{name}")
     return cls(**arguments)
 

@@ -13,11 +13,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rankwatch import noisy_neighbour
 from rankwatch.native import native_artifacts
 
 
@@ -223,6 +225,8 @@ FAULT_PREFIX = "RANKWATCH_STANDIN_"
 FAULT_RANK = "RANKWATCH_STANDIN_FAULT_RANK"
 FAULT_ATTEMPT = "RANKWATCH_STANDIN_FAULT_ATTEMPT"
 RENDEZVOUS = "RANKWATCH_STANDIN_RENDEZVOUS"
+CPU_NEIGHBOURS = "RANKWATCH_STANDIN_CPU_NEIGHBOURS"
+"""Busy processes sharing the fault rank's CPU (``rankwatch.noisy_neighbour``): a host-starved rank."""
 POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_SLOWDOWN",
     "RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL",
@@ -230,6 +234,8 @@ POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_STUCK_IN_CALL",
     "RANKWATCH_STANDIN_LINK_PEER",
     "RANKWATCH_STANDIN_LINK_LATENCY_US",
+    CPU_NEIGHBOURS,
+    "RANKWATCH_STANDIN_DATA_STALL_AT_STEP",
 )
 
 
@@ -242,6 +248,7 @@ class PodRun:
     steps: int = 10
     microbatches: int = 2
     compute_us: int = 2000
+    python: bool = False  # ranks are Python processes (``rankwatch.python_rank``), not the C driver
 
 
 def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
@@ -285,14 +292,36 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
         str(driver), "--rendezvous", str(rendezvous), "--tp", str(pod.tp), "--pp", str(pod.pp),
         "--steps", str(pod.steps), "--microbatches", str(pod.microbatches), "--compute-us", str(pod.compute_us),
     ]  # fmt: skip
-    processes = [subprocess.Popen(argv, env=pod_rank_env(environ, local)) for local in range(nproc)]
+    if pod.python:
+        environ[RENDEZVOUS] = str(rendezvous)
+        argv = [sys.executable, "-m", "rankwatch.python_rank", "--steps", str(pod.steps),
+                "--compute-us", str(pod.compute_us)]  # fmt: skip
+    processes, neighbours = [], []
+    for local in range(nproc):
+        env = pod_rank_env(environ, local)
+        try:
+            crowd = int(env.get(CPU_NEIGHBOURS) or 0)
+        except ValueError:
+            raise SimulationError(f"{CPU_NEIGHBOURS}={env[CPU_NEIGHBOURS]!r}: expected a number of processes") from None
+        if crowd > 0:
+            cpu = noisy_neighbour.shared_cpu()
+            neighbours += noisy_neighbour.start_neighbours(crowd, cpu)
+            processes.append(subprocess.Popen(argv, env=env, preexec_fn=noisy_neighbour.pin_to(cpu)))
+        else:
+            processes.append(subprocess.Popen(argv, env=env))
 
-    def stop(signum: int, _frame: object) -> None:
-        for process in processes:
+    def stop_all() -> None:
+        for process in processes + neighbours:
             if process.poll() is None:
                 process.kill()
+
+    def stop(signum: int, _frame: object) -> None:
+        stop_all()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-    codes = [process.wait() for process in processes]
+    try:
+        codes = [process.wait() for process in processes]
+    finally:
+        stop_all()
     return next((code for code in codes if code != 0), 0)

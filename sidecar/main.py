@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -19,8 +20,10 @@ from prometheus_client import CollectorRegistry
 
 from rankwatch.protocol import StallReport, WindowSummary
 from rankwatch.sidecar.config import SidecarConfig, TokenSource
+from rankwatch.sidecar.host_load import HostSampler
 from rankwatch.sidecar.metrics import LiveRank, LiveState, SidecarMetrics
 from rankwatch.sidecar.progress import RankProgress
+from rankwatch.sidecar.python_stacks import StackTaker, py_spy
 from rankwatch.sidecar.ring_tail import RingSet, RingTail
 from rankwatch.sidecar.server import build_app
 from rankwatch.sidecar.shipper import Shipper
@@ -28,6 +31,9 @@ from rankwatch.sidecar.stall_watch import StallWatch, WatchedRank, write_megatra
 from rankwatch.sidecar.summary import PodIdentity, WindowBuilder
 
 log = logging.getLogger("rankwatch.sidecar")
+
+STACKS_DEADLINE_S = 10.0
+"""A stall report waits at most this long for the ranks' Python stacks, then goes without them."""
 
 
 class Sidecar:
@@ -45,7 +51,9 @@ class Sidecar:
         self.rings = RingSet(config.trace_dir)
         self.progress: dict[str, RankProgress] = {}
         self.alive: dict[str, bool] = {}
-        self.windows = WindowBuilder(self.identity, time.time_ns())
+        self.windows = WindowBuilder(
+            self.identity, time.time_ns(), HostSampler(visible=lambda: self.rings.probe.visible)
+        )
         self.watch = StallWatch(self.identity, config.trace_dir, config.sensitivity_s)
         self.shipper = (
             Shipper(
@@ -65,6 +73,8 @@ class Sidecar:
         self.stall_reports: list[StallReport] = []
         self.summaries = 0
         self._megatrace: set[asyncio.Task] = set()
+        self._stacks: set[asyncio.Task] = set()
+        self.stack_taker = StackTaker() if config.python_stacks and py_spy() else None
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -88,11 +98,36 @@ class Sidecar:
         watched = [WatchedRank(p, self.alive.get(name, True)) for name, p in self.progress.items()]
         report = self.watch.check(watched, now_ns)
         if report is not None:
-            self.stall_reports.append(report)
             log.warning("stall: %s", report.summary)
-            if self.shipper:
-                self.shipper.submit_stall(report)
+            if self.stack_taker is None:
+                self._stall_ready(report)
+            else:
+                self._with_stacks(report)
         return report
+
+    def _stall_ready(self, report: StallReport) -> None:
+        self.stall_reports.append(report)
+        if self.shipper:
+            self.shipper.submit_stall(report)
+
+    def _with_stacks(self, report: StallReport) -> None:
+        """Ship ``report`` once the ranks' Python stacks are taken (in a thread, bounded in time)."""
+        pids = {p.global_rank: p.pid for p in report.positions if p.alive and p.pid > 0}
+
+        async def take() -> None:
+            stacks: dict[int, list[str]] = {}
+            try:
+                stacks = await asyncio.wait_for(asyncio.to_thread(self.stack_taker.stacks, pids), STACKS_DEADLINE_S)
+            except Exception:  # stacks are extra evidence: the report goes without them
+                log.exception("taking the ranks' Python stacks failed; the stall report goes without them")
+            positions = [dataclasses.replace(p, python_stack=stacks.get(p.global_rank)) for p in report.positions]
+            if stacks:
+                log.warning("Python stacks of ranks %s taken for the stall report", sorted(stacks))
+            self._stall_ready(dataclasses.replace(report, positions=positions))
+
+        task = asyncio.create_task(take())
+        self._stacks.add(task)
+        task.add_done_callback(self._stacks.discard)
 
     def close_window(self, now_ns: int | None = None) -> WindowSummary:
         summary = self.windows.close(time.time_ns() if now_ns is None else now_ns)
@@ -188,8 +223,8 @@ class Sidecar:
         """The last poll, the last window, and a bounded wait for the collector to take them."""
         self.poll()
         self.close_window()
-        if self._megatrace:
-            await asyncio.wait(self._megatrace, timeout=self.config.shutdown_grace_s)
+        if self._megatrace or self._stacks:
+            await asyncio.wait(self._megatrace | self._stacks, timeout=self.config.shutdown_grace_s)
         if self.shipper and not await self.shipper.drain(self.config.shutdown_grace_s):
             log.warning("exiting with %d messages unsent (collector unreachable)", self.shipper.queued())
 

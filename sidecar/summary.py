@@ -9,11 +9,13 @@ finishes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from rankwatch.protocol import OP_NAMES, SCHEMA_VERSION, CommWindow, Quantiles, RankWindow, WindowSummary
+from rankwatch.sidecar.host_load import HostSampler
 from rankwatch.sidecar.progress import Entered, Finished, RankProgress, comm_hex, is_call, is_collective
 from rankwatch.sidecar.ring_tail import PolledRing
 
@@ -87,10 +89,12 @@ class _RingWindow:
 
 
 class WindowBuilder:
-    """Accumulates polls; ``close()`` returns the summary of the window and starts the next one."""
+    """Accumulates polls; ``close()`` returns the summary of the window and starts the next one. With a
+    ``host`` sampler, each summary carries the ranks' scheduling and the node's CPU pressure."""
 
-    def __init__(self, identity: PodIdentity, start_ns: int) -> None:
+    def __init__(self, identity: PodIdentity, start_ns: int, host: HostSampler | None = None) -> None:
         self.identity = identity
+        self.host = host
         self.window = 0
         self.start_ns = start_ns
         self._rings: dict[str, _RingWindow] = {}
@@ -115,6 +119,8 @@ class WindowBuilder:
     def close(self, end_ns: int, dropped_summaries: int = 0) -> WindowSummary:
         self.window += 1
         ranks = [self._rank_window(name, part, end_ns) for name, part in sorted(self._rings.items())]
+        if self.host is not None:
+            self.host.forget_except({part.progress.tail.header.pid for part in self._rings.values()})
         summary = WindowSummary(
             schema=SCHEMA_VERSION,
             namespace=self.identity.namespace,
@@ -128,6 +134,7 @@ class WindowBuilder:
             end_ns=end_ns,
             dropped_summaries=dropped_summaries,
             ranks=sorted(ranks, key=lambda r: (r.global_rank, r.ring)),
+            cpu_pressure=self.host.cpu_pressure(time.monotonic_ns()) if self.host is not None else None,
         )
         for name in self._ended:
             del self._rings[name]
@@ -192,6 +199,9 @@ class WindowBuilder:
                 )
             )
         header = tail.header
+        scheduling = None
+        if self.host is not None and part.alive:
+            scheduling = self.host.rank(header.pid, header.start_realtime_ns)
         return RankWindow(
             global_rank=header.global_rank,
             local_rank=header.local_rank,
@@ -205,4 +215,5 @@ class WindowBuilder:
             last_call_ns=tail.last_call_ns,
             step_time_s=step_time_s(entered),
             comms=sorted(comms, key=lambda c: c.comm_id),
+            scheduling=scheduling,
         )

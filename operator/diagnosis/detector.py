@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rankwatch.analysis.cause import starved
 from rankwatch.analysis.findings import FindingKind
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis.job_state import CommState, JobState
@@ -27,6 +28,8 @@ STEP_RISE = 0.10
 """Step time up by at least 10% over the job's baseline..."""
 STEP_SIGMAS = 4.0
 """... and by more than this many robust standard deviations of the baseline."""
+HELD_BACK_RATIO = 3.0
+"""A starved rank's group waits at least three times as long as the job's other groups of its kind."""
 STEP_MIN_BASELINE = 6
 STEP_CURRENT_WINDOWS = 3
 
@@ -60,7 +63,7 @@ def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: 
     if hang:
         return [hang]
     found = []
-    outliers = wait_outliers(state, layout, thresholds, now)
+    outliers = wait_outliers(state, layout, thresholds, now) or host_starved(state, layout, thresholds, now)
     if outliers:
         found.append(outliers)
     slowdown = step_time_up(state, thresholds, now)
@@ -187,6 +190,62 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         f"rank {first} waits {info['wait_s'] * 1e3:.2f} ms in communicator {info['communicator']} vs its peers' "
         f"median {info['peers_median_s'] * 1e3:.2f} ms over the last {WAIT_WINDOWS} windows",
         {"source": "wait_outlier", "ranks": {str(rank): value for rank, value in sorted(flagged.items())}},
+    )
+
+
+def host_starved(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Suspicion | None:
+    """A rank whose process waits for a CPU far longer than the job's other ranks (the summaries'
+    run-queue delays) while its peer group waits far longer in its collectives than the job's other
+    groups of the same kind: its starved host holds the group back. Where the traces' waits cannot
+    single it out (a rank whose collectives progress on its starved host is late inside them too),
+    this is the evidence."""
+    max_age = (WAIT_WINDOWS + 0.5) * thresholds.window_s
+    loads = state.host_loads(now, max_age)
+    if len(loads.ranks) < 3:
+        return None
+    since = now - max_age
+    groups = peer_groups(state, layout)
+    group_wait: dict[str, float] = {}
+    for comm_id, members in groups.items():
+        waits = [_recent_wait(comm, since) for comm in members.values()]
+        if all(wait is not None for wait in waits):
+            group_wait[comm_id] = statistics.median(waits)  # type: ignore[type-var]
+    flagged: dict[int, dict[str, Any]] = {}
+    for rank, load in loads.ranks.items():
+        peers = statistics.median(other.run_delay_share for r, other in loads.ranks.items() if r != rank)
+        if not starved(load.run_delay_share, peers):
+            continue
+        for comm_id, members in groups.items():
+            if rank not in members or comm_id not in group_wait:
+                continue
+            size = len(members)
+            others = [wait for other, wait in group_wait.items() if other != comm_id and len(groups[other]) == size]
+            if not others:
+                continue
+            typical = statistics.median(others)
+            wait = group_wait[comm_id]
+            if wait >= HELD_BACK_RATIO * typical and wait - typical >= WAIT_MARGIN_S:
+                flagged[rank] = {
+                    "communicator": comm_id,
+                    "run_delay_ms_per_s": round(load.run_delay_share * 1e3, 1),
+                    "peers_run_delay_ms_per_s": round(peers * 1e3, 1),
+                    "group_wait_s": round(wait, 6),
+                    "other_groups_wait_s": round(typical, 6),
+                    "other_groups": len(others),
+                }
+                break
+    if not flagged:
+        return None
+    first = min(flagged)
+    info = flagged[first]
+    return Suspicion(
+        "straggler",
+        sorted(flagged),
+        f"rank {first}'s process waits {info['run_delay_ms_per_s']:.0f} ms per second for a CPU against "
+        f"{info['peers_run_delay_ms_per_s']:.0f} ms/s of the job's other ranks, and its group (communicator "
+        f"{info['communicator']}) waits {info['group_wait_s'] * 1e3:.2f} ms per collective against "
+        f"{info['other_groups_wait_s'] * 1e3:.2f} ms in the job's {info['other_groups']} other groups",
+        {"source": "host_starved", "ranks": {str(rank): value for rank, value in sorted(flagged.items())}},
     )
 
 

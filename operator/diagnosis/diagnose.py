@@ -26,6 +26,7 @@ import asyncio
 import datetime
 import logging
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +35,13 @@ from typing import Any
 import aiohttp
 
 from rankwatch import protocol
-from rankwatch.analysis.findings import AnalysisReport, Finding, FindingKind
+from rankwatch.analysis.cause import attribute
+from rankwatch.analysis.findings import AnalysisReport, Cause, Finding, FindingKind
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ SPREAD_PODS = 16
 FETCH_TIMEOUT_S = 15.0
 FETCH_CONCURRENCY = 16
 CHUNK_BYTES = 1 << 20
+HOST_WINDOWS_FOR_CAUSE = 6
+STACKS_MAX_AGE_S = 120.0
+"""Python stacks from stall reports older than this (or 4 sensitivities) belong to another episode."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +283,32 @@ class _TooLarge(Exception):
     pass
 
 
+def host_starved_finding(suspicion: Suspicion, node_of_rank: dict[int, str], layout: Layout | None) -> Finding:
+    """The finding behind a ``host_starved`` suspicion, when the traces cannot single the rank out: a
+    rank whose collectives progress on its own starved host (the stand-in NCCL; a CPU-bound collective
+    path) is late inside them too, so its waits do not stand out from its peers'. The summaries'
+    figures are the evidence: its run-queue delay against the job's other ranks, its group's waits
+    against the job's other groups."""
+    ranks = [int(rank) for rank in suspicion.evidence["ranks"]]
+    first = suspicion.evidence["ranks"][str(ranks[0])]
+    where = f" ({layout.describe(ranks[0])})" if layout and ranks[0] < layout.world_size else ""
+    share, peers = first["run_delay_ms_per_s"], first["peers_run_delay_ms_per_s"]
+    return Finding(
+        kind=FindingKind.STRAGGLER,
+        ranks=ranks,
+        nodes=sorted({node_of_rank.get(rank, "") for rank in ranks} - {""}),
+        communicator=first["communicator"],
+        confidence=round(min(0.9, 1 - peers / share), 3) if share > 0 else 0.0,
+        summary=(
+            f"rank {ranks[0]}{where} on node {node_of_rank.get(ranks[0], 'unknown')} holds back its group "
+            f"(communicator {first['communicator']}): the group waits {first['group_wait_s'] * 1e3:.2f} ms per "
+            f"collective against {first['other_groups_wait_s'] * 1e3:.2f} ms in the job's other groups, while the "
+            f"rank's process waits {share:.0f} ms per second for a CPU against {peers:.0f} ms/s of the other ranks"
+        ),
+        evidence={"source": "host_starved", **first},
+    )
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -327,16 +359,30 @@ async def diagnose(
             report = AnalysisReport([], problems or ["no dumps"])
             return None, Examination(report, "\n".join(report.problems), names, 0, limit, suspicion)
         result = await worker.analyse(directory, request, budget.memory_bytes, budget.timeout_s)
-    report = AnalysisReport(result.report.findings, problems + result.report.problems)
+    # the cause again, now with the hosts' scheduling figures from the summaries of the last windows
+    host = state.host_loads(time.monotonic(), HOST_WINDOWS_FOR_CAUSE * window_s + window_s / 2)
+    stacks = latest_stacks(state, time.monotonic() - max(STACKS_MAX_AGE_S, 4 * sensitivity_s))
+    findings = [with_python_stacks(attribute(finding, host), stacks) for finding in result.report.findings]
+    report = AnalysisReport(findings, problems + result.report.problems)
     text = result.text + "".join(f"\nwarning: {problem}" for problem in problems)
+    text += "".join(
+        f"\n{finding.kind.value.upper()} ranks {finding.ranks}, with the hosts' scheduling: {finding.cause_text}"
+        for finding in findings
+    )
     # A finding that blames no rank (the whole job's step time drifting, with no straggler behind it)
     # is the machine or the environment, not a fault rankwatch can localise or cordon: it is logged
     # with the report, and the job is not marked Degraded for it.
     for finding in report.findings:
         if not finding.ranks:
             report.problems.append(f"job-wide, no rank behind it (not a diagnosis): {finding.summary}")
-    examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     blaming = [finding for finding in report.findings if finding.ranks]
+    if not blaming and suspicion.evidence.get("source") == "host_starved":
+        starved = attribute(host_starved_finding(suspicion, node_of_rank, layout), host)
+        if starved.cause is Cause.HOST:  # still starved now, by the same rule the detector used
+            report.findings.insert(0, starved)
+            blaming = [starved]
+            text += f"\n{starved.kind.value.upper()} (from the summaries): {starved.summary}\n  {starved.cause_text}"
+    examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     if not blaming:
         return None, examination
     finding = blaming[0]

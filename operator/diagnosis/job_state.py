@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.protocol import StallReport, WindowSummary
 
 HISTORY_WINDOWS = 12
@@ -21,6 +22,8 @@ STEP_HISTORY = 240
 """Job step-time points kept (one per pod summary): the baseline for "step time up"."""
 DEDUPE_KEYS = 20_000
 STALL_REPORTS_KEPT = 64
+HOST_WINDOWS = 6
+"""Windows of scheduling figures a cause is decided on (the straggler's recent past, not its whole life)."""
 
 
 @dataclass
@@ -50,6 +53,8 @@ class RankState:
     wait_s: float | None = None
     """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
+    scheduling: deque[tuple[float, float, float, int]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
+    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them."""
 
 
 @dataclass
@@ -59,6 +64,8 @@ class PodState:
     replica_index: int
     seen_at: float = 0.0
     ranks: set[int] = field(default_factory=set)
+    cpu_pressure: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
+    """(received at, the node's CPU pressure share) per summary that had it."""
 
 
 @dataclass
@@ -103,6 +110,9 @@ class JobState:
         if pod is None:
             pod = self.pods[summary.pod] = PodState(summary.pod, summary.node, summary.replica_index)
         pod.seen_at, pod.node = now, summary.node or pod.node
+        if summary.cpu_pressure is not None:
+            pod.cpu_pressure.append((now, summary.cpu_pressure))
+        window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         steps = []
         for window in summary.ranks:
             if window.global_rank < 0:
@@ -113,6 +123,9 @@ class JobState:
             pod.ranks.add(window.global_rank)
             rank.alive, rank.seen_at = window.alive, now
             rank.records.append(window.records)
+            if window.scheduling is not None and window_s > 0:
+                scheduling = window.scheduling
+                rank.scheduling.append((now, window_s, scheduling.run_delay_s, scheduling.involuntary_switches))
             if window.step_time_s:
                 rank.step_time_s = window.step_time_s
                 steps.append(window.step_time_s)
@@ -156,6 +169,29 @@ class JobState:
                 self.ranks[position.global_rank] = RankState(position.global_rank, report.pod, report.node)
                 pod.ranks.add(position.global_rank)
         self.stalls.append((now, report))
+
+    def host_loads(self, now: float, max_age_s: float) -> HostLoads:
+        """Each rank's run-queue delay per second and the CPU pressure per node over the summaries of the
+        last ``max_age_s`` seconds (at most ``HOST_WINDOWS`` windows); ranks and nodes without figures
+        are left out."""
+        ranks = {}
+        for rank in self.ranks.values():
+            recent = [entry for entry in rank.scheduling if now - entry[0] <= max_age_s]
+            seconds = sum(entry[1] for entry in recent)
+            if seconds > 0:
+                ranks[rank.rank] = RankHostLoad(
+                    rank.rank,
+                    self.node_of_pod(rank.pod) or rank.node,
+                    round(sum(entry[2] for entry in recent) / seconds, 6),
+                    round(sum(entry[3] for entry in recent) / seconds, 3),
+                    len(recent),
+                )
+        per_node: dict[str, list[float]] = {}
+        for pod in self.pods.values():
+            values = [value for received, value in pod.cpu_pressure if now - received <= max_age_s]
+            if values and pod.node:
+                per_node.setdefault(pod.node, []).append(sum(values) / len(values))
+        return HostLoads(ranks, {node: round(max(values), 4) for node, values in per_node.items()})
 
     def recent_step_time(self) -> float | None:
         """Median of the last 8 step-time points (one per pod summary), None before the first."""

@@ -69,9 +69,10 @@ def active_condition(status: dict[str, Any]) -> str | None:
     return condition_of(diagnosis.get("kind")) if diagnosis.get("active") else None
 
 
-def event_message(summary: str, confidence: float, job_name: str) -> str:
+def event_message(summary: str, confidence: float, job_name: str, cause: str = "") -> str:
+    """The Event's text: what, why (``cause host: <figures>``), how sure, where the full report is."""
     return (
-        f"{summary} (confidence {confidence:.2f}; full report: "
+        f"{summary}{'; ' + cause if cause else ''} (confidence {confidence:.2f}; full report: "
         f"kubectl get configmap {report_configmap_name(job_name)} -o jsonpath='{{.data.report\\.txt}}')"
     )
 
@@ -194,6 +195,8 @@ def write_diagnosis(
                 "pods": diagnosis.pods[:MAX_LISTED],
                 "confidence": diagnosis.confidence,
                 "summary": diagnosis.summary,
+                "cause": diagnosis.finding.cause.value,
+                "causeEvidence": diagnosis.finding.cause_evidence,
                 "communicator": diagnosis.finding.communicator,
                 "time": diagnosis.time,
                 "resolvedTime": None,
@@ -223,7 +226,8 @@ def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any],
     leader finishing the follow-ups) finds the first and adds nothing. Failures are logged."""
     metadata = job["metadata"]
     target = events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
-    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["name"])
+    cause = f"cause {diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}" if diagnosis.get("cause") else ""
+    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["name"], cause)
     try:
         events.post_event(
             kube,

@@ -91,6 +91,22 @@ async def test_card_shows_job_node_rank_summary_evidence_time_and_mentions(feish
     assert '<at user_id=\\"u-alice\\"></at> <at id=all></at>' in body
 
 
+async def test_card_of_a_finding_shows_its_cause_with_the_figures(feishu):
+    from rankwatch.alerting import alert_from_finding
+    from rankwatch.analysis.findings import Finding
+
+    finding = Finding(
+        "straggler", [13], ["gpu-node-1"], None, 0.9, "rank 13 arrives last", {"delay_ms": 2.1}, "host",
+        "rank 13's process waited 310 ms per second for a CPU against a median 4 ms/s of its 7 peers",
+    )  # fmt: skip
+    alert = alert_from_finding("ml", "llama-70b", finding)
+    assert alert.annotations["cause"].startswith("cause host: rank 13's process waited 310 ms")
+    async with aiohttp.ClientSession() as session:
+        await deliver(bot(feishu), notification(alert), session, FAST)
+    (card,) = feishu.cards()
+    assert "**Cause**\\ncause host: rank 13's process waited 310 ms per second for a CPU" in texts(card)
+
+
 async def test_a_card_of_many_alerts_stays_under_feishus_20_kb_limit(feishu):
     alerts = [job_alert(node=f"gpu-node-{i}", evidence=json.dumps({"x" * 50: "y" * 900})) for i in range(200)]
     async with aiohttp.ClientSession() as session:

@@ -32,6 +32,9 @@ def test_straggler_is_named_with_its_node(tmp_path):
     assert (top["kind"], top["ranks"], top["nodes"]) == ("straggler", [6], ["sim-node-1"])
     assert top["evidence"]["own_wait_ms"] < top["evidence"]["peer_wait_ms"]
     assert [f["ranks"] for f in document["findings"]] == [[6]], "nobody else is blamed"
+    # the traces alone cannot tell slower compute from a starved host: the cause says so, never guesses
+    assert top["cause"] == "unknown" and "cannot be told from a starved host" in top["cause_evidence"]
+    assert "longer than its peers'" in top["cause_evidence"]
 
 
 def test_fail_slow_reports_onset_degradation_and_the_rank_behind_it(tmp_path):
@@ -76,6 +79,7 @@ def test_slow_link_names_the_pair_and_blames_no_straggler(tmp_path):
     [link] = document["findings"]
     assert link["kind"] == "slow_link" and sorted(link["ranks"]) == [2, 4]
     assert link["evidence"]["median_transfer_ms"] > 10 * link["evidence"]["typical_transfer_ms"]
+    assert link["cause"] == "communication" and "transfers between ranks" in link["cause_evidence"]
 
 
 def test_hang_names_the_rank_that_stopped_not_the_waiters(tmp_path):

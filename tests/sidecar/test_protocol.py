@@ -15,6 +15,7 @@ from rankwatch.protocol import (
     ProtocolError,
     Quantiles,
     RankPosition,
+    RankScheduling,
     RankWindow,
     StallReport,
     WindowSummary,
@@ -30,10 +31,12 @@ def summary() -> WindowSummary:
     rank = RankWindow(
         global_rank=3, local_rank=3, pid=41, ring="rankwatch-n-41.ring", alive=True, records=10, torn=0,
         overwritten=0, lost_updates=0, last_call_ns=1_700_000_000_000_000_000, step_time_s=0.1, comms=[comm],
+        scheduling=RankScheduling(cpu_s=1.2, run_delay_s=0.35, involuntary_switches=420),
     )  # fmt: skip
     return WindowSummary(
         schema=protocol.SCHEMA_VERSION, namespace="team-a", job="llama", pod="llama-worker-0", node="gpu-node-1",
         replica_index=0, expected_ranks=8, window=7, start_ns=1, end_ns=2, dropped_summaries=3, ranks=[rank],
+        cpu_pressure=0.42,
     )  # fmt: skip
 
 
@@ -75,7 +78,8 @@ def document(**changes) -> bytes:
     [
         (b"{not json", "WindowSummary: not JSON"),
         (b"[1, 2]", "expected a JSON object, got list"),
-        (document(schema=2), "schema 2, this side speaks 1"),
+        (document(schema=3), "schema 3, this side reads 1, 2"),
+        (document(schema=True), "schema True, this side reads 1, 2"),
         (document(window="7"), "WindowSummary.window: expected an integer, got '7'"),
         (document(window=True), "WindowSummary.window: expected an integer, got True"),
         (document(extra=1), "WindowSummary: unknown field 'extra'"),
@@ -86,6 +90,24 @@ def document(**changes) -> bytes:
 def test_bad_summaries_are_refused_naming_the_field(body, message):
     with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
         protocol.parse_summary(body)
+
+
+def test_a_schema_1_summary_without_the_host_figures_still_parses():
+    """Sidecars of the previous release send schema 1: no scheduling, no CPU pressure."""
+    data = dataclasses.asdict(summary())
+    data["schema"] = 1
+    del data["cpu_pressure"]
+    del data["ranks"][0]["scheduling"]
+    for body in (json.dumps(data).encode(), gzip.decompress(gzip.compress(json.dumps(data).encode()))):
+        parsed = protocol.parse_summary(body)
+        assert parsed.schema == 1 and parsed.cpu_pressure is None and parsed.ranks[0].scheduling is None
+        assert parsed.ranks[0].comms == summary().ranks[0].comms
+    data["ranks"][0]["scheduling"] = {"cpu_s": 1.0, "run_delay_s": "long", "involuntary_switches": 3}
+    with pytest.raises(ProtocolError, match=r"ranks\[0\]\.scheduling\.run_delay_s: expected a number"):
+        protocol.parse_summary(json.dumps(data).encode())
+    data["ranks"][0]["scheduling"] = {"cpu_s": 1.0, "run_delay_s": 0.5}
+    with pytest.raises(ProtocolError, match="missing field 'involuntary_switches'"):
+        protocol.parse_summary(json.dumps(data).encode())
 
 
 def test_nested_field_errors_name_the_path():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from pathlib import Path
 
 import numpy as np
 
@@ -63,6 +64,14 @@ async def test_summaries_of_a_live_run_carry_the_rings_numbers(
             assert len(timed) and sum(c.gpu.count for c in windows if c.gpu) == len(timed), "GPU times when present"
         steps = [r.step_time_s for s in summaries for r in s.ranks if r.global_rank == rank and r.step_time_s]
         assert steps and 0.005 < float(np.median(steps)) < 1.0, steps
+
+    # host interference: each live rank's scheduling from its second window on, the node's CPU pressure
+    scheduled = [r.scheduling for s in summaries for r in s.ranks if r.scheduling is not None]
+    assert len(scheduled) >= 4 and all(x.cpu_s >= 0 and x.run_delay_s >= 0 for x in scheduled)
+    assert sum(x.cpu_s for x in scheduled) > 0, "the ranks ran"
+    assert all(r.scheduling is None for r in summaries[0].ranks), "no window before the first reading"
+    if Path("/proc/pressure/cpu").exists():
+        assert all(0 <= s.cpu_pressure <= 1 for s in summaries[1:]) and summaries[0].cpu_pressure is None
 
     last = summaries[-1]
     assert last.ranks == [] or all(not r.alive for r in last.ranks), "the exited processes' rings ended"

@@ -92,6 +92,29 @@ async def test_summary_with_the_jobs_token_is_taken_into_the_jobs_state(collecto
     assert state.ranks[0].comms["00000000000000ab"].last_completed == 10
 
 
+async def test_host_figures_of_schema_2_summaries_become_the_jobs_host_loads(collector):
+    """Windows of 2 s each, rank 0 waiting 0.5 s of each for a CPU: 250 ms per second."""
+    server, url = collector
+    for window in (1, 2):
+        rank = replace(
+            summary().ranks[0], scheduling=protocol.RankScheduling(cpu_s=0.8, run_delay_s=0.5, involuntary_switches=300)
+        )
+        message = replace(
+            summary(window=window), schema=protocol.SCHEMA_VERSION, start_ns=window * 2_000_000_000,
+            end_ns=(window + 1) * 2_000_000_000, ranks=[rank], cpu_pressure=0.4 + 0.2 * window,
+        )  # fmt: skip
+        assert (await post(url, SUMMARIES, protocol.encode(message)))[0] == 202
+    state = server.store.peek("team-a", "llama")
+    loads = state.host_loads(now=state.last_seen, max_age_s=30)
+    load = loads.ranks[0]
+    assert (load.run_delay_share, load.involuntary_switches_per_s, load.windows, load.node) == (
+        0.25, 150.0, 2, "gpu-node-0"
+    )  # fmt: skip
+    assert loads.node_cpu_pressure == {"gpu-node-0": 0.7}
+    assert state.host_loads(now=state.last_seen + 60, max_age_s=30).ranks == {}, "only recent windows count"
+    assert (await post(url, SUMMARIES, protocol.encode(summary(window=9))))[0] == 202, "schema 1 still taken"
+
+
 async def test_missing_or_wrong_token_is_401_and_changes_nothing(collector):
     server, url = collector
     assert (await post(url, SUMMARIES, protocol.encode(summary()), token=None))[0] == 401

@@ -7,7 +7,7 @@ import random
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis.detector import Thresholds, detect, wait_outliers
 from rankwatch.operator.diagnosis.job_state import JobState
-from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
+from rankwatch.protocol import CommWindow, Quantiles, RankScheduling, RankWindow, StallReport, WindowSummary
 
 WINDOW = 5.0
 THRESHOLDS = Thresholds(sensitivity_s=60.0, window_s=WINDOW)
@@ -28,8 +28,10 @@ def window(
     completed: int,
     in_flight_s: float | None = None,
     step_s: float = 0.02,
+    run_delay_s: dict[int, float] | None = None,
 ) -> None:
-    """One summary per pod (4 ranks each) at time ``now``."""
+    """One summary per pod (4 ranks each) at time ``now``; ``run_delay_s``: seconds each rank waited for a
+    CPU in the window."""
     for pod in range(2):
         ranks = []
         for rank in range(pod * 4, pod * 4 + 4):
@@ -66,11 +68,13 @@ def window(
                     last_call_ns=1,
                     step_time_s=step_s,
                     comms=comms,
+                    scheduling=RankScheduling(0.5, run_delay_s[rank], 10) if run_delay_s else None,
                 )
             )
         summary = WindowSummary(
             schema=1, namespace="ns", job="job", pod=f"job-worker-{pod}", node=f"gpu-node-{pod}", replica_index=pod,
-            expected_ranks=4, window=number, start_ns=number, end_ns=number + 1, dropped_summaries=0, ranks=ranks,
+            expected_ranks=4, window=number, start_ns=int(number * WINDOW * 1e9),
+            end_ns=int((number + 1) * WINDOW * 1e9), dropped_summaries=0, ranks=ranks,
         )  # fmt: skip
         state.add_summary(summary, now=now)
 
@@ -179,3 +183,31 @@ def test_a_thousand_ranks_are_checked_in_milliseconds():
     started = time.perf_counter()
     assert detect(state, THRESHOLDS, layout, 3 * WINDOW) == []
     assert time.perf_counter() - started < 0.5
+
+
+def starved_run(waits_of_group_1: float, delays: dict[int, float], seed: int = 1) -> tuple[JobState, float]:
+    """6 windows; TP group {4..7} waits ``waits_of_group_1`` per collective, group {0..3} jitters as usual."""
+    generator, state = random.Random(seed), JobState("ns", "job")
+    for number in range(6):
+        waits = jittery_waits(generator)
+        waits.update({rank: waits_of_group_1 * generator.uniform(0.9, 1.1) for rank in range(4, 8)})
+        window(state, number * WINDOW, number, waits, completed=10 * (number + 1), run_delay_s=delays)
+    return state, 5 * WINDOW
+
+
+def test_rank_starved_of_cpu_holding_back_its_group_is_a_suspected_straggler():
+    # rank 5 waits 4 s of each 5 s window for a CPU; its TP group waits 6 ms per collective, the other 0.8 ms
+    state, now = starved_run(0.006, {**{rank: 0.3 for rank in range(8)}, 5: 4.0})
+    (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now)
+    assert suspicion.kind == "straggler" and suspicion.ranks == [5]
+    assert suspicion.evidence["source"] == "host_starved"
+    assert suspicion.evidence["ranks"]["5"]["run_delay_ms_per_s"] == 800.0
+    assert "rank 5's process waits 800 ms per second for a CPU against 60 ms/s" in suspicion.summary
+
+
+def test_a_busy_machine_or_a_starved_rank_that_holds_nobody_back_raises_nothing():
+    busy = {rank: 2.0 for rank in range(8)}  # every rank waits alike: the machine, not one host
+    state, now = starved_run(0.006, busy)
+    assert detect(state, THRESHOLDS, LAYOUT, now) == []
+    state, now = starved_run(0.0008, {**{rank: 0.3 for rank in range(8)}, 5: 4.0})
+    assert detect(state, THRESHOLDS, LAYOUT, now) == [], "its group is not held back"

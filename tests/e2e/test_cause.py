@@ -1,0 +1,90 @@
+"""Why, end to end: the diagnosis on the job says the cause, with the figures that decided it. Real
+operator, sidecars reading /proc, pod runner and stand-in NCCL; the faults are real: a rank computing
+30% slower, and a rank whose CPU is shared with busy neighbour processes."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
+from test_diagnosis import create_job, diagnosed, events, get_job, report, standin_job, wait_running
+
+pytestmark = pytest.mark.e2e
+
+
+def diagnosis_with_cause(api, kubectl, namespace: str, name: str, eventually) -> tuple[dict, str]:
+    """(status.diagnosis once the job is Degraded, the Warning Event's message)."""
+    job = eventually(lambda: diagnosed(api, namespace, name, "Degraded"), 150, interval=1, what="Degraded=True")
+    diagnosis = job["status"]["diagnosis"]
+    warning = eventually(
+        lambda: [e.message for e in events(api, namespace, name) if e.reason == diagnosis["kind"]],
+        20,
+        what="the diagnosis Event",
+    )[0]
+    finding = report(api, namespace, job)["findings"][0]
+    assert (finding["cause"], finding["cause_evidence"]) == (diagnosis["cause"], diagnosis["causeEvidence"])
+    described = kubectl("describe", "tj", name, "-n", namespace).stdout
+    assert re.search(rf"\bCause:\s+{re.escape(diagnosis['cause'])}\n", described), described
+    return diagnosis, warning
+
+
+def test_a_straggler_from_slower_compute_has_cause_compute(api, kubectl, namespace, pod_runner, eventually):
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    create_job(api, namespace, standin_job("slow-compute", faults))
+    wait_running(api, namespace, "slow-compute", eventually)
+    diagnosis, warning = diagnosis_with_cause(api, kubectl, namespace, "slow-compute", eventually)
+    assert diagnosis["kind"] == "Straggler" and diagnosis["ranks"] == [5]
+    assert diagnosis["cause"] == "compute", diagnosis
+    evidence = diagnosis["causeEvidence"]
+    assert re.search(r"its time between collectives is [\d.]+ ms longer than its peers'", evidence), evidence
+    assert re.search(r"rank 5 waited \d+ ms/s for a CPU, like its 7 peers \(\d+ ms/s\)", evidence), evidence
+    assert "cause compute: its time between collectives" in warning
+    print(f"slower compute: {diagnosis['summary']}; cause {diagnosis['cause']}: {evidence}", file=sys.__stdout__)
+
+
+def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, namespace, pod_runner, eventually):
+    # three busy processes share rank 5's CPU (pinned with it, same priority): a dataloader with too many
+    # workers, another tenant's process on the same cores
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_CPU_NEIGHBOURS": "3"}
+    create_job(api, namespace, standin_job("starved", faults))
+    started = wait_running(api, namespace, "starved", eventually)
+    diagnosis, warning = diagnosis_with_cause(api, kubectl, namespace, "starved", eventually)
+    assert diagnosis["kind"] == "Straggler" and diagnosis["ranks"] == [5], diagnosis
+    assert diagnosis["cause"] == "host", diagnosis
+    evidence = diagnosis["causeEvidence"]
+    found = re.search(r"rank 5's process waited (\d+) ms per second for a CPU .* against a median (\d+) ms/s", evidence)
+    assert found, evidence
+    starved_ms, peers_ms = int(found[1]), int(found[2])
+    assert starved_ms >= 50 and starved_ms >= 3 * peers_ms
+    assert "cause host: rank 5's process waited" in warning
+    job = get_job(api, namespace, "starved")
+    assert job["status"]["suspects"] == diagnosis["nodes"][0]
+    print(f"starved host diagnosed {time.monotonic() - started:.0f} s after Running: {diagnosis['summary']}; "
+          f"cause {diagnosis['cause']}: {evidence}", file=sys.__stdout__)  # fmt: skip
+
+
+def test_a_rank_stalled_in_python_is_shown_at_its_frame_against_its_peers(api, namespace, pod_runner, eventually):
+    # a Python training loop (the stand-in NCCL through ctypes, as PyTorch reaches NCCL); rank 2's data
+    # loader never returns the batch of step 300, so its peers wait in the all-reduce it never calls
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_DATA_STALL_AT_STEP": "300"}
+    manifest = standin_job("data-stall", faults)
+    manifest["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        "rankwatch", "simulate-pod", "--python", "--steps", "1000000",
+    ]  # fmt: skip
+    create_job(api, namespace, manifest)
+    wait_running(api, namespace, "data-stall", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "data-stall", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2], diagnosis
+    summary = diagnosis["summary"]
+    found = re.search(r"Python: rank 2 is at \S+python_rank\.py:\d+ load_batch; ranks ([\d, ]+) at \S+ (\S+)", summary)
+    assert found, summary
+    assert found[2] == "Nccl.all_reduce" and {0, 1, 3} <= {int(rank) for rank in found[1].split(", ")}, summary
+    stacks = report(api, namespace, job)["findings"][0]["evidence"]["python_stacks"]
+    assert stacks["2"][0].endswith(" load_batch") and stacks["2"][1].endswith(" train")
+    print(f"stalled in Python: {summary}", file=sys.__stdout__)
