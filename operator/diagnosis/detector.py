@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -180,16 +181,28 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
                     "peers_median_s": round(median, 6),
                     "z": round(z, 1),
                 }
+    return _straggler_suspicion(
+        flagged,
+        "wait_outlier",
+        lambda first, info: (
+            f"rank {first} waits {info['wait_s'] * 1e3:.2f} ms in communicator {info['communicator']} vs its "
+            f"peers' median {info['peers_median_s'] * 1e3:.2f} ms over the last {WAIT_WINDOWS} windows"
+        ),
+    )
+
+
+def _straggler_suspicion(
+    flagged: dict[int, dict[str, Any]], source: str, describe: Callable[[int, dict[str, Any]], str]
+) -> Suspicion | None:
+    """One straggler suspicion for the flagged ranks, described by the lowest of them."""
     if not flagged:
         return None
     first = min(flagged)
-    info = flagged[first]
     return Suspicion(
         "straggler",
         sorted(flagged),
-        f"rank {first} waits {info['wait_s'] * 1e3:.2f} ms in communicator {info['communicator']} vs its peers' "
-        f"median {info['peers_median_s'] * 1e3:.2f} ms over the last {WAIT_WINDOWS} windows",
-        {"source": "wait_outlier", "ranks": {str(rank): value for rank, value in sorted(flagged.items())}},
+        describe(first, flagged[first]),
+        {"source": source, "ranks": {str(rank): value for rank, value in sorted(flagged.items())}},
     )
 
 
@@ -234,18 +247,15 @@ def host_starved(state: JobState, layout: Layout | None, thresholds: Thresholds,
                     "other_groups": len(others),
                 }
                 break
-    if not flagged:
-        return None
-    first = min(flagged)
-    info = flagged[first]
-    return Suspicion(
-        "straggler",
-        sorted(flagged),
-        f"rank {first}'s process waits {info['run_delay_ms_per_s']:.0f} ms per second for a CPU against "
-        f"{info['peers_run_delay_ms_per_s']:.0f} ms/s of the job's other ranks, and its group (communicator "
-        f"{info['communicator']}) waits {info['group_wait_s'] * 1e3:.2f} ms per collective against "
-        f"{info['other_groups_wait_s'] * 1e3:.2f} ms in the job's {info['other_groups']} other groups",
-        {"source": "host_starved", "ranks": {str(rank): value for rank, value in sorted(flagged.items())}},
+    return _straggler_suspicion(
+        flagged,
+        "host_starved",
+        lambda first, info: (
+            f"rank {first}'s process waits {info['run_delay_ms_per_s']:.0f} ms per second for a CPU against "
+            f"{info['peers_run_delay_ms_per_s']:.0f} ms/s of the job's other ranks, and its group (communicator "
+            f"{info['communicator']}) waits {info['group_wait_s'] * 1e3:.2f} ms per collective against "
+            f"{info['other_groups_wait_s'] * 1e3:.2f} ms in the job's {info['other_groups']} other groups"
+        ),
     )
 
 
