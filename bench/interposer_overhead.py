@@ -52,7 +52,8 @@ def main() -> None:
             r = json.loads(out)
             ratio = r["traced_p50_ns"] / r["direct_p50_ns"]
             print(
-                f"{device:<7} {'on' if gpu == '1' else 'off':<11} {r['direct_p50_ns']:>9.0f}ns {r['traced_p50_ns']:>9.0f}ns "
+                f"{device:<7} {'on' if gpu == '1' else 'off':<11} "
+                f"{r['direct_p50_ns']:>9.0f}ns {r['traced_p50_ns']:>9.0f}ns "
                 f"{r['added_p50_ns']:>9.0f}ns {r['added_p99_ns']:>9.0f}ns {ratio:>10.2f}x "
                 f"{r['allocations']:>6}/{r['mutex_locks']}"
             )

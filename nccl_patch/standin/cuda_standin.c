@@ -164,11 +164,20 @@ static void* executor(void* argument) {
   return NULL;
 }
 
-/* The stream named by a handle, created (with its executor) at first use. Called with the lock held. */
-static stream_state* stream_of(CUstream handle) {
+static stream_state* find_stream(CUstream handle) {
   for (int i = 0; i < device.stream_count; i++)
     if (device.streams[i]->handle == (uintptr_t)handle) return device.streams[i];
-  if (device.stream_count == MAX_STREAMS) return NULL;
+  return NULL;
+}
+
+/* The stream named by a handle, created (with its executor) at first launch. Called with the lock held. */
+static stream_state* stream_of(CUstream handle) {
+  stream_state* known = find_stream(handle);
+  if (known) return known;
+  if (device.stream_count == MAX_STREAMS) {
+    fprintf(stderr, "rankwatch stand-in CUDA: more than %d streams; launch refused\n", MAX_STREAMS);
+    return NULL;
+  }
   stream_state* stream = calloc(1, sizeof(*stream));
   if (!stream) return NULL;
   stream->queue = calloc(device.capacity, sizeof(work));
@@ -332,7 +341,7 @@ CUresult cuStreamQuery(CUstream handle) {
   ensure_configured();
   if (!device.async) return CUDA_SUCCESS;
   pthread_mutex_lock(&device.lock);
-  stream_state* stream = stream_of(handle);
+  stream_state* stream = find_stream(handle); /* never launched on: idle */
   int idle = !stream || stream->completed == stream->enqueued;
   pthread_mutex_unlock(&device.lock);
   return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
@@ -342,13 +351,13 @@ CUresult cuStreamSynchronize(CUstream handle) {
   ensure_configured();
   if (!device.async) return CUDA_SUCCESS;
   pthread_mutex_lock(&device.lock);
-  stream_state* stream = stream_of(handle);
+  stream_state* stream = find_stream(handle); /* never launched on: nothing to wait for */
   if (stream) {
     uint64_t target = stream->enqueued;
     while (stream->completed < target) pthread_cond_wait(&device.progress, &device.lock);
   }
   pthread_mutex_unlock(&device.lock);
-  return stream ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+  return CUDA_SUCCESS;
 }
 
 CUresult cuCtxSynchronize(void) {

@@ -11,9 +11,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rankwatch.analysis.ring import Flag, Op, State, read_ring
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.simulate import Faults, Simulation, SimulationError, run
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
@@ -152,3 +153,41 @@ def test_stopped_device_never_starts_the_collective_its_peers_started(tmp_path):
         peer = calls[rank][calls[rank]["seq"] == seq]
         same_comm = peer[peer["comm_id"] == never["comm_id"][0]]
         assert same_comm["gpu_start_ns"][0] > 0 and same_comm["gpu_end_ns"][0] == 0, "peers started and wait"
+
+
+def test_slowed_rank_starts_last_and_waits_least_on_its_gpu(tmp_path):
+    """Slower kernels on one rank: on the asynchronous device its host calls return as fast as anyone's;
+    the GPU times show it: its collectives start last and wait least."""
+    slow = 5
+    run(Simulation(world_size=8, tp=4, pp=1, steps=12, compute_us=3000, gpu_timing=True, device="async",
+                   faults=Faults(slow_rank=slow, slowdown=0.5)), tmp_path)  # fmt: skip
+    _, calls = load(tmp_path)
+    tp_peers = [4, 5, 6, 7]
+    gpu_wait = {}
+    for rank in tp_peers:
+        tp = calls[rank][(calls[rank]["op"] == Op.ALLREDUCE) & (calls[rank]["count"] == 4096)]
+        tp = tp[tp["state"] == State.GPU_DONE]
+        gpu_wait[rank] = float(np.median(tp["gpu_end_ns"] - tp["gpu_start_ns"]))
+        assert np.median(tp["t_return_ns"] - tp["t_call_ns"]) < 500_000, "host calls return at once"
+    assert min(gpu_wait, key=gpu_wait.get) == slow, gpu_wait
+    assert gpu_wait[slow] * 3 < min(w for r, w in gpu_wait.items() if r != slow), gpu_wait
+
+
+def test_slow_link_shows_in_the_gpu_time_of_that_pair(tmp_path):
+    run(Simulation(world_size=8, tp=2, pp=4, steps=6, compute_us=500, gpu_timing=True, device="async",
+                   faults=Faults(slow_link=(2, 4), link_latency_us=20000)), tmp_path)  # fmt: skip
+    _, calls = load(tmp_path)
+
+    def median_recv_gpu_ms(rank, peer_global):
+        records = calls[rank]
+        recvs = records[(records["op"] == Op.RECV) & (records["peer"] == (peer_global // 2))]
+        recvs = recvs[recvs["state"] == State.GPU_DONE]
+        return float(np.median(recvs["gpu_end_ns"] - recvs["gpu_start_ns"])) / 1e6
+
+    assert median_recv_gpu_ms(4, 2) > 15, "rank 4 receives from rank 2 over the slow link"
+    assert median_recv_gpu_ms(5, 3) < 10, "the neighbouring pair (3 -> 5) is not slowed"
+
+
+def test_bad_device_model_is_refused_clearly(tmp_path):
+    with pytest.raises(SimulationError, match="--device 'gpu': choose one of sync, async"):
+        run(Simulation(world_size=2, device="gpu"), tmp_path)
