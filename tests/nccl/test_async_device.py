@@ -29,6 +29,26 @@ def test_nccl_call_returns_at_once_and_the_collective_completes_when_the_late_pe
     assert early["result"] == late["result"] == [3.0] * 4, "data moved on the executor, read after the sync"
 
 
+def test_collectives_groups_splits_and_error_codes_work_on_the_asynchronous_device(run_ranks, tmp_path):
+    """Every collective moves the right data (read after a synchronisation, as a tensor would be),
+    grouped send/recv complete, split and shrink work, misuse gets NCCL's error codes at the call."""
+    seen = run_ranks("basic", 4, trace_dir=tmp_path, env=ASYNC)
+    assert [r["allreduce"] for r in seen] == [[10.0] * 4] * 4
+    assert all(r["broadcast"] == [10.0, 10.0] and r["bcast"] == [200.0] for r in seen)
+    assert seen[0]["reduce"] == [4.0] and seen[2]["allgather"] == [0.0, 1.0, 2.0, 3.0]
+    assert seen[1]["reducescatter"] == [4.0] and seen[1]["alltoall"] == [1.0, 11.0, 21.0, 31.0]
+    for path in tmp_path.glob("*.ring"):
+        records = read_ring(path).records
+        assert (records["result"] == 0).all() and (records["state"] == State.RETURNED).all()
+        assert (records["op"] == Op.COMM_SPLIT).sum() == 1
+    [clique] = run_ranks("init_all", 1, env=ASYNC)
+    assert clique["sums"] == [[3.0], [3.0]], "one process, two devices, one group"
+    for result in run_ranks("misuse", 2, env=ASYNC):
+        codes = {key: value for key, value in result.items() if key not in ("rank", "stderr")}
+        assert codes == {"root_out_of_range": 4, "send_to_self": 5, "bad_datatype": 4,
+                         "group_end_without_start": 5, "use_after_destroy": 4}  # fmt: skip
+
+
 def test_synchronous_device_keeps_the_call_blocking(run_ranks):
     early, _ = run_ranks("run_ahead", 2, env={"RANKWATCH_STANDIN_DEVICE": "sync"})
     assert early["call_us"] > 250_000, "sync: the call itself waits for the late peer"

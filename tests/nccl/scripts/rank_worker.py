@@ -72,8 +72,18 @@ def init(name, nranks, rank):
     return comm
 
 
+KEEP_ALIVE = []  # on an asynchronous device NCCL reads and writes buffers after the call returned
+
+
 def floats(values):
-    return (ctypes.c_float * len(values))(*values)
+    buffer = (ctypes.c_float * len(values))(*values)
+    KEEP_ALIVE.append(buffer)
+    return buffer
+
+
+def settle():
+    """What reading a tensor on the host implies: wait for the device (a no-op when it is synchronous)."""
+    check(ctypes.CDLL("libcuda.so.1").cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def call(op, comm, send, recv, count, root=0, stream=0):
@@ -87,24 +97,31 @@ def basic():
     for _ in range(3):
         buffer = floats([RANK + 1.0] * 4)
         call(ALLREDUCE, world, buffer, buffer, 4)
+    settle()
     seen["allreduce"] = list(buffer)
     bcast = floats([RANK * 10.0] * 2)
     call(BROADCAST, world, bcast, bcast, 2, root=1)
+    settle()
     seen["broadcast"] = list(bcast)
     legacy = floats([RANK * 100.0])
     call(BCAST, world, None, legacy, 1, root=2)  # NCCL's ncclBcast calls ncclBroadcast itself
+    settle()
     seen["bcast"] = list(legacy)
     reduced = floats([0.0])
     call(REDUCE, world, floats([1.0]), reduced, 1, root=0)
+    settle()
     seen["reduce"] = list(reduced)
     gathered = floats([0.0] * WORLD)
     call(ALLGATHER, world, floats([float(RANK)]), gathered, 1)
+    settle()
     seen["allgather"] = list(gathered)
     scattered = floats([0.0])
     call(REDUCESCATTER, world, floats([float(i) for i in range(WORLD)]), scattered, 1)
+    settle()
     seen["reducescatter"] = list(scattered)
     swapped = floats([0.0] * WORLD)
     call(ALLTOALL, world, floats([RANK * 10.0 + i for i in range(WORLD)]), swapped, 1)
+    settle()
     seen["alltoall"] = list(swapped)
     call(GATHER, world, floats([float(RANK)]), floats([0.0] * WORLD), 1, root=3)
     call(SCATTER, world, floats([float(i) for i in range(WORLD)]), floats([0.0]), 1, root=3)
@@ -175,6 +192,7 @@ def init_all():
     for device in range(2):
         call(ALLREDUCE, comms[device], inputs[device], results[device], 1)
     check(lib.tl_group_end(), "group end")
+    settle()
     for device in range(2):
         check(lib.tl_destroy(comms[device]), "destroy")
     return {"sums": [list(r) for r in results]}
