@@ -18,6 +18,9 @@ from rankwatch.simulate import Faults, Simulation, SimulationError, run
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
+# GPU times are anchored to the host clock when the tracer's anchor event is synchronised, a little
+# after the device reached it: they may read up to a few milliseconds late on a loaded machine
+SLACK_NS = 5_000_000
 
 
 def test_nccl_call_returns_at_once_and_the_collective_completes_when_the_late_peer_arrives(run_ranks):
@@ -127,6 +130,25 @@ def test_megatron_driver_runs_ahead_of_its_gpu_between_synchronisations(tmp_path
         assert np.median(ahead_ms) > 4, f"rank {rank}: the GPU finishes well after the call ({np.median(ahead_ms)} ms)"
         # the process may exit before the tracer's poller (every 1 ms) completes the last few
         assert len(timed) >= 0.9 * len(records), f"rank {rank}: {len(timed)} of {len(records)} GPU-timed"
+        # the grad norm's .item() each step: the host's next call comes after that AllReduce ended on the GPU
+        grad_norms = np.flatnonzero((records["op"] == Op.ALLREDUCE) & (records["count"] == 1))
+        for index in grad_norms[:-1]:
+            if records[index]["state"] == State.GPU_DONE:
+                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - SLACK_NS, f"rank {rank}"
+
+
+def test_batch_p2p_sync_makes_the_host_wait_after_each_pipeline_exchange(tmp_path):
+    run(Simulation(world_size=4, tp=1, pp=4, steps=3, compute_us=2000, gpu_timing=True, device="async",
+                   p2p_sync=True), tmp_path)  # fmt: skip
+    _, calls = load(tmp_path)
+    checked = 0
+    for rank, records in calls.items():
+        p2p = np.flatnonzero(np.isin(records["op"], [Op.SEND, Op.RECV]))
+        for index in p2p[p2p < len(records) - 1]:
+            if records[index]["state"] == State.GPU_DONE:
+                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - SLACK_NS, f"rank {rank}"
+                checked += 1
+    assert checked >= 30
 
 
 def test_megatron_hang_leaves_peers_calls_returned_and_their_gpus_waiting(tmp_path):
