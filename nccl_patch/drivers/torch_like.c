@@ -43,6 +43,7 @@ int tl_shrink(ncclComm_t comm, int* excluded, int count, ncclComm_t* out) {
   return ncclCommShrink(comm, excluded, count, out, NULL, 0);
 }
 int tl_destroy(ncclComm_t comm) { return ncclCommDestroy(comm); }
+int tl_abort(ncclComm_t comm) { return ncclCommAbort(comm); }
 int tl_group_start(void) { return ncclGroupStart(); }
 int tl_group_end(void) { return ncclGroupEnd(); }
 

@@ -3,7 +3,8 @@
  * realtime GPU start/end in the record. Events come from a fixed pool created once; when the pool is
  * busy a call goes untimed (counted in the header), never blocked. Calls on a stream that is being
  * captured into a CUDA graph are not timed (recording an event there would break the capture).
- * Times are anchored to an event on a private idle stream, re-anchored every few seconds, so the
+ * Times are anchored to an event on a private idle stream (at the middle of the window between its
+ * record and the return of its synchronisation), re-anchored every few seconds, so the
  * float milliseconds of cuEventElapsedTime never span long. The GPU start is written as soon as the
  * stream reaches the start event, before the operation ends: a collective that started on the GPU and
  * never completes (a hang) shows a start and no end, one that never started shows neither.
@@ -78,9 +79,18 @@ static int load(void) {
          cu.stream_create && cu.ctx_get && cu.ctx_set;
 }
 
+/* The anchor event ran somewhere between its record and the return of its synchronisation: take the
+ * middle of that window, and record again (a few times at most) while the window is wide, which it
+ * is when this thread or the device was descheduled. */
 static void reanchor(void) {
-  if (cu.event_record(anchor_event, anchor_stream) == CUDA_SUCCESS && cu.event_sync(anchor_event) == CUDA_SUCCESS)
-    anchor_ns = rw_realtime_ns();
+  for (int attempt = 0; attempt < 5; attempt++) {
+    int64_t before = rw_realtime_ns();
+    if (cu.event_record(anchor_event, anchor_stream) != CUDA_SUCCESS || cu.event_sync(anchor_event) != CUDA_SUCCESS)
+      return;
+    int64_t after = rw_realtime_ns();
+    anchor_ns = before + (after - before) / 2;
+    if (after - before < 200000) return;
+  }
 }
 
 static void init(void) {

@@ -80,6 +80,7 @@ struct ncclComm {
   _Atomic uint32_t launched, finished; /* operations handed to the device, and of those completed */
   ncclResult_t async_error;
   int destroyed;
+  _Atomic int aborting; /* ncclCommAbort: operations waiting for peers give up */
 };
 
 static size_t shm_size(int nranks) {
@@ -421,8 +422,13 @@ static void progress(op_t* ops, int count) {
         advanced = 1;
       }
     }
-    if (advanced) wait = (backoff){0, 0};
-    else backoff_wait(&wait);
+    if (advanced) {
+      wait = (backoff){0, 0};
+      continue;
+    }
+    for (int i = 0; i < count; i++)
+      if (!done[i] && atomic_load(&ops[i].comm->aborting)) return; /* the communicator was aborted */
+    backoff_wait(&wait);
   }
 }
 
@@ -627,12 +633,21 @@ API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int ex
   return comm_create(child, comm->nranks - excludeRanksCount, rank, newcomm);
 }
 
-static ncclResult_t release(ncclComm_t comm) {
+/* Destroy waits for the communicator's launched operations (they use the segment); abort makes them
+ * give up and waits at most a second, then leaves the segment mapped for any that never return. */
+static ncclResult_t release(ncclComm_t comm, int abort) {
   if (!comm || comm->destroyed) return ncclInvalidArgument;
   comm->destroyed = 1;
-  backoff wait = {0, 0}; /* its launched operations finish first (they use the segment) */
-  while (atomic_load(&comm->finished) != atomic_load(&comm->launched)) backoff_wait(&wait);
+  if (abort) atomic_store(&comm->aborting, 1);
+  int64_t give_up = rw_now_monotonic_ns() + 1000000000;
+  int pending = 0;
+  backoff wait = {0, 0};
+  while ((pending = atomic_load(&comm->finished) != atomic_load(&comm->launched))) {
+    if (abort && rw_now_monotonic_ns() > give_up) break;
+    backoff_wait(&wait);
+  }
   if (atomic_fetch_add(&comm->shm->detached, 1) + 1 == (uint32_t)comm->nranks) shm_unlink(comm->shm_name);
+  if (pending) return ncclSuccess;
   munmap(comm->shm, comm->shm_bytes);
   free(comm->sends);
   free(comm->receives);
@@ -641,8 +656,8 @@ static ncclResult_t release(ncclComm_t comm) {
 }
 
 API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) { return comm && !comm->destroyed ? ncclSuccess : ncclInvalidArgument; }
-API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) { return release(comm); }
-API(ncclResult_t, ncclCommAbort, ncclComm_t comm) { return release(comm); }
+API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) { return release(comm, 0); }
+API(ncclResult_t, ncclCommAbort, ncclComm_t comm) { return release(comm, 1); }
 
 API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {
   if (!comm || !count || comm->destroyed) return ncclInvalidArgument;

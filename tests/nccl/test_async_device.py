@@ -89,6 +89,12 @@ def test_hung_peer_blocks_the_host_in_stream_synchronize_not_in_the_call(run_ran
     assert waiting["sync_blocked_1_5_s"], "cuStreamSynchronize still blocked after 1.5 s"
 
 
+def test_aborting_the_communicator_drains_the_stream(run_ranks):
+    waiting, _ = run_ranks("abort", 2, env=ASYNC)
+    assert waiting["pending_before_abort"] == CUDA_ERROR_NOT_READY, "the collective waits for rank 1"
+    assert waiting["abort_result"] == 0 and waiting["drained_ms"] < 1_000, "ncclCommAbort ends it"
+
+
 def test_gpu_timing_measures_the_collective_on_the_stream(run_ranks, tmp_path):
     """The interposer's events give the GPU start (after the compute it waits for) and end (when the
     straggler joined): rank 0 starts 200 ms in and waits ~200 ms; rank 1 (400 ms kernel) waits least."""

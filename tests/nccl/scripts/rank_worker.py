@@ -29,6 +29,7 @@ lib.tl_call.argtypes = [
     ctypes.c_size_t,
 ]
 lib.tl_destroy.argtypes = [ctypes.c_void_p]
+lib.tl_abort.argtypes = [ctypes.c_void_p]
 lib.tl_compute.argtypes = [ctypes.c_size_t, ctypes.c_int64]
 lib.tl_work_allreduce.argtypes = [
     ctypes.c_size_t,
@@ -315,6 +316,23 @@ def hung_peer():
     os._exit(0)  # the stream never drains: leave without destroying the communicator
 
 
+def abort():
+    """Rank 1 never calls; rank 0 aborts the communicator (PyTorch's watchdog does) and its stream drains."""
+    cuda = device()
+    world = init("world", WORLD, RANK)
+    if RANK == 1:
+        time.sleep(2.0)
+        return {}
+    stream = new_stream(cuda)
+    call(ALLREDUCE, world, floats([1.0]), floats([0.0]), 1, stream=stream.value)
+    time.sleep(0.3)
+    pending = cuda.cuStreamQuery(stream)
+    t0 = time.perf_counter_ns()
+    result = lib.tl_abort(world)
+    check(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    return {"pending_before_abort": pending, "abort_result": result, "drained_ms": micros_since(t0) / 1e3}
+
+
 def ordered():
     """PyTorch's ordering: a compute kernel, then an allreduce on its own stream that waits for it.
     Rank 1's kernel is longer (a straggler): its peer's collective starts earlier and waits for it."""
@@ -342,6 +360,7 @@ scenarios = {
     "run_ahead": run_ahead,
     "kernels": kernels,
     "hung_peer": hung_peer,
+    "abort": abort,
     "ordered": ordered,
     "init_all": init_all,
     "misuse": misuse,
