@@ -239,3 +239,14 @@ def test_slow_link_shows_in_the_gpu_time_of_that_pair(tmp_path):
 def test_bad_device_model_is_refused_clearly(tmp_path):
     with pytest.raises(SimulationError, match="--device 'gpu': choose one of sync, async"):
         run(Simulation(world_size=2, device="gpu"), tmp_path)
+
+
+def test_pod_ranks_inherit_the_device_model_while_faults_stay_on_their_rank():
+    from rankwatch.simulate import pod_rank_env
+
+    environ = {"NODE_RANK": "1", "NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANKWATCH_STANDIN_DEVICE": "async",
+               "RANKWATCH_STANDIN_FAULT_RANK": "3", "RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL": "9"}  # fmt: skip
+    other, faulty = pod_rank_env(environ, 0), pod_rank_env(environ, 1)
+    assert other["RANKWATCH_STANDIN_DEVICE"] == faulty["RANKWATCH_STANDIN_DEVICE"] == "async"
+    assert "RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL" not in other
+    assert faulty["RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL"] == "9"
