@@ -88,6 +88,8 @@ def _simulate(args: argparse.Namespace) -> int:
         compute_us=args.compute_us,
         ranks_per_node=args.ranks_per_node,
         gpu_timing=args.gpu_timing,
+        device=args.device,
+        p2p_sync=args.p2p_sync,
         timeout=args.timeout,
         faults=Faults(
             slow_rank=args.slow_rank,
@@ -99,6 +101,8 @@ def _simulate(args: argparse.Namespace) -> int:
             stuck_at=args.stuck_at,
             slow_link=tuple(args.slow_link) if args.slow_link else None,
             link_latency_us=args.link_latency_us,
+            device_stop_rank=args.device_stop_rank,
+            device_stop_at_kernel=args.device_stop_at_kernel,
         ),
     )
     try:
@@ -116,7 +120,10 @@ def _simulate_pod(args: argparse.Namespace) -> int:
     from rankwatch.simulate import PodRun, SimulationError, run_pod
 
     try:
-        return run_pod(PodRun(args.tp, args.pp, args.steps, args.microbatches, args.compute_us, args.python))
+        pod = PodRun(
+            args.tp, args.pp, args.steps, args.microbatches, args.compute_us, args.python, args.device, args.p2p_sync
+        )
+        return run_pod(pod)
     except (SimulationError, NativeBuildError) as error:
         print(f"rankwatch simulate-pod: {error}", file=sys.stderr)
         return 2
@@ -214,6 +221,21 @@ def _uncordon(args: argparse.Namespace) -> int:
     return 1 if any(result.error for result in results) else 0
 
 
+def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """The stand-in GPU model and Megatron's batch_p2p_sync, for the Megatron-shaped driver."""
+    inherit = " (default: RANKWATCH_STANDIN_DEVICE, else sync)" if default is None else f" (default {default})"
+    parser.add_argument(
+        "--device",
+        choices=("sync", "async"),
+        default=default,
+        help="stand-in GPU: sync runs each kernel and collective inside its call; async runs them on streams "
+        "behind the host, as a real GPU does" + inherit,
+    )
+    parser.add_argument(
+        "--p2p-sync", action="store_true", help="synchronise the host after each pipeline exchange (batch_p2p_sync)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -287,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--compute-us", type=int, default=2000, help="compute time per chunk")
     simulate.add_argument("--ranks-per-node", type=int, default=8)
     simulate.add_argument("--gpu-timing", action="store_true", help="GPU timing via the stand-in libcuda")
+    _add_device_arguments(simulate, default="sync")
     simulate.add_argument("--slow-rank", type=int)
     simulate.add_argument("--slowdown", type=float, default=0.0, help="e.g. 0.2: compute 20%% slower")
     simulate.add_argument("--slow-from-call", type=int, default=0, help="the slowdown starts at this NCCL call")
@@ -296,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--stuck-at", type=int, default=0, help="the rank's N-th NCCL call never completes")
     simulate.add_argument("--slow-link", type=int, nargs=2, metavar=("RANK_A", "RANK_B"))
     simulate.add_argument("--link-latency-us", type=int, default=0)
+    simulate.add_argument("--device-stop-rank", type=int)
+    simulate.add_argument(
+        "--device-stop-at-kernel", type=int, default=0, help="the rank's GPU stops in its N-th compute kernel"
+    )
     simulate.add_argument("--timeout", type=float, default=300.0)
     simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
     simulate.set_defaults(handler=_simulate)
@@ -314,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_pod.add_argument(
         "--python", action="store_true", help="ranks are a Python training loop (a trainer with Python stacks)"
     )
+    _add_device_arguments(simulate_pod, default=None)
     simulate_pod.set_defaults(handler=_simulate_pod)
 
     sidecar = commands.add_parser(

@@ -5,6 +5,10 @@ preloaded, injects at most one fault into the chosen rank(s) and leaves each ran
 output directory, with ``simulation.json`` describing the run (layout, faults, rank -> node, ring).
 A run with a hang ends once every ring has been still for ``settle`` seconds; the processes are then
 killed, as an operator would after diagnosis.
+
+``device`` picks the stand-in GPU model (``RANKWATCH_STANDIN_DEVICE``): ``sync`` (the default for now)
+performs every kernel and collective inside the call that launches it; ``async`` runs them on
+per-stream executors behind the host, as a real GPU does (nccl_patch/standin/cuda_standin.c).
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ class SimulationError(RuntimeError):
     """The simulation could not run as asked; the message says why."""
 
 
+DEVICE_MODELS = ("sync", "async")
+DEVICE_VARIABLE = "RANKWATCH_STANDIN_DEVICE"
+
+
+def _check_device(device: str) -> None:
+    if device not in DEVICE_MODELS:
+        raise SimulationError(f"--device {device!r}: choose one of {', '.join(DEVICE_MODELS)}")
+
+
 @dataclass
 class Faults:
     slow_rank: int | None = None
@@ -38,6 +51,8 @@ class Faults:
     stuck_at: int = 0
     slow_link: tuple[int, int] | None = None
     link_latency_us: int = 0
+    device_stop_rank: int | None = None  # that rank's GPU stops inside its N-th compute kernel
+    device_stop_at_kernel: int = 0
 
     def env_for(self, rank: int) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -48,6 +63,8 @@ class Faults:
             env["RANKWATCH_STANDIN_HANG_BEFORE_CALL"] = str(self.hang_at)
         if self.stuck_rank == rank and self.stuck_at > 0:
             env["RANKWATCH_STANDIN_STUCK_IN_CALL"] = str(self.stuck_at)
+        if self.device_stop_rank == rank and self.device_stop_at_kernel > 0:
+            env["RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL"] = str(self.device_stop_at_kernel)
         if self.slow_link and rank in self.slow_link and self.link_latency_us > 0:
             other = self.slow_link[1] if rank == self.slow_link[0] else self.slow_link[0]
             env["RANKWATCH_STANDIN_LINK_PEER"] = str(other)
@@ -56,7 +73,11 @@ class Faults:
 
     @property
     def hangs(self) -> bool:
-        return (self.hang_rank is not None and self.hang_at > 0) or (self.stuck_rank is not None and self.stuck_at > 0)
+        return (
+            (self.hang_rank is not None and self.hang_at > 0)
+            or (self.stuck_rank is not None and self.stuck_at > 0)
+            or (self.device_stop_rank is not None and self.device_stop_at_kernel > 0)
+        )
 
 
 @dataclass
@@ -69,16 +90,19 @@ class Simulation:
     compute_us: int = 2000
     ranks_per_node: int = 8
     gpu_timing: bool = False
+    device: str = "sync"
+    p2p_sync: bool = False  # Megatron's batch_p2p_sync: the host synchronises after each pipeline exchange
     faults: Faults = field(default_factory=Faults)
     timeout: float = 300.0
     settle: float = 2.0
 
     def validate(self) -> None:
+        _check_device(self.device)
         if self.world_size < 1:
             raise SimulationError(f"--world-size must be at least 1, got {self.world_size}")
         if self.tp < 1 or self.pp < 1 or self.world_size % (self.tp * self.pp):
             raise SimulationError(f"--tp {self.tp} x --pp {self.pp} must divide --world-size {self.world_size}")
-        for name in ("slow_rank", "hang_rank", "stuck_rank"):
+        for name in ("slow_rank", "hang_rank", "stuck_rank", "device_stop_rank"):
             rank = getattr(self.faults, name)
             if rank is not None and not 0 <= rank < self.world_size:
                 raise SimulationError(
@@ -154,13 +178,14 @@ def run(simulation: Simulation, out: Path, log=print) -> list[RankOutcome]:
             "RANKWATCH_NODE_NAME": simulation.node_of(rank),
             "RANKWATCH_STANDIN_SESSION": session,
             "RANKWATCH_GPU_TIMING": "1" if simulation.gpu_timing else "0",
+            DEVICE_VARIABLE: simulation.device,
             **simulation.faults.env_for(rank),
         }
         argv = [
             str(artifacts.megatron_driver), "--rendezvous", str(rendezvous),
             "--tp", str(simulation.tp), "--pp", str(simulation.pp), "--steps", str(simulation.steps),
             "--microbatches", str(simulation.microbatches), "--compute-us", str(simulation.compute_us),
-        ]  # fmt: skip
+        ] + (["--p2p-sync"] if simulation.p2p_sync else [])  # fmt: skip
         with open(out / f"rank-{rank}.log", "wb") as rank_log:
             processes.append((rank, subprocess.Popen(argv, env=env, stdout=rank_log, stderr=subprocess.STDOUT)))
 
@@ -236,6 +261,7 @@ POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_LINK_LATENCY_US",
     CPU_NEIGHBOURS,
     "RANKWATCH_STANDIN_DATA_STALL_AT_STEP",
+    "RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL",
 )
 
 
@@ -249,6 +275,8 @@ class PodRun:
     microbatches: int = 2
     compute_us: int = 2000
     python: bool = False  # ranks are Python processes (``rankwatch.python_rank``), not the C driver
+    device: str | None = None  # None: RANKWATCH_STANDIN_DEVICE from the pod's environment (else sync)
+    p2p_sync: bool = False
 
 
 def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
@@ -283,6 +311,9 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     memory (``RANKWATCH_STANDIN_SESSION``): every pod of a job must run on this machine with the same two
     values (the e2e pod runner sets them per job). SIGTERM stops the ranks."""
     environ = dict(os.environ if environ is None else environ)
+    if pod.device is not None:
+        _check_device(pod.device)
+        environ[DEVICE_VARIABLE] = pod.device
     nproc = int(environ.get("NPROC_PER_NODE", "0") or 0)
     default_dir = f"/tmp/rankwatch-standin/{environ.get('MASTER_ADDR', 'local')}-{environ.get('MASTER_PORT', '0')}"
     rendezvous = Path(environ.get(RENDEZVOUS) or default_dir)
@@ -291,7 +322,7 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     argv = [
         str(driver), "--rendezvous", str(rendezvous), "--tp", str(pod.tp), "--pp", str(pod.pp),
         "--steps", str(pod.steps), "--microbatches", str(pod.microbatches), "--compute-us", str(pod.compute_us),
-    ]  # fmt: skip
+    ] + (["--p2p-sync"] if pod.p2p_sync else [])  # fmt: skip
     if pod.python:
         environ[RENDEZVOUS] = str(rendezvous)
         argv = [sys.executable, "-m", "rankwatch.python_rank", "--steps", str(pod.steps),

@@ -1,16 +1,23 @@
-/* A Megatron-shaped training loop over NCCL, one process per rank, for the stand-in NCCL.
+/* A Megatron-shaped training loop over NCCL, one process per rank, for the stand-in NCCL and device.
  *
- *   megatron_step --tp T --pp P --steps S --rendezvous DIR [--microbatches M] [--compute-us U]
+ *   megatron_step --tp T --pp P --steps S --rendezvous DIR [--microbatches M] [--compute-us U] [--p2p-sync]
  *
  * Rank, world size from RANK / WORLD_SIZE. Layout as Megatron: rank = tp + T*(dp + D*pp). The world
  * communicator and the data-parallel ones are made by ncclCommInitRank (ids exchanged through files
  * in DIR), the tensor- and pipeline-parallel ones by ncclCommSplit of the world. Each step: for every
  * microbatch, forward (recv activations from the previous stage, compute, TP AllReduce, compute, TP
  * AllReduce, send to the next stage), then backward in reverse, then a DP AllReduce per gradient
- * bucket and one world AllReduce (loss). TP AllReduce results are checked, so a stand-in that moves
- * data wrongly fails the run. RANKWATCH_STANDIN_SLOWDOWN stretches this rank's compute and
- * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops it before its N-th NCCL call (faults.h); link and
- * stuck-call faults act inside the stand-in.
+ * bucket and one world AllReduce (the grad norm). The first TP AllReduce of each step is checked, so a
+ * stand-in that moves data wrongly fails the run.
+ * Issued as PyTorch and Megatron do: compute kernels on a compute stream, each process group's NCCL
+ * operations on a stream of its own, ordered by events both ways (ProcessGroupNCCL: the NCCL stream
+ * waits for the compute before the call, work.wait() makes the compute stream wait for the result),
+ * and the host synchronises only where they do: the grad norm's .item() on every rank, the loss's
+ * .item() on the last pipeline stage, and with --p2p-sync torch.cuda.synchronize() after each
+ * pipeline exchange (Megatron's batch_p2p_sync). On an asynchronous stand-in device the host runs
+ * ahead of its GPU between those points; on a synchronous one every call returns when done.
+ * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops the host before its N-th NCCL call; the other faults act
+ * in the stand-in device and NCCL (faults.h).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,7 +30,17 @@
 #include <unistd.h>
 
 #include "../include/nccl_abi.h"
+#include "../standin/cuda_standin.h"
 #include "../standin/faults.h"
+
+#define CHECK_CUDA(call)                                                             \
+  do {                                                                              \
+    CUresult result_ = (call);                                                      \
+    if (result_ != CUDA_SUCCESS) {                                                  \
+      fprintf(stderr, "rank %d: %s failed: CUDA error %d\n", rank, #call, result_); \
+      exit(2);                                                                      \
+    }                                                                               \
+  } while (0)
 
 #define CHECK(call)                                                                         \
   do {                                                                                     \
@@ -45,11 +62,39 @@ static void before_call(void) {
   }
 }
 
-/* A slow GPU (RANKWATCH_STANDIN_SLOWDOWN, from RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL on) takes longer. */
-static void compute(int64_t us) {
-  const rw_faults* faults = rw_faults_get();
-  double factor = calls >= faults->slowdown_from_call ? 1.0 + faults->slowdown : 1.0;
-  rw_sleep_ns((int64_t)((double)us * 1000 * factor));
+/* A process group as PyTorch keeps it: its communicator, its NCCL stream, an event for its results. */
+typedef struct {
+  ncclComm_t comm;
+  CUstream stream;
+  CUevent done;
+} process_group;
+
+static CUstream compute_stream;
+static CUevent compute_ready;
+
+/* A compute kernel (a slow device stretches it: RANKWATCH_STANDIN_SLOWDOWN). */
+static void compute(int64_t us) { CHECK_CUDA(rwStandinLaunchKernel(compute_stream, us * 1000)); }
+
+/* ProcessGroupNCCL before a collective: its stream waits for the compute issued so far. */
+static void nccl_stream_waits_for_compute(process_group* group) {
+  CHECK_CUDA(cuEventRecord(compute_ready, compute_stream));
+  CHECK_CUDA(cuStreamWaitEvent(group->stream, compute_ready, 0));
+}
+
+/* work.wait(): the compute stream (not the host) waits for the collective's result. */
+static void compute_waits_for(process_group* group) {
+  CHECK_CUDA(cuEventRecord(group->done, group->stream));
+  CHECK_CUDA(cuStreamWaitEvent(compute_stream, group->done, 0));
+}
+
+/* tensor.item(): the host waits for everything issued to the compute stream. */
+static void host_reads_result(void) { CHECK_CUDA(cuStreamSynchronize(compute_stream)); }
+
+static process_group make_group(ncclComm_t comm) {
+  process_group group = {.comm = comm};
+  CHECK_CUDA(cuStreamCreate(&group.stream, CU_STREAM_NON_BLOCKING));
+  CHECK_CUDA(cuEventCreate(&group.done, CU_EVENT_DEFAULT));
+  return group;
 }
 
 /* Rank `leader` of a group writes a fresh unique id to DIR/name; the others wait for it. */
@@ -92,18 +137,28 @@ static const char* arg_str(int argc, char** argv, const char* name) {
   return NULL;
 }
 
-static void p2p(int send, float* buffer, size_t count, int peer, ncclComm_t comm) {
+static int p2p_sync; /* --p2p-sync: Megatron's batch_p2p_sync */
+
+static void p2p(int send, float* buffer, size_t count, int peer, process_group* pp) {
+  nccl_stream_waits_for_compute(pp);
   before_call();
   CHECK(ncclGroupStart()); /* PyTorch wraps every point-to-point call in a group */
-  if (send) CHECK(ncclSend(buffer, count, ncclFloat32, peer, comm, NULL));
-  else CHECK(ncclRecv(buffer, count, ncclFloat32, peer, comm, NULL));
+  if (send) CHECK(ncclSend(buffer, count, ncclFloat32, peer, pp->comm, pp->stream));
+  else CHECK(ncclRecv(buffer, count, ncclFloat32, peer, pp->comm, pp->stream));
   CHECK(ncclGroupEnd());
+  compute_waits_for(pp);
+  if (p2p_sync) CHECK_CUDA(cuCtxSynchronize());
 }
 
-static void tp_allreduce(float* buffer, size_t count, int tp_rank, int tp_size, ncclComm_t tp) {
-  for (size_t i = 0; i < count; i++) buffer[i] = (float)(tp_rank + 1);
+static void allreduce(void* buffer, size_t count, ncclDataType_t type, ncclRedOp_t op, process_group* group) {
+  nccl_stream_waits_for_compute(group);
   before_call();
-  CHECK(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum, tp, NULL));
+  CHECK(ncclAllReduce(buffer, buffer, count, type, op, group->comm, group->stream));
+  compute_waits_for(group);
+}
+
+/* Read on the host only after a synchronisation that covers the AllReduce. */
+static void check_tp_result(const float* buffer, size_t count, int tp_size) {
   float expected = (float)(tp_size * (tp_size + 1) / 2);
   if (buffer[0] != expected || buffer[count - 1] != expected) {
     fprintf(stderr, "rank %d: TP AllReduce gave %g, expected %g\n", rank, buffer[0], expected);
@@ -119,6 +174,7 @@ int main(int argc, char** argv) {
   int tp_size = arg_int(argc, argv, "--tp", 1), pp_size = arg_int(argc, argv, "--pp", 1);
   int steps = arg_int(argc, argv, "--steps", 10), microbatches = arg_int(argc, argv, "--microbatches", 2);
   int compute_us = arg_int(argc, argv, "--compute-us", 2000);
+  for (int i = 1; i < argc; i++) p2p_sync |= strcmp(argv[i], "--p2p-sync") == 0;
   if (!rank_env || !world_env || !dir) {
     fprintf(stderr, "usage: RANK=r WORLD_SIZE=w %s --rendezvous DIR [--tp T --pp P --steps S ...]\n", argv[0]);
     return 2;
@@ -142,37 +198,47 @@ int main(int argc, char** argv) {
   ncclUniqueId dp_id = exchange_id(dir, name, dp_rank == 0);
   CHECK(ncclCommInitRank(&dp_comm, dp_size, dp_id, dp_rank));
 
+  CHECK_CUDA(cuStreamCreate(&compute_stream, CU_STREAM_NON_BLOCKING));
+  CHECK_CUDA(cuEventCreate(&compute_ready, CU_EVENT_DEFAULT));
+  process_group tp = make_group(tp_comm), pp = make_group(pp_comm), dp = make_group(dp_comm);
+  process_group everyone = make_group(world_comm);
+  int last_stage = pp_rank == pp_size - 1;
+
   enum { ACTIVATIONS = 4096, BUCKET = 16384, BUCKETS = 2 };
   float* activations = calloc(ACTIVATIONS, sizeof(float));
+  float* checked = calloc(ACTIVATIONS, sizeof(float)); /* the step's first TP AllReduce, checked */
   float* bucket = calloc(BUCKET, sizeof(float));
-  float loss = 1.0f;
+  float grad_norm = 1.0f;
   for (int step = 0; step < steps; step++) {
+    /* the device is idle here (the last step ended in a synchronisation): the host may write */
+    for (size_t i = 0; i < ACTIVATIONS; i++) checked[i] = (float)(tp_rank + 1), activations[i] = 1.0f;
     for (int m = 0; m < microbatches; m++) {
-      if (pp_rank > 0) p2p(0, activations, ACTIVATIONS, pp_rank - 1, pp_comm);
+      if (pp_rank > 0) p2p(0, activations, ACTIVATIONS, pp_rank - 1, &pp);
       compute(compute_us);
-      tp_allreduce(activations, ACTIVATIONS, tp_rank, tp_size, tp_comm);
+      allreduce(m == 0 ? checked : activations, ACTIVATIONS, ncclFloat32, ncclSum, &tp);
       compute(compute_us);
-      tp_allreduce(activations, ACTIVATIONS, tp_rank, tp_size, tp_comm);
-      if (pp_rank < pp_size - 1) p2p(1, activations, ACTIVATIONS, pp_rank + 1, pp_comm);
+      allreduce(activations, ACTIVATIONS, ncclFloat32, ncclSum, &tp);
+      if (pp_rank < pp_size - 1) p2p(1, activations, ACTIVATIONS, pp_rank + 1, &pp);
     }
+    if (last_stage) host_reads_result(); /* the loss's .item() */
     for (int m = 0; m < microbatches; m++) {
-      if (pp_rank < pp_size - 1) p2p(0, activations, ACTIVATIONS, pp_rank + 1, pp_comm);
+      if (pp_rank < pp_size - 1) p2p(0, activations, ACTIVATIONS, pp_rank + 1, &pp);
       compute(2 * compute_us);
-      tp_allreduce(activations, ACTIVATIONS, tp_rank, tp_size, tp_comm);
-      if (pp_rank > 0) p2p(1, activations, ACTIVATIONS, pp_rank - 1, pp_comm);
+      allreduce(activations, ACTIVATIONS, ncclFloat32, ncclSum, &tp);
+      if (pp_rank > 0) p2p(1, activations, ACTIVATIONS, pp_rank - 1, &pp);
     }
-    for (int b = 0; b < BUCKETS; b++) {
-      before_call();
-      CHECK(ncclAllReduce(bucket, bucket, BUCKET, ncclBfloat16, ncclSum, dp_comm, NULL));
-    }
-    before_call();
-    CHECK(ncclAllReduce(&loss, &loss, 1, ncclFloat32, ncclAvg, world_comm, NULL));
+    for (int b = 0; b < BUCKETS; b++) allreduce(bucket, BUCKET, ncclBfloat16, ncclSum, &dp);
+    allreduce(&grad_norm, 1, ncclFloat32, ncclAvg, &everyone);
+    host_reads_result(); /* the grad norm's .item() (gradient clipping) */
+    check_tp_result(checked, ACTIVATIONS, tp_size);
   }
+  CHECK_CUDA(cuCtxSynchronize());
   CHECK(ncclCommDestroy(dp_comm));
   CHECK(ncclCommDestroy(pp_comm));
   CHECK(ncclCommDestroy(tp_comm));
   CHECK(ncclCommDestroy(world_comm));
   free(activations);
+  free(checked);
   free(bucket);
   return 0;
 }

@@ -3,8 +3,11 @@
  * realtime GPU start/end in the record. Events come from a fixed pool created once; when the pool is
  * busy a call goes untimed (counted in the header), never blocked. Calls on a stream that is being
  * captured into a CUDA graph are not timed (recording an event there would break the capture).
- * Times are anchored to an event on a private idle stream, re-anchored every few seconds, so the
- * float milliseconds of cuEventElapsedTime never span long.
+ * Times are anchored to an event on a private idle stream (at the middle of the window between its
+ * record and the return of its synchronisation), re-anchored every few seconds, so the
+ * float milliseconds of cuEventElapsedTime never span long. The GPU start is written as soon as the
+ * stream reaches the start event, before the operation ends: a collective that started on the GPU and
+ * never completes (a hang) shows a start and no end, one that never started shows neither.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -29,6 +32,7 @@ typedef struct {
   CUstream stream;
   uint64_t index;
   rw_record* record;
+  int start_written; /* gpu_start_ns is in the record, the end is not yet */
 } gpu_slot;
 
 static struct {
@@ -75,9 +79,18 @@ static int load(void) {
          cu.stream_create && cu.ctx_get && cu.ctx_set;
 }
 
+/* The anchor event ran somewhere between its record and the return of its synchronisation: take the
+ * middle of that window, and record again (a few times at most) while the window is wide, which it
+ * is when this thread or the device was descheduled. */
 static void reanchor(void) {
-  if (cu.event_record(anchor_event, anchor_stream) == CUDA_SUCCESS && cu.event_sync(anchor_event) == CUDA_SUCCESS)
-    anchor_ns = rw_realtime_ns();
+  for (int attempt = 0; attempt < 5; attempt++) {
+    int64_t before = rw_realtime_ns();
+    if (cu.event_record(anchor_event, anchor_stream) != CUDA_SUCCESS || cu.event_sync(anchor_event) != CUDA_SUCCESS)
+      return;
+    int64_t after = rw_realtime_ns();
+    anchor_ns = before + (after - before) / 2;
+    if (after - before < 200000) return;
+  }
 }
 
 static void init(void) {
@@ -125,6 +138,7 @@ void rw_gpu_before(uint64_t index, rw_record* record, cudaStream_t stream) {
   slots[slot].stream = (CUstream)stream;
   slots[slot].index = index;
   slots[slot].record = record;
+  slots[slot].start_written = 0;
   cu.event_record(slots[slot].start, (CUstream)stream);
   record->flags |= RW_FLAG_GPU_TIMED;
   current = slot;
@@ -167,6 +181,17 @@ static void complete(gpu_slot* slot) {
   atomic_store_explicit(&slot->state, FREE, memory_order_release);
 }
 
+/* The stream reached the start event while the operation still runs: publish the start alone. */
+static void write_start(gpu_slot* slot) {
+  rw_record* record = slot->record;
+  float start_ms = 0;
+  if (cu.event_query(slot->start) != CUDA_SUCCESS || cu.elapsed(&start_ms, anchor_event, slot->start) != CUDA_SUCCESS)
+    return;
+  if (atomic_load_explicit((_Atomic uint64_t*)&record->stamp, memory_order_acquire) == 2 * slot->index + 2)
+    record->gpu_start_ns = anchor_ns + (int64_t)((double)start_ms * 1e6);
+  slot->start_written = 1;
+}
+
 static void* poller(void* unused) {
   (void)unused;
   cu.ctx_set(context);
@@ -178,8 +203,9 @@ static void* poller(void* unused) {
     uint64_t begin = end > SLOTS ? end - SLOTS : 0;
     for (uint64_t i = begin; i < end; i++) {
       gpu_slot* slot = &slots[i % SLOTS];
-      if (atomic_load_explicit(&slot->state, memory_order_acquire) == READY && cu.event_query(slot->end) == CUDA_SUCCESS)
-        complete(slot);
+      if (atomic_load_explicit(&slot->state, memory_order_acquire) != READY) continue;
+      if (cu.event_query(slot->end) == CUDA_SUCCESS) complete(slot);
+      else if (!slot->start_written) write_start(slot);
     }
     if (rw_realtime_ns() - last_anchor > REANCHOR_NS) {
       reanchor();

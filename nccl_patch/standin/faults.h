@@ -1,13 +1,18 @@
-/* Fault injection for the stand-in NCCL and the training drivers, read once from the environment.
- * Set them on the one process (rank) that should misbehave. Slowdown and hang-before-call act in the
- * driver (the application computes; a tracer must see the call late, not a slow call), the link and
- * stuck-call faults inside the stand-in NCCL:
- *   RANKWATCH_STANDIN_SLOWDOWN=0.2          compute before each NCCL call takes 20% longer
- *   RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL=N  ... only once N NCCL calls were made (a GPU that degrades)
+/* Fault injection for the stand-in device, NCCL and the training drivers, read once from the
+ * environment. Set them on the one process (rank) that should misbehave. Each acts where it happens
+ * on a GPU: the slowdown and the device stop in the stand-in device (kernels), the link and stuck
+ * faults in the stand-in NCCL (on the device's executor when it is asynchronous), the hang before a
+ * call in the driver (the application never makes the call):
+ *   RANKWATCH_STANDIN_SLOWDOWN=0.2          compute kernels take 20% longer
+ *   RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL=N  ... only once N NCCL operations were launched (a GPU that degrades)
  *   RANKWATCH_STANDIN_LINK_PEER=R           with RANKWATCH_STANDIN_LINK_LATENCY_US=U: every send to
  *                                           and receive from global rank R is U microseconds late
  *   RANKWATCH_STANDIN_HANG_BEFORE_CALL=N    the driver stops before its N-th NCCL call (never calls)
- *   RANKWATCH_STANDIN_STUCK_IN_CALL=N       the N-th call enters NCCL and never completes
+ *   RANKWATCH_STANDIN_STUCK_IN_CALL=N       the N-th NCCL operation never completes: synchronous device,
+ *                                           the call itself never returns; asynchronous device, the call
+ *                                           returns and the operation starts on the GPU but never ends
+ *   RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL=N  the N-th compute kernel never ends and the device runs
+ *                                           nothing after it (so the collectives behind it never start)
  * Calls are counted per process, 1-based, over collectives and send/recv of every communicator.
  */
 #ifndef RANKWATCH_STANDIN_FAULTS_H
@@ -22,6 +27,7 @@ typedef struct rw_faults {
   int64_t link_latency_ns;
   uint64_t hang_before_call;
   uint64_t stuck_in_call;
+  uint64_t device_stop_at_kernel;
 } rw_faults;
 
 /* Parsed once; invalid values are reported on stderr and ignored. */

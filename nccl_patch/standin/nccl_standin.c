@@ -2,16 +2,24 @@
  *
  * Ranks are processes (or threads). A communicator is a POSIX shared-memory segment named after
  * its unique id; every collective passes two central barriers in it (arrive, then depart), so no
- * member returns before every member arrived, and moves the data through per-rank slots when it
+ * member completes before every member arrived, and moves the data through per-rank slots when it
  * fits (host buffers stand in for device buffers; larger or 16-bit payloads are synchronised
  * only). Send/Recv are rendezvous on a per-(sender, receiver) mailbox. Calls between
  * ncclGroupStart/End are queued and progressed together at the outermost ncclGroupEnd, so the
  * usual send/recv exchanges inside a group do not deadlock. Misuse returns NCCL's error codes.
  * Like the real library, each public ncclX is a weak alias of a strong pncclX.
- * NCCL-level faults come from the environment (faults.h): a slow link, a call that never completes.
+ * Where an operation runs: on an asynchronous stand-in device (libcuda.so.1 with
+ * RANKWATCH_STANDIN_DEVICE=async) each operation (a whole group at its outermost ncclGroupEnd) is
+ * launched onto its stream and the call returns at once, as the real library's does; the rendezvous
+ * and data movement happen on the stream's executor, in stream order, and a group goes onto the stream
+ * of its first operation. Otherwise (synchronous device, or no stand-in device) inside the call.
+ * ncclCommDestroy waits for the communicator's launched operations (as ncclCommFinalize does).
+ * NCCL-level faults come from the environment (faults.h): a slow link, an operation that never completes.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -46,6 +54,8 @@ typedef struct {
   _Atomic uint32_t detached; /* ranks that destroyed their handle (last one unlinks) */
   _Atomic uint32_t count;    /* central barrier: arrivals in the current round */
   _Atomic uint32_t round;    /* central barrier: completed rounds */
+  _Atomic uint32_t host_count; /* the host-side barrier of ncclCommSplit: not stream-ordered, so */
+  _Atomic uint32_t host_round; /* it must not share the collectives' barrier */
   uint32_t nranks;
   uint32_t pad;
   /* followed by: int32 global_rank[nranks]; int32 split_color[nranks]; int32 split_key[nranks];
@@ -67,8 +77,10 @@ struct ncclComm {
   uint32_t* sends;       /* per peer: sends posted */
   uint32_t* receives;    /* per peer: receives completed */
   uint32_t children;     /* splits and shrinks made from this comm */
+  _Atomic uint32_t launched, finished; /* operations handed to the device, and of those completed */
   ncclResult_t async_error;
   int destroyed;
+  _Atomic int aborting; /* ncclCommAbort: operations waiting for peers give up */
 };
 
 static size_t shm_size(int nranks) {
@@ -192,6 +204,8 @@ typedef struct {
   ncclRedOp_t redop;
   int root; /* or peer */
   ncclComm_t comm;
+  cudaStream_t stream;
+  int stuck; /* the injected fault: this operation never completes */
   int phase;
   uint32_t target; /* barrier round or mailbox count to wait for */
   int64_t not_before_ns; /* link latency: do not post before this time */
@@ -294,19 +308,29 @@ static void compute_result(op_t* op) {
   }
 }
 
-static int barrier_post(ncclComm_t comm, uint32_t* target) {
-  shm_header* shm = comm->shm;
-  uint32_t round = atomic_load(&shm->round);
+static void barrier_post_on(_Atomic uint32_t* count, _Atomic uint32_t* rounds, uint32_t nranks, uint32_t* target) {
+  uint32_t round = atomic_load(rounds);
   *target = round + 1;
-  if (atomic_fetch_add(&shm->count, 1) + 1 == (uint32_t)comm->nranks) {
-    atomic_store(&shm->count, 0);
-    atomic_store(&shm->round, round + 1);
+  if (atomic_fetch_add(count, 1) + 1 == nranks) {
+    atomic_store(count, 0);
+    atomic_store(rounds, round + 1);
   }
-  return 0;
+}
+
+static void barrier_post(ncclComm_t comm, uint32_t* target) {
+  barrier_post_on(&comm->shm->count, &comm->shm->round, (uint32_t)comm->nranks, target);
 }
 
 static int barrier_done(ncclComm_t comm, uint32_t target) {
   return (int32_t)(atomic_load(&comm->shm->round) - target) >= 0;
+}
+
+/* Every member, on the host (ncclCommSplit): a barrier of its own. */
+static void host_barrier(ncclComm_t comm) {
+  uint32_t target;
+  barrier_post_on(&comm->shm->host_count, &comm->shm->host_round, (uint32_t)comm->nranks, &target);
+  backoff wait = {0, 0};
+  while ((int32_t)(atomic_load(&comm->shm->host_round) - target) < 0) backoff_wait(&wait);
 }
 
 static int is_link_fault(ncclComm_t comm, int peer) {
@@ -398,9 +422,80 @@ static void progress(op_t* ops, int count) {
         advanced = 1;
       }
     }
-    if (advanced) wait = (backoff){0, 0};
-    else backoff_wait(&wait);
+    if (advanced) {
+      wait = (backoff){0, 0};
+      continue;
+    }
+    for (int i = 0; i < count; i++)
+      if (!done[i] && atomic_load(&ops[i].comm->aborting)) return; /* the communicator was aborted */
+    backoff_wait(&wait);
   }
+}
+
+/* ---- the device the operations run on ------------------------------------------------------------- */
+typedef void (*host_fn)(void*);
+static struct {
+  int async;
+  int (*launch)(cudaStream_t stream, host_fn fn, void* arg);
+} device;
+static pthread_once_t device_once = PTHREAD_ONCE_INIT;
+
+/* The stand-in libcuda.so.1 when it is loadable (it runs operations on its streams, or inline when
+ * synchronous, and counts them for its fail-slow onset); a real one (no rwStandin symbols) or none
+ * leaves every operation inside its call. */
+static void find_device(void) {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return;
+  int (*is_async)(void) = (int (*)(void))dlsym(lib, "rwStandinDeviceIsAsync");
+  device.launch = (int (*)(cudaStream_t, host_fn, void*))dlsym(lib, "rwStandinLaunchCollective");
+  if (!is_async) device.launch = NULL;
+  device.async = device.launch && is_async();
+}
+
+static int device_is_async(void) {
+  pthread_once(&device_once, find_device);
+  return device.async;
+}
+
+typedef struct {
+  int count;
+  int owned; /* a copy of the operations on the heap (asynchronous), or the caller's (inline) */
+  op_t* ops;
+} launched_ops;
+
+/* On the stream's executor: the rendezvous and data movement of one operation or group. */
+static void run_launched(void* arg) {
+  launched_ops* batch = arg;
+  for (int i = 0; i < batch->count; i++)
+    if (batch->ops[i].stuck) {
+      fprintf(stderr, "rankwatch stand-in NCCL: injected fault: this operation never completes\n");
+      rw_hang_forever();
+    }
+  progress(batch->ops, batch->count);
+  for (int i = 0; i < batch->count; i++) atomic_fetch_add(&batch->ops[i].comm->finished, 1);
+  if (batch->owned) free(batch);
+}
+
+/* Hand one operation or a group to the device; without a stand-in device, perform it here. */
+static ncclResult_t launch(op_t* ops, int count) {
+  if (!device.launch) {
+    progress(ops, count);
+    return ncclSuccess;
+  }
+  launched_ops inline_batch = {count, 0, ops}, *batch = &inline_batch;
+  if (device.async) { /* the call returns before the operation runs: keep a copy */
+    batch = malloc(sizeof(launched_ops) + (size_t)count * sizeof(op_t));
+    if (!batch) return ncclSystemError;
+    *batch = (launched_ops){count, 1, (op_t*)(batch + 1)};
+    memcpy(batch->ops, ops, (size_t)count * sizeof(op_t));
+  }
+  for (int i = 0; i < count; i++) atomic_fetch_add(&ops[i].comm->launched, 1);
+  if (device.launch(ops[0].stream, run_launched, batch) != 0) {
+    for (int i = 0; i < count; i++) atomic_fetch_add(&ops[i].comm->finished, 1);
+    if (batch->owned) free(batch);
+    return ncclUnhandledCudaError;
+  }
+  return ncclSuccess;
 }
 
 static ncclResult_t issue(op_t op) {
@@ -416,7 +511,11 @@ static ncclResult_t issue(op_t op) {
 
   const rw_faults* f = rw_faults_get();
   uint64_t call = atomic_fetch_add(&calls_issued, 1) + 1;
-  if (f->stuck_in_call && call == f->stuck_in_call) rw_hang_forever();
+  int async = device_is_async();
+  if (f->stuck_in_call && call == f->stuck_in_call) {
+    if (!async) rw_hang_forever(); /* the call itself never returns */
+    op.stuck = 1;                  /* the operation starts on the device and never completes */
+  }
 
   if (group_depth > 0) {
     if (group_size == MAX_GROUP_OPS) {
@@ -426,8 +525,7 @@ static ncclResult_t issue(op_t op) {
     group_ops[group_size++] = op;
     return ncclSuccess;
   }
-  progress(&op, 1);
-  return ncclSuccess;
+  return launch(&op, 1);
 }
 
 /* ---- public API ------------------------------------------------------------------------------------- */
@@ -500,19 +598,14 @@ API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t
   if (group_depth > 0) return ncclInvalidUsage; /* the stand-in splits outside groups only */
   comm->split_color[comm->rank] = color;
   comm->split_key[comm->rank] = key;
-  uint32_t target;
-  backoff wait = {0, 0};
-  barrier_post(comm, &target);
-  while (!barrier_done(comm, target)) backoff_wait(&wait);
+  host_barrier(comm);
   int nranks = 0, rank = 0;
   for (int r = 0; r < comm->nranks; r++) {
     if (comm->split_color[r] != color) continue;
     if (comm->split_key[r] < key || (comm->split_key[r] == key && r < comm->rank)) rank++;
     nranks++;
   }
-  barrier_post(comm, &target); /* colors are read before anyone splits again */
-  wait = (backoff){0, 0};
-  while (!barrier_done(comm, target)) backoff_wait(&wait);
+  host_barrier(comm); /* colors are read before anyone splits again */
   uint32_t split = ++comm->children;
   if (color == NCCL_SPLIT_NOCOLOR) {
     *newcomm = NULL;
@@ -540,10 +633,21 @@ API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int* excludeRanksList, int ex
   return comm_create(child, comm->nranks - excludeRanksCount, rank, newcomm);
 }
 
-static ncclResult_t release(ncclComm_t comm) {
+/* Destroy waits for the communicator's launched operations (they use the segment); abort makes them
+ * give up and waits at most a second, then leaves the segment mapped for any that never return. */
+static ncclResult_t release(ncclComm_t comm, int abort) {
   if (!comm || comm->destroyed) return ncclInvalidArgument;
   comm->destroyed = 1;
+  if (abort) atomic_store(&comm->aborting, 1);
+  int64_t give_up = rw_now_monotonic_ns() + 1000000000;
+  int pending = 0;
+  backoff wait = {0, 0};
+  while ((pending = atomic_load(&comm->finished) != atomic_load(&comm->launched))) {
+    if (abort && rw_now_monotonic_ns() > give_up) break;
+    backoff_wait(&wait);
+  }
   if (atomic_fetch_add(&comm->shm->detached, 1) + 1 == (uint32_t)comm->nranks) shm_unlink(comm->shm_name);
+  if (pending) return ncclSuccess;
   munmap(comm->shm, comm->shm_bytes);
   free(comm->sends);
   free(comm->receives);
@@ -552,8 +656,8 @@ static ncclResult_t release(ncclComm_t comm) {
 }
 
 API(ncclResult_t, ncclCommFinalize, ncclComm_t comm) { return comm && !comm->destroyed ? ncclSuccess : ncclInvalidArgument; }
-API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) { return release(comm); }
-API(ncclResult_t, ncclCommAbort, ncclComm_t comm) { return release(comm); }
+API(ncclResult_t, ncclCommDestroy, ncclComm_t comm) { return release(comm, 0); }
+API(ncclResult_t, ncclCommAbort, ncclComm_t comm) { return release(comm, 1); }
 
 API(ncclResult_t, ncclCommCount, const ncclComm_t comm, int* count) {
   if (!comm || !count || comm->destroyed) return ncclInvalidArgument;
@@ -593,17 +697,15 @@ API(const char*, ncclGetLastError, ncclComm_t comm) {
 
 #define COLLECTIVE(kind_, send_, recv_, count_, dtype_, redop_, root_, comm_) \
   issue((op_t){.kind = kind_, .send = send_, .recv = recv_, .count = count_, .dtype = dtype_, \
-               .redop = redop_, .root = root_, .comm = comm_})
+               .redop = redop_, .root = root_, .comm = comm_, .stream = stream})
 
 API(ncclResult_t, ncclAllReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
     ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_ALLREDUCE, sendbuff, recvbuff, count, datatype, op, 0, comm);
 }
 
 API(ncclResult_t, ncclBroadcast, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
     ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   /* only the root's sendbuff matters; others pass theirs through the slot unused */
   return COLLECTIVE(K_BROADCAST, sendbuff, recvbuff, count, datatype, ncclSum, root, comm);
 }
@@ -616,49 +718,41 @@ API(ncclResult_t, ncclBcast, void* buff, size_t count, ncclDataType_t datatype, 
 
 API(ncclResult_t, ncclReduce, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
     ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_REDUCE, sendbuff, recvbuff, count, datatype, op, root, comm);
 }
 
 API(ncclResult_t, ncclAllGather, const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
     ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_ALLGATHER, sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm);
 }
 
 API(ncclResult_t, ncclReduceScatter, const void* sendbuff, void* recvbuff, size_t recvcount,
     ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_REDUCESCATTER, sendbuff, recvbuff, recvcount, datatype, op, 0, comm);
 }
 
 API(ncclResult_t, ncclAlltoAll, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
     ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_ALLTOALL, sendbuff, recvbuff, count, datatype, ncclSum, 0, comm);
 }
 
 API(ncclResult_t, ncclGather, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
     ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_GATHER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm);
 }
 
 API(ncclResult_t, ncclScatter, const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
     ncclComm_t comm, cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_SCATTER, sendbuff, recvbuff, count, datatype, ncclSum, root, comm);
 }
 
 API(ncclResult_t, ncclSend, const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
     cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_SEND, sendbuff, NULL, count, datatype, ncclSum, peer, comm);
 }
 
 API(ncclResult_t, ncclRecv, void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
     cudaStream_t stream) {
-  (void)stream;
   return COLLECTIVE(K_RECV, NULL, recvbuff, count, datatype, ncclSum, peer, comm);
 }
 
@@ -675,6 +769,7 @@ API(ncclResult_t, ncclGroupEnd, void) {
   int count = group_size;
   group_size = 0;
   if (failed) return ncclInvalidUsage;
-  progress(group_ops, count);
-  return ncclSuccess;
+  if (!count) return ncclSuccess;
+  device_is_async(); /* finds the device */
+  return launch(group_ops, count);
 }
