@@ -224,7 +224,13 @@ class LocalCluster:
             elif name == "kube-apiserver":
                 self._wait(lambda: self._healthy(state, "/readyz"), "kube-apiserver", deadline)
         for name in ORDER:
-            if not processes.is_running(state.pids.get(name), paths[name]):
+            # A child started here is checked through its Popen: right after the exec, /proc/<pid>/cmdline
+            # reads empty for a moment (the kernel fills it in after closing the exec pipe Popen waits on).
+            if name in started:
+                alive = started[name].poll() is None
+            else:
+                alive = processes.is_running(state.pids.get(name), paths[name])
+            if not alive:
                 how = f" with code {started[name].poll()}" if name in started else " since the last `up`"
                 tail = processes.log_tail(self.logs / f"{name}.log")
                 raise ClusterError(f"{name} exited{how}:\n{tail}")

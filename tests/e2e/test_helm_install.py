@@ -37,8 +37,12 @@ def test_helm_install_is_accepted_by_the_api_server(helm, release, api, eventual
         "180s",
     )
     apps = kubernetes.client.AppsV1Api(api)
-    deployment = apps.read_namespaced_deployment(f"{name}-rankwatch-operator", namespace)
-    assert deployment.status.replicas == 2
+    # the Deployment's status is the controller manager's to write, a moment after helm is done
+    eventually(
+        lambda: apps.read_namespaced_deployment(f"{name}-rankwatch-operator", namespace).status.replicas == 2,
+        60,
+        what="the Deployment's 2 replicas",
+    )
     core = kubernetes.client.CoreV1Api(api)
     services = {s.metadata.name for s in core.list_namespaced_service(namespace).items}
     assert services == {f"{name}-rankwatch-{s}" for s in ("collector", "intake", "metrics")}

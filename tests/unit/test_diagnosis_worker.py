@@ -48,7 +48,8 @@ def test_the_worker_names_the_straggler_from_the_pods_dumps(straggler_rings, tmp
     (tmp_path / "job-worker-2.dump").write_bytes(b"<html>502 Bad Gateway</html>")
     budget = 512 << 20
     result = asyncio.run(analyse(tmp_path, request(), budget, 120))
-    finding = result.report.findings[0]
+    # on a loaded machine the whole job may drift too: a job-wide finding names no rank and is no blame
+    [finding] = [finding for finding in result.report.findings if finding.ranks]
     assert finding.kind is FindingKind.STRAGGLER and finding.ranks == [5] and finding.nodes == ["sim-node-1"]
     assert any("job-worker-2" in problem and "ring header" in problem for problem in result.report.problems)
     # the analysis's own peak (about 75 MiB here), not the forking process's
