@@ -41,6 +41,7 @@ from rankwatch.analysis.findings import AnalysisReport, Cause, Finding, FindingK
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
+from rankwatch.operator.diagnosis.differential_profile import with_differential_profile
 from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
 from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
@@ -418,10 +419,14 @@ async def diagnose(
             blaming = [starved]
             text += f"\n{starved.kind.value.upper()} (from the summaries): {starved.summary}\n  {starved.cause_text}"
     if blaming:
-        finding, alert_problems = await with_node_alerts(blaming[0], node_alerts)
+        endpoints = {pod.name: pod.endpoint for pod in pods}
+        finding, profile_problems = await with_differential_profile(blaming[0], state, endpoints, token)
+        finding, alert_problems = await with_node_alerts(finding, node_alerts)
         report.findings[report.findings.index(blaming[0])] = finding
-        report.problems.extend(alert_problems)
-        text += "".join(f"\nwarning: {problem}" for problem in alert_problems)
+        report.problems.extend(profile_problems + alert_problems)
+        text += "".join(f"\nwarning: {problem}" for problem in profile_problems + alert_problems)
+        if finding.summary != blaming[0].summary:
+            text += f"\n{finding.summary}"
         text += "".join(f"\nnode alert: {line}" for line in node_alert_lines(finding))
     examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     if not blaming:
