@@ -109,7 +109,7 @@ def build_app(
                 text=f"ranks={request.query.get('ranks')!r}: expected e.g. ranks=5,4,6\n"
             ) from None
         if not wanted or len(wanted) > 16:
-            raise web.HTTPBadRequest(text="ranks: give 1 to 16 global ranks, e.g. ranks=5,4,6\n")
+            raise web.HTTPBadRequest(text="ranks: expected 1 to 16 global ranks, e.g. ranks=5,4,6\n")
         pids = {t.header.global_rank: t.header.pid for t in tails() if t.header.global_rank in wanted}
         try:
             found = await asyncio.to_thread(profiler.profile, pids, float(seconds or 3))
