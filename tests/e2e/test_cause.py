@@ -121,6 +121,7 @@ def test_a_python_straggler_is_shown_slower_in_its_slow_function_against_two_pee
     assert profile["culprit"] == 5 and all(samples >= 50 for samples in profile["samples"].values()), profile
     assert {d["function"].split(" ")[0] for d in profile["differences"][:2]} == {"backward", "Nccl.all_reduce"}, profile
     assert found[0] in warning  # the Event says it too
+    assert diagnosis["cause"] == "compute", diagnosis  # slower between its collectives, its host not starved
     print(
         f"Python straggler diagnosed {time.monotonic() - started:.0f} s after Running: {summary}", file=sys.__stdout__
     )
