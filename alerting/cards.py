@@ -125,6 +125,9 @@ def _alert_elements(alert: Alert, resolved: bool) -> list[dict[str, Any]]:
     ]
     if alert.annotations.get("cause"):
         elements.append(_markdown(f"**Cause**\n{_escape(_cut(alert.annotations['cause'], MAX_TEXT))}"))
+    if alert.annotations.get("node_alerts"):
+        text = _cut(alert.annotations["node_alerts"], MAX_TEXT)
+        elements.append(_markdown(f"**Firing on its node**\n{_escape(text)}"))
     evidence = evidence_of(alert)
     if evidence:
         elements.append(_markdown(f"**Evidence**\n{_escape(evidence)}"))

@@ -49,6 +49,9 @@ def alert_from_finding(
         "confidence": f"{finding.confidence:.2f}",
         "evidence": json.dumps(finding.evidence, sort_keys=True, default=str),
     }
+    node_alerts = [str(alert.get("text", "")) for alert in finding.evidence.get("node_alerts") or []]
+    if node_alerts:
+        annotations["node_alerts"] = "\n".join(node_alerts)
     if report_url:
         annotations["report_url"] = report_url
     return Alert(

@@ -222,13 +222,55 @@ def stack_cost(ranks: int) -> dict[str, float]:
     return {"ranks": ranks, "stacks_taken": len(stacks), "wall_seconds": wall, "py_spy_cpu_seconds": cpu}
 
 
+PROFILED_RANK = (
+    "import time\ndef forward():\n    time.sleep(0.0007)\ndef backward():\n    time.sleep(0.0013)\n"
+    "print('ready', flush=True)\nwhile True:\n    forward()\n    backward()\n"
+)
+
+
+def profile_cost(ranks: int = 3, seconds: float = 3.0) -> dict[str, float]:
+    """Wall and CPU time of one differential profile: ``ranks`` busy Python loops (a culprit and two
+    peers) sampled together for ``seconds``, as the sidecar's /profile does."""
+    import resource
+
+    from rankwatch.sidecar.python_profile import Profiler
+
+    processes = [subprocess.Popen([sys.executable, "-c", PROFILED_RANK], stdout=subprocess.PIPE, text=True)
+                 for _ in range(ranks)]  # fmt: skip
+    try:
+        for process in processes:
+            process.stdout.readline()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.monotonic()
+        profiles = Profiler(min_interval_s=0).profile({r: p.pid for r, p in enumerate(processes)}, seconds)
+        wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    samples = [profile.samples for profile in profiles.values()]
+    return {"ranks": ranks, "seconds": seconds, "wall_seconds": wall, "py_spy_cpu_seconds": cpu,
+            "min_samples": min(samples), "max_samples": max(samples)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--rate", type=int, default=5000, help="calls per second per rank (0: an idle sidecar)")
     parser.add_argument("--writer", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-only", action="store_true", help="only the cost of one differential profile")
     args = parser.parse_args()
+    if args.profile_only:
+        profile = profile_cost()
+        p = profile
+        print(
+            f"differential profile of {p['ranks']} ranks for {p['seconds']:.0f} s: {p['wall_seconds']:.2f} s wall, "
+            f"{p['py_spy_cpu_seconds']:.2f} s CPU of py-spy, {p['min_samples']}-{p['max_samples']} samples per rank"
+        )
+        return
     if args.writer:
         directory, ranks, rate, seconds = args.writer
         writer_main(directory, int(ranks), int(rate), float(seconds))

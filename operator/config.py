@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from rankwatch import __version__
 from rankwatch.operator.diagnosis.collector import CollectorSettings
+from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon_decision import Safeguards
 
@@ -102,6 +103,8 @@ class OperatorConfig:
     leader: LeaderElection = field(default_factory=LeaderElection)
     metrics_ranks_per_job: int = 32
     """At most this many per-rank series (``rankwatch_rank_wait_seconds``) per job on /metrics."""
+    node_alerts: NodeAlertSources = field(default_factory=NodeAlertSources)
+    """Where a diagnosis reads the firing alerts of the nodes it names (none: it does not)."""
 
     @classmethod
     def from_env(
@@ -164,6 +167,13 @@ class OperatorConfig:
                 f"{leader.renew_deadline_seconds:g}, {leader.lease_seconds:g}): a leader must stop before "
                 "its Lease expires, and renew several times before that"
             )
+        node_alerts = NodeAlertSources(
+            prometheus_url=env.get("RANKWATCH_PROMETHEUS_URL", None, _http_url),
+            alertmanager_url=env.get("RANKWATCH_ALERTMANAGER_URL", None, _http_url),
+            timeout_seconds=env.get(
+                "RANKWATCH_NODE_ALERTS_TIMEOUT_SECONDS", NodeAlertSources.timeout_seconds, _positive
+            ),
+        )
         config = cls(
             namespaces=tuple(namespaces),
             pods=pods,
@@ -177,6 +187,7 @@ class OperatorConfig:
             alerting=alerting,
             leader=leader,
             metrics_ranks_per_job=env.get("RANKWATCH_METRICS_RANKS_PER_JOB", cls.metrics_ranks_per_job, _at_least(1)),
+            node_alerts=node_alerts,
         )
         if env.problems:
             raise ConfigError(env.problems)

@@ -55,6 +55,7 @@ class Watch:
             alerts=self.alerts,
             leading=self.leading,
             job_metrics=self.job_metrics,
+            node_alerts=config.node_alerts,
         )
         self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake)
         if self.alerts is not None:

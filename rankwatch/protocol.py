@@ -48,6 +48,10 @@ DUMP_PATH = "/dump"
 EVIDENCE_PATH = "/evidence"
 """A tar of the trace directory's files other than rings: the stall watch's Megatrace logs
 (``megatrace/rank_<R>.log``) and PyTorch flight-recorder dumps (``flight_recorder_rank_<R>``)."""
+PROFILE_PATH = "/profile"
+"""``?ranks=5,4&seconds=3``: a few seconds of those ranks' Python, sampled together (py-spy), as JSON
+``{"seconds": s, "ranks": {"5": {"samples": n, "functions": {"name (file)": n}, "problem": null}}}``;
+429 while one runs or within 30 s of the last (``rankwatch.sidecar.python_profile``)."""
 HEALTH_PATH = "/healthz"
 DUMP_DEFAULT_LIMIT = 10_000
 

@@ -2,9 +2,11 @@
 
 NCCL is reached as PyTorch reaches it: ``libtorch_like.so`` (linked against libnccl.so.2) loaded
 through ctypes with RTLD_LOCAL, so the preloaded interposer traces every call. Each step computes
-(a sleep), loads the next batch, and all-reduces the gradients over the world communicator. With
-``RANKWATCH_STANDIN_DATA_STALL_AT_STEP=N`` the batch of step N never arrives (a data loader stuck
-on storage): the rank stops in ``load_batch`` while its peers wait in ``all_reduce``.
+(``forward`` a third of ``--compute-us``, ``backward`` two thirds; sleeps), loads the next batch, and
+all-reduces the gradients over the world communicator. With ``RANKWATCH_STANDIN_DATA_STALL_AT_STEP=N``
+the batch of step N never arrives (a data loader stuck on storage): the rank stops in ``load_batch``
+while its peers wait in ``all_reduce``. With ``RANKWATCH_STANDIN_BACKWARD_SLOWDOWN=0.6`` its
+``backward`` takes 60% longer (a slower kernel in one layer): a straggler in one function.
 
     RANK=r WORLD_SIZE=w RANKWATCH_STANDIN_RENDEZVOUS=DIR python -m rankwatch.python_rank [--steps S] [--compute-us U]
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 from rankwatch.native import native_artifacts
 
 DATA_STALL_AT_STEP = "RANKWATCH_STANDIN_DATA_STALL_AT_STEP"
+BACKWARD_SLOWDOWN = "RANKWATCH_STANDIN_BACKWARD_SLOWDOWN"
 ALLREDUCE, FLOAT32, SUM = 1, 7, 0
 ID_BYTES = 128
 
@@ -67,15 +70,25 @@ def load_batch(step: int, stall_at: int | None) -> list[float]:
     return [float(step)] * 16
 
 
+def forward(compute_us: int) -> None:
+    time.sleep(compute_us / 3e6)
+
+
+def backward(compute_us: int, slowdown: float) -> None:
+    time.sleep(2 * compute_us * (1 + slowdown) / 3e6)
+
+
 def train(steps: int, compute_us: int) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rendezvous = Path(os.environ.get("RANKWATCH_STANDIN_RENDEZVOUS") or "/tmp/rankwatch-standin/python")
     stall = os.environ.get(DATA_STALL_AT_STEP)
+    slowdown = float(os.environ.get(BACKWARD_SLOWDOWN) or 0)
     nccl = Nccl(rank, world, rendezvous)
     gradients = (ctypes.c_float * 1024)()
     for step in range(1, steps + 1):
         batch = load_batch(step, int(stall) if stall else None)
-        time.sleep(compute_us / 1e6)  # forward and backward
+        forward(compute_us)
+        backward(compute_us, slowdown)
         gradients[0] = batch[0]
         nccl.all_reduce(gradients)
 

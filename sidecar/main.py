@@ -23,6 +23,7 @@ from rankwatch.sidecar.config import SidecarConfig, TokenSource
 from rankwatch.sidecar.host_load import HostSampler
 from rankwatch.sidecar.metrics import LiveRank, LiveState, SidecarMetrics
 from rankwatch.sidecar.progress import RankProgress
+from rankwatch.sidecar.python_profile import Profiler
 from rankwatch.sidecar.python_stacks import StackTaker, py_spy
 from rankwatch.sidecar.ring_tail import RingSet, RingTail
 from rankwatch.sidecar.server import build_app
@@ -181,7 +182,8 @@ class Sidecar:
                 "no bearer token (RANKWATCH_TOKEN_FILE / --token-file): /metrics and /dump answer 401, and the "
                 "collector will refuse summaries"
             )
-        app = build_app(self.registry, lambda: list(self.rings.tails.values()), self.token, self.config.trace_dir)
+        app = build_app(self.registry, lambda: list(self.rings.tails.values()), self.token, self.config.trace_dir,
+                        Profiler() if self.stack_taker is not None else None)  # fmt: skip
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)

@@ -22,6 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from rankwatch import protocol
 from rankwatch.sidecar import dump
 from rankwatch.sidecar.evidence import evidence_tar
+from rankwatch.sidecar.python_profile import Profiler, ProfilerBusy, RankProfile
 from rankwatch.sidecar.ring_tail import RingTail
 
 MAX_DUMP_LIMIT = 1 << 20
@@ -51,6 +52,7 @@ def build_app(
     tails: Callable[[], list[RingTail]],
     token: Callable[[], str | None],
     trace_dir: Path | None = None,
+    profiler: Profiler | None = None,
 ) -> web.Application:
     @web.middleware
     async def require_token(request: web.Request, handler):
@@ -96,9 +98,33 @@ def build_app(
         body = await asyncio.to_thread(evidence_tar, trace_dir)
         return web.Response(body=body, content_type="application/x-tar")
 
+    async def profile(request: web.Request) -> web.Response:
+        if profiler is None:
+            raise web.HTTPNotFound(text="this sidecar does not profile (RANKWATCH_PYTHON_STACKS=0)\n")
+        seconds = _int_param(request, "seconds", 3, 1, 10)
+        try:
+            wanted = [int(rank) for rank in request.query.get("ranks", "").split(",") if rank.strip()]
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text=f"ranks={request.query.get('ranks')!r}: expected e.g. ranks=5,4,6\n"
+            ) from None
+        if not wanted or len(wanted) > 16:
+            raise web.HTTPBadRequest(text="ranks: expected 1 to 16 global ranks, e.g. ranks=5,4,6\n")
+        pids = {t.header.global_rank: t.header.pid for t in tails() if t.header.global_rank in wanted}
+        try:
+            found = await asyncio.to_thread(profiler.profile, pids, float(seconds or 3))
+        except ProfilerBusy as error:
+            raise web.HTTPTooManyRequests(text=f"{error}\n") from None
+        ranks = {
+            rank: found.get(rank) or RankProfile(problem=f"no live ring of rank {rank} in this pod") for rank in wanted
+        }
+        body = {"seconds": seconds, "ranks": {str(rank): profile.to_json() for rank, profile in ranks.items()}}
+        return web.json_response(body)
+
     app = web.Application(middlewares=[require_token], client_max_size=4096)
     app.router.add_get(protocol.HEALTH_PATH, healthz)
     app.router.add_get(protocol.METRICS_PATH, metrics)
     app.router.add_get(protocol.DUMP_PATH, dump_records)
     app.router.add_get(protocol.EVIDENCE_PATH, evidence)
+    app.router.add_get(protocol.PROFILE_PATH, profile)
     return app

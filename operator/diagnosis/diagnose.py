@@ -23,6 +23,7 @@ are streamed to files, never held in the operator's memory.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import tempfile
@@ -40,7 +41,9 @@ from rankwatch.analysis.findings import AnalysisReport, Cause, Finding, FindingK
 from rankwatch.analysis.topology import Layout
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
+from rankwatch.operator.diagnosis.differential_profile import with_differential_profile
 from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
 from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
 
 log = logging.getLogger(__name__)
@@ -142,6 +145,36 @@ class Diagnosis:
     @property
     def summary(self) -> str:
         return self.finding.summary
+
+    @property
+    def node_alerts(self) -> list[str]:
+        """The firing alerts of the nodes it names, one line each (``with_node_alerts``)."""
+        return node_alert_lines(self.finding)
+
+    @property
+    def problems(self) -> list[str]:
+        """What the diagnosis could not read or judge (unanswered sidecars, an unreachable Prometheus)."""
+        return list(self.examination.report.problems)
+
+
+NODE_ALERTS_EVIDENCE = "node_alerts"
+
+
+def node_alert_lines(finding: Finding) -> list[str]:
+    """The node alerts attached to ``finding`` (its evidence), one line each."""
+    return [str(alert.get("text", "")) for alert in finding.evidence.get(NODE_ALERTS_EVIDENCE) or []]
+
+
+async def with_node_alerts(finding: Finding, sources: NodeAlertSources | None) -> tuple[Finding, list[str]]:
+    """(``finding`` with the firing alerts of its nodes in its evidence; the problems of reading them).
+    No source configured, or no node named: the finding unchanged, no problem."""
+    if sources is None or not sources.configured or not finding.nodes:
+        return finding, []
+    alerts, problems = await firing_on(finding.nodes, sources)
+    if not alerts:
+        return finding, problems
+    evidence = {**finding.evidence, NODE_ALERTS_EVIDENCE: [{**a.to_json(), "text": a.text} for a in alerts]}
+    return dataclasses.replace(finding, evidence=evidence), problems
 
 
 def pods_to_ask(state: JobState, suspicion: Suspicion, layout: Layout | None, pods: Iterable[SidecarPod]) -> list[str]:
@@ -334,9 +367,12 @@ async def diagnose(
     sensitivity_s: float,
     window_s: float,
     budget: DiagnosisBudget,
+    node_alerts: NodeAlertSources | None = None,
 ) -> tuple[Diagnosis | None, Examination]:
     """(the diagnosis, or None when the analysis blames no rank; what was examined either way).
-    Raises ``worker.WorkerFailed`` when the analysis ran out of memory or time."""
+    With ``node_alerts``, the diagnosis carries the firing alerts of the nodes it names (a source's
+    trouble is one of its problems, never a failure). Raises ``worker.WorkerFailed`` when the analysis
+    ran out of memory or time."""
     names = pods_to_ask(state, suspicion, layout, pods)
     chosen = [pod for pod in pods if pod.name in names]
     limit = records_limit(state, names, window_s, budget.dump_bytes)
@@ -382,9 +418,18 @@ async def diagnose(
             report.findings.insert(0, starved)
             blaming = [starved]
             text += f"\n{starved.kind.value.upper()} (from the summaries): {starved.summary}\n  {starved.cause_text}"
+    if blaming:
+        endpoints = {pod.name: pod.endpoint for pod in pods}
+        finding, profile_problems = await with_differential_profile(blaming[0], state, endpoints, token)
+        finding, alert_problems = await with_node_alerts(finding, node_alerts)
+        report.findings[report.findings.index(blaming[0])] = finding
+        report.problems.extend(profile_problems + alert_problems)
+        text += "".join(f"\nwarning: {problem}" for problem in profile_problems + alert_problems)
+        if finding.summary != blaming[0].summary:
+            text += f"\n{finding.summary}"
+        text += "".join(f"\nnode alert: {line}" for line in node_alert_lines(finding))
     examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     if not blaming:
         return None, examination
-    finding = blaming[0]
     blamed_pods = sorted({pod_of_rank[rank] for rank in finding.ranks if rank in pod_of_rank})
     return Diagnosis(finding, blamed_pods, _now(), examination), examination

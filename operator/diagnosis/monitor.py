@@ -35,6 +35,7 @@ from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
 from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, SidecarPod, diagnose
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics
 from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.diagnosis.slots import DiagnosisSlots
 from rankwatch.operator.diagnosis.worker import WorkerFailed
 from rankwatch.operator.lifecycle import job_status
@@ -102,6 +103,7 @@ class Monitor:
         alerts: Any = None,
         leading: Callable[[], bool] = lambda: True,
         job_metrics: JobMetrics | None = None,
+        node_alerts: NodeAlertSources | None = None,
     ) -> None:
         self.kube = kube
         self.store = store
@@ -113,6 +115,7 @@ class Monitor:
         self.leading = leading
         self.slots = DiagnosisSlots(limits.concurrency, on_change=metrics.diagnoses_in_progress)
         self.job_metrics = job_metrics
+        self.node_alerts = node_alerts
         self.jobs: dict[tuple[str, str], WatchedJob] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -288,7 +291,15 @@ class Monitor:
             state = self.store.get(job.namespace, job.name)
             window = job.thresholds.window_s
             diagnosis, examination = await diagnose(
-                state, suspicion, job.layout, pods, token, job.thresholds.sensitivity_s, window, self.budget
+                state,
+                suspicion,
+                job.layout,
+                pods,
+                token,
+                job.thresholds.sensitivity_s,
+                window,
+                self.budget,
+                self.node_alerts,
             )
         except asyncio.CancelledError:
             raise

@@ -69,10 +69,12 @@ def active_condition(status: dict[str, Any]) -> str | None:
     return condition_of(diagnosis.get("kind")) if diagnosis.get("active") else None
 
 
-def event_message(summary: str, confidence: float, job_name: str, cause: str = "") -> str:
-    """The Event's text: what, why (``cause host: <figures>``), how sure, where the full report is."""
+def event_message(summary: str, confidence: float, job_name: str, cause: str = "", node_alerts: list[str] = ()) -> str:
+    """The Event's text: what, why (``cause host: <figures>``), the named nodes' firing alerts, how
+    sure, where the full report is."""
+    alerts = f"; firing on its node: {'; '.join(node_alerts)}" if node_alerts else ""
     return (
-        f"{summary}{'; ' + cause if cause else ''} (confidence {confidence:.2f}; full report: "
+        f"{summary}{'; ' + cause if cause else ''}{alerts} (confidence {confidence:.2f}; full report: "
         f"kubectl get configmap {report_configmap_name(job_name)} -o jsonpath='{{.data.report\\.txt}}')"
     )
 
@@ -197,6 +199,8 @@ def write_diagnosis(
                 "summary": diagnosis.summary,
                 "cause": diagnosis.finding.cause.value,
                 "causeEvidence": diagnosis.finding.cause_evidence,
+                "nodeAlerts": diagnosis.node_alerts[:MAX_LISTED],
+                "problems": diagnosis.problems[:MAX_LISTED],
                 "communicator": diagnosis.finding.communicator,
                 "time": diagnosis.time,
                 "resolvedTime": None,
@@ -227,7 +231,8 @@ def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any],
     metadata = job["metadata"]
     target = events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
     cause = f"cause {diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}" if diagnosis.get("cause") else ""
-    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["name"], cause)
+    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["name"], cause,
+                            diagnosis.get("nodeAlerts") or [])  # fmt: skip
     try:
         events.post_event(
             kube,

@@ -88,3 +88,40 @@ def test_a_rank_stalled_in_python_is_shown_at_its_frame_against_its_peers(api, n
     stacks = report(api, namespace, job)["findings"][0]["evidence"]["python_stacks"]
     assert stacks["2"][0].endswith(" load_batch") and stacks["2"][1].endswith(" train")
     print(f"stalled in Python: {summary}", file=sys.__stdout__)
+
+
+def test_a_python_straggler_is_shown_slower_in_its_slow_function_against_two_peers(
+    api, kubectl, namespace, pod_runner, eventually
+):
+    # a Python training loop whose rank 5 runs backward 60% slower (a slower kernel in one layer): the
+    # diagnosis samples it and two peers with py-spy and names backward, with the shares
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_BACKWARD_SLOWDOWN": "0.6"}
+    manifest = standin_job("slow-backward", faults, gpu_timing=True)
+    manifest["spec"]["parallelism"] = {"tensor": 1, "pipeline": 1}  # its one communicator: data parallel, 8 ranks
+    manifest["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        "rankwatch", "simulate-pod", "--python", "--steps", "1000000",
+    ]  # fmt: skip
+    create_job(api, namespace, manifest)
+    started = wait_running(api, namespace, "slow-backward", eventually)
+    diagnosis, warning = diagnosis_with_cause(api, kubectl, namespace, "slow-backward", eventually)
+    assert diagnosis["kind"] == "Straggler" and diagnosis["ranks"] == [5], diagnosis
+    summary = diagnosis["summary"]
+    # the functions whose share differs most, largest first: backward (its extra time) and the all-reduce
+    # (where its peers wait for it) differ by about as much, so either may come first
+    found = re.search(
+        r"Python profile \(3 s, sampled with its peers\): rank 5 spends .* for ranks (\d+), (\d+)", summary
+    )
+    assert found, summary
+    assert {int(found[1]), int(found[2])} <= {4, 6, 7}, summary  # its own pod's ranks
+    backward = re.search(r"(\d+)% (?:of its time )?in backward \(\S+\) against (\d+)%", summary)
+    assert backward and int(backward[1]) >= int(backward[2]) + 5, summary
+    profile = report(api, namespace, get_job(api, namespace, "slow-backward"))["findings"][0]["evidence"][
+        "python_profile"
+    ]
+    assert profile["culprit"] == 5 and all(samples >= 50 for samples in profile["samples"].values()), profile
+    assert {d["function"].split(" ")[0] for d in profile["differences"][:2]} == {"backward", "Nccl.all_reduce"}, profile
+    assert found[0] in warning  # the Event says it too
+    assert diagnosis["cause"] == "compute", diagnosis  # slower between its collectives, its host not starved
+    print(
+        f"Python straggler diagnosed {time.monotonic() - started:.0f} s after Running: {summary}", file=sys.__stdout__
+    )

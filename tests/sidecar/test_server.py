@@ -23,7 +23,7 @@ async def test_dump_refuses_requests_without_the_token_metrics_are_open(trace_di
         for path in ("/healthz", "/metrics"):  # as a cluster-wide Prometheus scrapes them: no job token
             async with session.get(base + path) as response:
                 assert response.status == 200, path
-        for path in ("/dump", "/evidence"):
+        for path in ("/dump", "/evidence", "/profile"):
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
                 async with session.get(base + path, headers=headers) as response:
                     assert response.status == 401, (path, headers)
@@ -133,3 +133,23 @@ async def test_evidence_is_a_tar_of_the_megatrace_logs_and_flight_recorder_dumps
         names = archive.getnames()
         assert archive.extractfile("megatrace/rank_3.log").read().startswith(b"[save_count 1]")
     assert sorted(names) == ["flight_recorder_rank_3", "megatrace/rank_3.log"], "no rings, no other file, no symlink"
+
+
+async def test_profile_answers_for_each_rank_asked_and_is_rate_limited(trace_dir, make_sidecar, token):
+    sidecar = await make_sidecar(trace_dir)
+    sidecar.poll()
+    base = f"http://127.0.0.1:{sidecar.port}/profile"
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+        for bad in ("ranks=", "ranks=a,b", "ranks=0&seconds=60"):
+            async with session.get(f"{base}?{bad}") as response:
+                assert response.status == 400, bad
+                assert "expected" in await response.text(), bad
+        async with session.get(f"{base}?ranks=0,99&seconds=1") as response:
+            assert response.status == 200
+            ranks = (await response.json())["ranks"]
+        # the rings' writers were C processes that have ended: no Python to sample, said per rank
+        assert ranks["99"] == {"samples": 0, "functions": {}, "problem": "no live ring of rank 99 in this pod"}
+        assert ranks["0"]["samples"] == 0 and ranks["0"]["problem"], ranks
+        async with session.get(f"{base}?ranks=0&seconds=1") as response:
+            assert response.status == 429
+            assert "ask again in" in await response.text()

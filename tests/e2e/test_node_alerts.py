@@ -1,0 +1,107 @@
+"""Hardware causes, end to end: a straggler's diagnosis carries the throttle alert firing on its node in
+the real Prometheus (built from its Go module, beside the local control plane), evaluated from the
+chart's rule on dcgm-exporter series (served here by a loopback exporter: there is no GPU), and read
+by an operator of this test's own, configured with RANKWATCH_PROMETHEUS_URL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis and monitoring tests' helpers
+from test_diagnosis import create_job, diagnosed, events, report, standin_job
+from test_monitoring import Exporter, Prometheus, rules_for_tests
+
+pytestmark = pytest.mark.e2e
+
+HW_THERMAL_SLOWDOWN = 0x40
+
+
+def dcgm_series(nodes: list[str], throttled: int) -> str:
+    """One GPU per node, its clock event reasons set to ``throttled`` (dcgm-exporter's series and labels)."""
+    lines = ["# TYPE DCGM_FI_DEV_CLOCKS_EVENT_REASONS gauge"]
+    for index, node in enumerate(nodes):
+        labels = f'gpu="5",UUID="GPU-5b2e-{index}",Hostname="{node}",modelName="NVIDIA H100 80GB HBM3"'
+        lines.append(f"DCGM_FI_DEV_CLOCKS_EVENT_REASONS{{{labels}}} {throttled}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_stragglers_diagnosis_carries_the_throttle_alert_firing_on_its_node(
+    api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path
+):
+    if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
+        pytest.skip("the monitoring stack runs beside the built-in local cluster, not an external one")
+    from rankwatch.cluster.local import LocalCluster
+    from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
+
+    cluster = LocalCluster(
+        Path(os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or "~/.rankwatch/test-cluster").expanduser()
+    )
+    settings = MonitoringSettings(
+        scrape_interval="1s",
+        evaluation_interval="1s",
+        rule_files=(rules_for_tests(cluster.root / "monitoring" / "test-rules"),),
+    )
+    cluster.up(log=lambda message: print(f"[cluster] {message}", flush=True), monitoring=settings)
+    monitoring = LocalMonitoring(cluster)
+    prometheus = Prometheus(monitoring.prometheus_url)
+
+    # Every node's GPU 5 is throttled (HW thermal slowdown), so the diagnosis must pick its own node's alert.
+    nodes = sorted(node.metadata.name for node in kubernetes.client.CoreV1Api(api).list_node().items)
+    dcgm = Exporter()
+    dcgm.text = dcgm_series(nodes, HW_THERMAL_SLOWDOWN)
+    monitoring.scrape("dcgm-exporter", [dcgm.address])
+    namespace, port = unwatched_namespace, processes.free_port()
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{port}",
+           "RANKWATCH_PROMETHEUS_URL": monitoring.prometheus_url}  # fmt: skip
+    with open(tmp_path / "operator.log", "ab") as log:
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+    try:
+        throttled = {
+            alert["labels"]["node"]
+            for alert in eventually(
+                lambda: (
+                    len(prometheus.firing("GPUClocksThrottled")) >= len(nodes)
+                    and prometheus.firing("GPUClocksThrottled")
+                ),
+                60,
+                what="GPUClocksThrottled firing on every node",
+            )
+        }
+        assert throttled >= set(nodes)
+
+        started = time.monotonic()
+        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+        create_job(api, namespace, standin_job("throttled", faults))
+        job = eventually(lambda: diagnosed(api, namespace, "throttled", "Degraded"), 120, interval=1, what="Degraded")
+        print(f"diagnosed {time.monotonic() - started:.1f} s after the job was created")
+        diagnosis = job["status"]["diagnosis"]
+        (node,) = diagnosis["nodes"]
+        (line,) = diagnosis["nodeAlerts"]  # its node's alert, none of the other nodes'
+        assert line.startswith(f"GPUClocksThrottled (P2) on {node} since "), line
+        assert line.endswith(f": GPU 5 on {node} slows its clocks: hw_thermal_slowdown"), line
+        assert not [p for p in diagnosis.get("problems") or [] if "Prometheus" in p], diagnosis["problems"]
+        finding = report(api, namespace, job)["findings"][0]
+        assert [alert["name"] for alert in finding["evidence"]["node_alerts"]] == ["GPUClocksThrottled"]
+        warning = eventually(
+            lambda: [e.message for e in events(api, namespace, "throttled") if e.reason == diagnosis["kind"]],
+            20,
+            what="the diagnosis Event",
+        )[0]
+        assert f"firing on its node: {line}" in warning, warning
+    finally:
+        processes.stop(runner)
+        processes.stop(operator)
+        monitoring.scrape("dcgm-exporter", [])
+        dcgm.shutdown()
+        print((tmp_path / "operator.log").read_text()[-3000:])
