@@ -235,7 +235,9 @@ def parse_stall(body: bytes) -> StallReport:
 def _parse(body: bytes, cls: type[T]) -> T:
     try:
         document = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ProtocolError as error:
+        raise ProtocolError(f"{cls.__name__}: {error}") from None
+    except ValueError as error:  # not JSON, not UTF-8, or an integer of more digits than Python converts
         raise ProtocolError(f"{cls.__name__}: not JSON: {error}") from error
     except RecursionError:
         raise ProtocolError(f"{cls.__name__}: JSON nested too deeply") from None

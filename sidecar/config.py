@@ -33,6 +33,7 @@ class SidecarConfig:
     queue_size: int
     post_timeout_s: float
     shutdown_grace_s: float
+    idle_timeout_s: float = 15.0  # a connection without a complete request for this long is closed
 
 
 # field -> (flag, environment variable or None, type, default)
@@ -54,6 +55,7 @@ SETTINGS: dict[str, tuple[str, str | None, type, object]] = {
     "queue_size": ("--queue-size", None, int, 120),
     "post_timeout_s": ("--post-timeout-seconds", None, float, 10.0),
     "shutdown_grace_s": ("--shutdown-grace-seconds", None, float, 5.0),
+    "idle_timeout_s": ("--idle-timeout-seconds", None, float, 15.0),
 }
 
 

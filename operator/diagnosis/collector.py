@@ -30,7 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from rankwatch import protocol
+from rankwatch import http_logging, protocol
 from rankwatch.operator import api
 from rankwatch.operator.diagnosis import metrics
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
@@ -131,6 +131,7 @@ class CollectorSettings:
 JobLimits = Callable[[str, str], StateLimits | None]
 """(namespace, name) -> the job's state limits when rankwatch follows that job, else None."""
 
+LINGER_S = 2.0
 PARSE_OFF_LOOP_BYTES = 256 << 10
 """Bodies larger than this are parsed in a thread, so a big summary does not hold up the event loop."""
 
@@ -204,7 +205,11 @@ class Collector:
         self.port: int | None = None
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, keepalive_timeout=self.settings.idle_timeout_s)
+        http_logging.quiet_client_errors()
+        # lingering_time: after refusing a body, read and drop the rest of it for at most this long.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, keepalive_timeout=self.settings.idle_timeout_s, lingering_time=LINGER_S
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
@@ -308,7 +313,9 @@ class Collector:
                     chunks.append(chunk)
         except TimeoutError:
             self.bodies.give(held)
-            raise _Refused(_error(408, f"body not received within {self.settings.body_timeout_s:g} s")) from None
+            too_slow = _error(408, f"body not received within {self.settings.body_timeout_s:g} s")
+            too_slow.force_close()  # the rest of a slow body is not waited for on this connection either
+            raise _Refused(too_slow) from None
         except RequestPayloadError as error:  # aiohttp decompresses gzip itself
             self.bodies.give(held)
             raise _Refused(_error(400, f"body could not be read: {error}")) from None
