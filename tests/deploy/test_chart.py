@@ -250,6 +250,12 @@ def test_listed_namespaces_keep_secrets_and_configmaps_out_of_the_cluster_role(r
         assert {item for item in roles[namespace] if item[1] == "secrets"} == {("", "secrets", "get"),
                                                                               ("", "secrets", "create")}  # fmt: skip
     assert {item for item in roles["ops"] if item[1] == "secrets"} == {("", "secrets", "get")}
+    everything = _grants(one(render(release="rw", namespace="ops"), "ClusterRole")["rules"])
+    assert everything - {item for item in everything if item[1] in ("secrets", "configmaps")} <= cluster, (
+        "only Secrets and ConfigMaps move into the namespaces' Roles"
+    )
+    for namespace in ("team-a", "team-b"):
+        assert {item for item in everything if item[1] in ("secrets", "configmaps")} <= roles[namespace]
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(objects, "RoleBinding")}
     assert set(bindings) == {"ops", "team-a", "team-b"}
     account = one(objects, "ServiceAccount")["metadata"]["name"]
