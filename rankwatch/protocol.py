@@ -7,9 +7,11 @@ Two messages, each POSTed as gzip'd JSON with ``Authorization: Bearer <job token
   empty one (it doubles as the sidecar's heartbeat);
 - ``StallReport`` to ``/v1/jobs/{namespace}/{name}/stalls`` at once when a local rank stalls.
 
-A collector answers 2xx when it has taken the message; 400 / 404 (no such job) / 409 (a window older
-than one already taken: replayed) / 413 / 422 refuse it for good (the sidecar drops it); 401 / 403 /
-408 / 429 / 5xx are retried with backoff, so delivery is at least once:
+A collector answers 2xx when it has taken the message; 400 / 404 / 409 (a window older than one
+already taken: replayed) / 413 / 422 refuse it for good (the sidecar drops it); 401 / 403 / 408 / 429 /
+5xx are retried with backoff. The operator's collector answers a job it does not follow with the same
+401 as a wrong token (an outsider learns nothing of which jobs exist): the sidecar of a job not yet
+seen, or already ended, keeps retrying until it is followed or its pod ends, so delivery is at least once:
 (pod, start_ns, window) identifies a summary, (pod, detected_ns) a stall report. Every message carries
 ``schema``; a parser refuses other versions rather than guess. Times are CLOCK_REALTIME
 nanoseconds (ints) or durations in seconds (floats); communicator ids are 16 hex digits (a JSON
