@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import Op
+from rankwatch.analysis.ring import MAX_GLOBAL_RANK, Op
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, Frame, RankSource, Trace
 
@@ -132,19 +132,24 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _rank_of(path: Path, dump: dict[str, Any]) -> int:
-    if isinstance(dump.get("rank"), int):
-        return dump["rank"]
-    match = re.search(r"(\d+)(?:\.\w+)?$", path.name)
-    if not match:
-        raise FlightRecorderError(f"{path}: cannot tell the rank (no number at the end of the file name)")
-    return int(match.group(1))
+    if isinstance(dump.get("rank"), int) and not isinstance(dump.get("rank"), bool):
+        rank = dump["rank"]
+    else:
+        match = re.search(r"(\d+)(?:\.\w+)?$", path.name)
+        if not match:
+            raise FlightRecorderError(f"{path}: cannot tell the rank (no number at the end of the file name)")
+        rank = int(match.group(1))
+    if not 0 <= rank <= MAX_GLOBAL_RANK:
+        raise FlightRecorderError(f"{path}: rank {rank} is outside 0..{MAX_GLOBAL_RANK}")
+    return rank
 
 
 def _ranks_of_group(config: Any) -> list[int]:
     ranks = config.get("ranks", []) if isinstance(config, dict) else []
     if isinstance(ranks, str):  # stored as its text ("[0, 1]")
         ranks = ast.literal_eval(ranks) if ranks.strip() else []
-    if not isinstance(ranks, list | tuple) or not all(isinstance(r, int) and 0 <= r < 1 << 31 for r in ranks):
+    # Ranks index per-rank arrays (and the list of ranks without a dump): bounded like a ring's.
+    if not isinstance(ranks, list | tuple) or not all(isinstance(r, int) and 0 <= r <= MAX_GLOBAL_RANK for r in ranks):
         raise FlightRecorderError(f"pg_config ranks {str(ranks)[:80]!r} are not a list of ranks")
     return [int(r) for r in ranks]
 
