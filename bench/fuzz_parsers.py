@@ -27,9 +27,16 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=20_000, help="inputs per target")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="rankwatch-fuzz-"))
+    (directory / "megatrace").mkdir()
+    (directory / "flight-recorder").mkdir()
     runs = {
         "protocol": (targets.protocol_bodies(), lambda body: targets.decode_protocol(*body)),
         "ring": (targets.ring_files(), lambda data: targets.read_ring_file(data, directory)),
+        "megatrace": (targets.megatrace_logs(), lambda logs: targets.read_megatrace(logs, directory / "megatrace")),
+        "flight recorder": (
+            targets.flight_recorder_dumps(),
+            lambda dump: targets.read_flight_recorder(dump, directory / "flight-recorder"),
+        ),
         "alerting config": (targets.config_texts(), targets.load_alerting_config),
     }
     crashes = 0

@@ -11,6 +11,7 @@ import contextlib
 import copy
 import gzip
 import json
+import pickle
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,8 @@ from hypothesis import strategies as st
 from rankwatch import protocol
 from rankwatch.alerting import mapping_resolver
 from rankwatch.alerting.config import ConfigError, load_config, parse_config
+from rankwatch.analysis.flight_recorder import read_dumps
+from rankwatch.analysis.megatrace import read_logs
 from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, RingError, RingReader
 from rankwatch.analysis.ring_loader import load_rings
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
@@ -172,6 +175,94 @@ def read_ring_file(data: bytes, directory: Path) -> None:
         pass
     trace = load_rings([path])  # never raises: an unreadable ring is a problem in the trace
     assert len(trace.calls) <= 8 or trace.problems is not None
+
+
+# -- Megatrace logs and flight-recorder dumps (the analysis' other inputs) -----------------------------
+
+MEGATRACE_LINES = [
+    f"[save_count {i}] [1700000000.{i:09d}] [Rank {rank}] Fun AllReduce Data 1024 stream 0x7f00 opCount {i} "
+    f"groupHash 1234567"
+    for rank in (0, 1)
+    for i in range(1, 6)
+]
+
+
+@st.composite
+def megatrace_logs(draw: st.DrawFn) -> list[bytes]:
+    """Two ranks' logs, lines damaged (bytes overwritten, cut, duplicated) or replaced by random bytes."""
+    logs = []
+    for rank in (0, 1):
+        lines = [line.encode() for line in MEGATRACE_LINES if f"[Rank {rank}]" in line]
+        for _ in range(draw(st.integers(0, 4))):
+            index = draw(st.integers(0, len(lines) - 1))
+            line = bytearray(lines[index])
+            action = draw(st.sampled_from(["overwrite", "cut", "random", "digits"]))
+            if action == "overwrite":
+                where = draw(st.integers(0, max(0, len(line) - 1)))
+                line[where : where + 4] = draw(st.binary(min_size=1, max_size=4))
+            elif action == "cut":
+                del line[draw(st.integers(0, len(line))) :]
+            elif action == "digits":  # a field's number made huge or negative
+                line = bytearray(bytes(line).replace(b"1024", draw(st.sampled_from([b"9" * 30, b"-1", b"0" * 40]))))
+            else:
+                line = bytearray(draw(st.binary(max_size=120)))
+            lines[index] = bytes(line)
+        logs.append(b"\n".join(lines) + b"\n")
+    return logs
+
+
+def read_megatrace(logs: list[bytes], directory: Path) -> None:
+    """The analysis reader (the C tokeniser when built) on damaged logs: problems, never a crash."""
+    TRIED["megatrace"] += 1
+    for old in directory.glob("*.log"):
+        old.unlink()
+    for rank, data in enumerate(logs):
+        (directory / f"rank_{rank}.log").write_bytes(data)
+    trace = read_logs(directory)
+    assert len(trace.calls) <= sum(data.count(b"\n") + 1 for data in logs)
+
+
+def _flight_recorder_dump(rank: int) -> dict[str, Any]:
+    entries = [
+        {"record_id": seq, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+         "p2p_seq_id": 0, "op_id": seq, "profiling_name": "nccl:all_reduce", "input_sizes": [[1024, 4]],
+         "input_dtypes": ["Float"], "output_sizes": [[1024, 4]], "output_dtypes": ["Float"], "state": "completed",
+         "time_created_ns": 10**18 + seq * 10**7, "time_discovered_started_ns": 10**18 + seq * 10**7 + 100,
+         "time_discovered_completed_ns": 10**18 + seq * 10**7 + 5 * 10**6, "duration_ms": 5.0, "timeout_ms": 600000,
+         "retired": True, "is_p2p": False, "frames": []}
+        for seq in range(1, 4)
+    ]  # fmt: skip
+    return {"version": "2.10", "rank": rank, "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": [0, 1]}},
+            "pg_status": {}, "entries": entries}  # fmt: skip
+
+
+FLIGHT_RECORDER_DUMP = _flight_recorder_dump(0)
+
+
+@st.composite
+def flight_recorder_dumps(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """(a damaged dump of rank 0 as JSON or pickle, whether it is a pickle), or random bytes."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.binary(max_size=600)), draw(st.booleans())
+    document = draw(damaged_documents(FLIGHT_RECORDER_DUMP))
+    as_pickle = draw(st.booleans())
+    data = pickle.dumps(document) if as_pickle else json.dumps(document).encode()
+    if draw(st.booleans()):  # and a few bytes of the encoding itself damaged
+        data = bytearray(data)
+        where = draw(st.integers(0, len(data) - 1))
+        data[where : where + 2] = draw(st.binary(min_size=1, max_size=2))
+        data = bytes(data)
+    return data, as_pickle
+
+
+def read_flight_recorder(dump: tuple[bytes, bool], directory: Path) -> None:
+    """The flight-recorder reader (restricted unpickler included) on a damaged dump beside a good one."""
+    TRIED["flight recorder"] += 1
+    data, _ = dump
+    (directory / "nccl_trace_rank_0").write_bytes(data)
+    (directory / "nccl_trace_rank_1").write_bytes(json.dumps(_flight_recorder_dump(1)).encode())
+    trace = read_dumps(sorted(directory.glob("nccl_trace_rank_*")))
+    assert 1 in trace.ranks, "the good dump is read whatever the other holds"
 
 
 # -- the alerting config -----------------------------------------------------------------------------
