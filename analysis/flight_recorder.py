@@ -120,7 +120,18 @@ def _load(path: Path) -> dict[str, Any]:
             dump = _PlainDataUnpickler(io.BytesIO(data)).load()
     except json.JSONDecodeError as error:
         raise FlightRecorderError(f"{path}: line {error.lineno}: not valid JSON: {error.msg}") from error
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError) as error:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        OverflowError,
+        RecursionError,
+        MemoryError,
+    ) as error:  # fmt: skip  (a damaged pickle's opcodes fail in any of these: APPEND on a dict, ...)
         raise FlightRecorderError(f"{path}: not a readable flight-recorder pickle: {error}") from error
     if not isinstance(dump, dict):
         raise FlightRecorderError(f"{path}: no 'entries' list: not a flight-recorder dump")
@@ -172,6 +183,10 @@ def _element_count(sizes: Any) -> int:
     return count
 
 
+MAX_DURATION_MS = 30 * 24 * 3600 * 1e3
+"""A collective's duration the reader takes: a month (NCCL's own timeouts are minutes)."""
+
+
 def _integer(value: Any, what: str) -> int:
     if value is None or value == "":
         return 0
@@ -179,8 +194,8 @@ def _integer(value: Any, what: str) -> int:
         raise FlightRecorderError(f"{what} {str(value)[:40]!r} is not a number")
     try:
         number = int(value)
-    except ValueError as error:
-        raise FlightRecorderError(f"{what} {value[:40]!r} is not a number") from error
+    except (ValueError, OverflowError) as error:  # text, NaN, infinity
+        raise FlightRecorderError(f"{what} {str(value)[:40]!r} is not a number") from error
     if not -(1 << 63) <= number < 1 << 63:
         raise FlightRecorderError(f"{what} {number} does not fit in 64 bits")
     return number
@@ -227,6 +242,8 @@ class _RankDump:
 
 def _read_one(path: Path, dump: dict[str, Any], configs: dict[str, list[int]]) -> _RankDump:
     rank = _rank_of(path, dump)
+    if not isinstance(dump.get("pg_config") or {}, dict):
+        raise FlightRecorderError(f"{path}: pg_config is not a mapping")
     for key, config in (dump.get("pg_config") or {}).items():
         if isinstance(config, dict) and str(config.get("name", key)):
             ranks = _ranks_of_group(config)
@@ -274,6 +291,9 @@ def _record(entry: dict[str, Any], completed_up_to: dict[str, int]) -> _Record |
     if not p2p and str(pg_id) in completed_up_to and 0 < seq <= completed_up_to[str(pg_id)]:
         completed = True
     duration = entry.get("duration_ms")
+    # NaN fails the range check too.
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and not 0 <= duration <= MAX_DURATION_MS:
+        raise FlightRecorderError(f"duration_ms {str(duration)[:40]} is not a duration (0 to {MAX_DURATION_MS:g} ms)")
     return _Record(
         group=group_name,
         pg_id=pg_id,
@@ -388,7 +408,7 @@ def _rows(d: _RankDump, members: dict[str, list[int]], timed: bool) -> np.ndarra
         ranks = members.get(record.group, [])
         gpu_start = record.t_started if record.completed or record.t_started else 0
         if record.completed and gpu_start and record.duration_ms is not None:
-            gpu_end = gpu_start + int(record.duration_ms * 1e6)
+            gpu_end = min(gpu_start + int(record.duration_ms * 1e6), (1 << 63) - 1)
         else:
             gpu_end = record.t_completed if record.completed else 0
         finished = (record.t_completed or record.t_call) if timed else -1  # -1: finished, time unknown

@@ -42,3 +42,29 @@ def test_found_numbers_are_refused_as_protocol_errors(replacement, message):
 def test_deep_nesting_is_a_protocol_error():
     with pytest.raises(protocol.ProtocolError, match="nested too deeply"):
         protocol.parse_summary(b"[" * 100_000)
+
+
+def _dump_with(**changes) -> dict:
+    document = targets.copy.deepcopy(targets.FLIGHT_RECORDER_DUMP)
+    entry_changes = changes.pop("entry", {})
+    document.update(changes)
+    document["entries"][1].update(entry_changes)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"\x80\x04}K\x01a.", "not a readable flight-recorder pickle"),  # APPEND on a dict: AttributeError
+        (json.dumps(_dump_with(pg_config=True)).encode(), "pg_config is not a mapping"),  # AttributeError
+        (json.dumps(_dump_with(entry={"duration_ms": 8223372036835})).encode(), "is not a duration"),  # Overflow
+        (targets.pickle.dumps(_dump_with(entry={"duration_ms": float("nan")})), "is not a duration"),
+        (targets.pickle.dumps(_dump_with(entry={"time_created_ns": float("inf")})), "is not a number"),
+    ],
+)
+def test_found_flight_recorder_dumps_are_problems(tmp_path, data, problem):
+    """Found by bench/fuzz_parsers.py (the first three; the last two by reading the code it pointed at):
+    each crashed the reader with AttributeError, OverflowError or ValueError."""
+    targets.read_flight_recorder((data, False), tmp_path)
+    trace = targets.read_dumps(sorted(tmp_path.glob("nccl_trace_rank_*")))
+    assert any(problem in text for text in trace.problems), trace.problems
