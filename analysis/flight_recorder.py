@@ -286,6 +286,11 @@ def _record(entry: dict[str, Any], completed_up_to: dict[str, int]) -> _Record |
     group_name = str(group[0] if isinstance(group, list | tuple) and group else (group if group else pg_id))
     seq_key = "p2p_seq_id" if p2p else ("collective_seq_id" if "collective_seq_id" in entry else "seq_id")
     seq = _integer(entry.get(seq_key), seq_key)
+    if seq < 0:
+        raise FlightRecorderError(f"{seq_key} {seq} is negative")
+    peer = int(p2p.group(3)) if p2p else -1  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
+    if peer > MAX_GLOBAL_RANK:
+        raise FlightRecorderError(f"profiling_name {name[:60]!r}: peer {peer} is beyond {MAX_GLOBAL_RANK}")
     state = entry.get("state", "")
     completed = state == "completed" or entry.get("retired") is True
     if not p2p and str(pg_id) in completed_up_to and 0 < seq <= completed_up_to[str(pg_id)]:
@@ -300,7 +305,7 @@ def _record(entry: dict[str, Any], completed_up_to: dict[str, int]) -> _Record |
         seq=seq,
         op=int(op),
         count=_element_count(entry.get("input_sizes")),
-        peer=int(p2p.group(3)) if p2p else -1,  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
+        peer=peer,
         t_call=_integer(entry.get("time_created_ns"), "time_created_ns"),
         t_started=_integer(entry.get("time_discovered_started_ns"), "time_discovered_started_ns")
         if state in ("started", "completed")

@@ -60,11 +60,17 @@ def _dump_with(**changes) -> dict:
         (json.dumps(_dump_with(entry={"duration_ms": 8223372036835})).encode(), "is not a duration"),  # Overflow
         (targets.pickle.dumps(_dump_with(entry={"duration_ms": float("nan")})), "is not a duration"),
         (targets.pickle.dumps(_dump_with(entry={"time_created_ns": float("inf")})), "is not a number"),
+        (json.dumps(_dump_with(entry={"collective_seq_id": -1})).encode(), "collective_seq_id -1 is negative"),
+        (
+            json.dumps(_dump_with(entry={"profiling_name": "nccl:send 0->99999999999", "p2p_seq_id": 1})).encode(),
+            "peer 99999999999 is beyond",
+        ),
     ],
 )
 def test_found_flight_recorder_dumps_are_problems(tmp_path, data, problem):
-    """Found by bench/fuzz_parsers.py (the first three; the last two by reading the code it pointed at):
-    each crashed the reader with AttributeError, OverflowError or ValueError."""
+    """Found by bench/fuzz_parsers.py (APPEND on a dict, pg_config, the duration, the negative sequence
+    number; the others by reading the code the crashes pointed at): each crashed the reader with
+    AttributeError, OverflowError or ValueError."""
     targets.read_flight_recorder((data, False), tmp_path)
     trace = targets.read_dumps(sorted(tmp_path.glob("nccl_trace_rank_*")))
     assert any(problem in text for text in trace.problems), trace.problems
