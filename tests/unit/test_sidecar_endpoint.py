@@ -128,3 +128,27 @@ async def test_a_compressed_evidence_tar_is_refused(servers, tmp_path: Path):
     target = SidecarPod("llama-worker-0", "gpu-0", f"http://127.0.0.1:{sidecar.port}")
     files, problems = await fetch_files([target], TOKEN, tmp_path, max_bytes_per_pod=1 << 20)
     assert files == [] and "not a readable tar" in problems[0]
+
+
+async def test_evidence_within_its_bound_is_unpacked_and_nothing_else_is_left(servers, tmp_path: Path):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:  # as the sidecar sends it: a plain tar
+        for name, data in (("megatrace/rank_0.log", b"[save_count 1] ...\n"), ("flight_recorder_rank_0", b"{}")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+        escape = tarfile.TarInfo("../outside")
+        escape.size = 1
+        archive.addfile(escape, io.BytesIO(b"x"))
+    sidecar = await servers(Server(buffer.getvalue()))
+    target = SidecarPod("llama-worker-0", "gpu-0", f"http://127.0.0.1:{sidecar.port}")
+    files, problems = await fetch_files([target], TOKEN, tmp_path / "files")
+    assert problems == []
+    assert sorted(path.relative_to(tmp_path / "files").as_posix() for path in files) == [
+        "llama-worker-0/flight_recorder_rank_0",
+        "llama-worker-0/megatrace/rank_0.log",
+    ]
+    assert (tmp_path / "files" / "llama-worker-0" / "megatrace" / "rank_0.log").read_bytes() == b"[save_count 1] ...\n"
+    left = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file())
+    assert left == ["files/llama-worker-0/flight_recorder_rank_0", "files/llama-worker-0/megatrace/rank_0.log"]
+    assert sidecar.requests == [(protocol.EVIDENCE_PATH, protocol.bearer(TOKEN))]
