@@ -132,6 +132,14 @@ def serve(config_path: str | None, secrets_file: str | None, namespace: str | No
     except (ConfigError, OSError) as error:
         print(f"rankwatch alerts serve: {error}", file=sys.stderr)
         return 1
+    if config.intake.bearer_token is None:
+        print(
+            "rankwatch alerts serve: the config sets no intake.bearer_token: the intake would refuse every "
+            "request. Add intake: {bearer_token: {secretKeyRef: {name: ..., key: ...}}} and give Alertmanager "
+            "the same token (http_config.authorization.credentials_file)",
+            file=sys.stderr,
+        )
+        return 1
     return asyncio.run(_serve(config, host or "127.0.0.1", int(port)))
 
 

@@ -126,9 +126,13 @@ async def serve(pipeline: AlertPipeline, host: str = "127.0.0.1", port: int = 0)
 
 
 def _authorised(request: web.Request) -> None:
+    """Every intake endpoint wants the bearer token; without one configured the intake is closed (it
+    accepts alerts, silences and reports: nobody may use it anonymously)."""
     token = request.app[PIPELINE_KEY].config.intake.bearer_token
     if token is None:
-        return
+        raise web.HTTPUnauthorized(
+            text="the intake is closed: the alerting config sets no intake.bearer_token (a secretKeyRef)\n"
+        )
     given = request.headers.get("Authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {token.reveal()}".encode()):
         raise web.HTTPUnauthorized(text="missing or wrong bearer token\n")

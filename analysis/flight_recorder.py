@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import Op
+from rankwatch.analysis.ring import MAX_GLOBAL_RANK, Op
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, Frame, RankSource, Trace
 
@@ -120,7 +120,18 @@ def _load(path: Path) -> dict[str, Any]:
             dump = _PlainDataUnpickler(io.BytesIO(data)).load()
     except json.JSONDecodeError as error:
         raise FlightRecorderError(f"{path}: line {error.lineno}: not valid JSON: {error.msg}") from error
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, MemoryError) as error:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        OverflowError,
+        RecursionError,
+        MemoryError,
+    ) as error:  # fmt: skip  (a damaged pickle's opcodes fail in any of these: APPEND on a dict, ...)
         raise FlightRecorderError(f"{path}: not a readable flight-recorder pickle: {error}") from error
     if not isinstance(dump, dict):
         raise FlightRecorderError(f"{path}: no 'entries' list: not a flight-recorder dump")
@@ -132,19 +143,24 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _rank_of(path: Path, dump: dict[str, Any]) -> int:
-    if isinstance(dump.get("rank"), int):
-        return dump["rank"]
-    match = re.search(r"(\d+)(?:\.\w+)?$", path.name)
-    if not match:
-        raise FlightRecorderError(f"{path}: cannot tell the rank (no number at the end of the file name)")
-    return int(match.group(1))
+    if isinstance(dump.get("rank"), int) and not isinstance(dump.get("rank"), bool):
+        rank = dump["rank"]
+    else:
+        match = re.search(r"(\d+)(?:\.\w+)?$", path.name)
+        if not match:
+            raise FlightRecorderError(f"{path}: cannot tell the rank (no number at the end of the file name)")
+        rank = int(match.group(1))
+    if not 0 <= rank <= MAX_GLOBAL_RANK:
+        raise FlightRecorderError(f"{path}: rank {rank} is outside 0..{MAX_GLOBAL_RANK}")
+    return rank
 
 
 def _ranks_of_group(config: Any) -> list[int]:
     ranks = config.get("ranks", []) if isinstance(config, dict) else []
     if isinstance(ranks, str):  # stored as its text ("[0, 1]")
         ranks = ast.literal_eval(ranks) if ranks.strip() else []
-    if not isinstance(ranks, list | tuple) or not all(isinstance(r, int) and 0 <= r < 1 << 31 for r in ranks):
+    # Ranks index per-rank arrays (and the list of ranks without a dump): bounded like a ring's.
+    if not isinstance(ranks, list | tuple) or not all(isinstance(r, int) and 0 <= r <= MAX_GLOBAL_RANK for r in ranks):
         raise FlightRecorderError(f"pg_config ranks {str(ranks)[:80]!r} are not a list of ranks")
     return [int(r) for r in ranks]
 
@@ -167,6 +183,10 @@ def _element_count(sizes: Any) -> int:
     return count
 
 
+MAX_DURATION_MS = 30 * 24 * 3600 * 1e3
+"""A collective's duration the reader takes: a month (NCCL's own timeouts are minutes)."""
+
+
 def _integer(value: Any, what: str) -> int:
     if value is None or value == "":
         return 0
@@ -174,8 +194,8 @@ def _integer(value: Any, what: str) -> int:
         raise FlightRecorderError(f"{what} {str(value)[:40]!r} is not a number")
     try:
         number = int(value)
-    except ValueError as error:
-        raise FlightRecorderError(f"{what} {value[:40]!r} is not a number") from error
+    except (ValueError, OverflowError) as error:  # text, NaN, infinity
+        raise FlightRecorderError(f"{what} {str(value)[:40]!r} is not a number") from error
     if not -(1 << 63) <= number < 1 << 63:
         raise FlightRecorderError(f"{what} {number} does not fit in 64 bits")
     return number
@@ -222,6 +242,8 @@ class _RankDump:
 
 def _read_one(path: Path, dump: dict[str, Any], configs: dict[str, list[int]]) -> _RankDump:
     rank = _rank_of(path, dump)
+    if not isinstance(dump.get("pg_config") or {}, dict):
+        raise FlightRecorderError(f"{path}: pg_config is not a mapping")
     for key, config in (dump.get("pg_config") or {}).items():
         if isinstance(config, dict) and str(config.get("name", key)):
             ranks = _ranks_of_group(config)
@@ -264,18 +286,26 @@ def _record(entry: dict[str, Any], completed_up_to: dict[str, int]) -> _Record |
     group_name = str(group[0] if isinstance(group, list | tuple) and group else (group if group else pg_id))
     seq_key = "p2p_seq_id" if p2p else ("collective_seq_id" if "collective_seq_id" in entry else "seq_id")
     seq = _integer(entry.get(seq_key), seq_key)
+    if seq < 0:
+        raise FlightRecorderError(f"{seq_key} {seq} is negative")
+    peer = int(p2p.group(3)) if p2p else -1  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
+    if peer > MAX_GLOBAL_RANK:
+        raise FlightRecorderError(f"profiling_name {name[:60]!r}: peer {peer} is beyond {MAX_GLOBAL_RANK}")
     state = entry.get("state", "")
     completed = state == "completed" or entry.get("retired") is True
     if not p2p and str(pg_id) in completed_up_to and 0 < seq <= completed_up_to[str(pg_id)]:
         completed = True
     duration = entry.get("duration_ms")
+    # NaN fails the range check too.
+    if isinstance(duration, int | float) and not isinstance(duration, bool) and not 0 <= duration <= MAX_DURATION_MS:
+        raise FlightRecorderError(f"duration_ms {str(duration)[:40]} is not a duration (0 to {MAX_DURATION_MS:g} ms)")
     return _Record(
         group=group_name,
         pg_id=pg_id,
         seq=seq,
         op=int(op),
         count=_element_count(entry.get("input_sizes")),
-        peer=int(p2p.group(3)) if p2p else -1,  # "nccl:send 0->1", "nccl:recv 1<-0": the peer comes last
+        peer=peer,
         t_call=_integer(entry.get("time_created_ns"), "time_created_ns"),
         t_started=_integer(entry.get("time_discovered_started_ns"), "time_discovered_started_ns")
         if state in ("started", "completed")
@@ -383,7 +413,7 @@ def _rows(d: _RankDump, members: dict[str, list[int]], timed: bool) -> np.ndarra
         ranks = members.get(record.group, [])
         gpu_start = record.t_started if record.completed or record.t_started else 0
         if record.completed and gpu_start and record.duration_ms is not None:
-            gpu_end = gpu_start + int(record.duration_ms * 1e6)
+            gpu_end = min(gpu_start + int(record.duration_ms * 1e6), (1 << 63) - 1)
         else:
             gpu_end = record.t_completed if record.completed else 0
         finished = (record.t_completed or record.t_call) if timed else -1  # -1: finished, time unknown

@@ -25,7 +25,7 @@ from typing import NamedTuple, NoReturn, TypeVar
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import Op
+from rankwatch.analysis.ring import MAX_GLOBAL_RANK, Op
 from rankwatch.analysis.stream_match import match_streams
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
@@ -452,6 +452,10 @@ def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
             problems.append(result)
             continue
         if not result.rows:
+            continue
+        highest = int(result.rank.max())
+        if highest > MAX_GLOBAL_RANK:  # per-rank arrays of the analysis would be as long as this
+            problems.append(f"{path}: rank {highest} is beyond the highest analysed ({MAX_GLOBAL_RANK}); skipped")
             continue
         rank = int(result.rank[0])
         if rank not in ranks or ranks[rank].node == "unknown":

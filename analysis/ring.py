@@ -155,6 +155,14 @@ class RingSnapshot:
     overwritten: int  # claims older than the window (lost to wrap-around)
 
 
+MAX_CAPACITY = 1 << 24
+"""Largest ring this reader takes: 16 Mi records, 2 GiB (the library's default is 64 Ki records). A header
+may promise any capacity; a sparse file can back it without using the disk."""
+MAX_GLOBAL_RANK = (1 << 20) - 1
+"""Highest global rank the readers take: far beyond any job, and small enough that per-rank arrays
+indexed by rank (the analysis has some) stay small."""
+
+
 def _validate(path: Path, head: bytes, size: int) -> int:
     """The ring's capacity, once its header shows a ring this reader understands."""
     if size < HEADER_SIZE:
@@ -175,6 +183,10 @@ def _validate(path: Path, head: bytes, size: int) -> int:
     capacity = int(header["capacity"])
     if capacity <= 0 or capacity & (capacity - 1):
         raise RingError(f"{path}: offset 24: capacity {capacity} is not a power of two")
+    if capacity > MAX_CAPACITY:
+        raise RingError(
+            f"{path}: offset 24: capacity {capacity} records is over the largest this reader takes ({MAX_CAPACITY})"
+        )
     expected = HEADER_SIZE + capacity * RECORD_SIZE
     if size < expected:
         raise RingError(f"{path}: truncated: {size} bytes, the header promises {expected}")
@@ -201,10 +213,12 @@ class RingReader:
         """``load``: read the file once into memory instead of mapping it (a finished ring read once)."""
         self.path = Path(path)
         try:
-            if load:
-                self._map: mmap.mmap | bytes = self.path.read_bytes()
-            else:
-                with open(self.path, "rb") as handle:
+            with open(self.path, "rb") as handle:
+                head, size = handle.read(HEADER_SIZE), os.fstat(handle.fileno()).st_size
+                self.capacity = _validate(self.path, head, size)
+                if load:  # what the header promises, not the whole file (which may be larger, or sparse)
+                    self._map: mmap.mmap | bytes = head + handle.read(self.capacity * RECORD_SIZE)
+                else:
                     self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as error:
             raise RingError(f"{self.path}: cannot map: {error}") from error

@@ -19,7 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, State, peek_header
+from rankwatch.analysis.ring import (
+    MAX_GLOBAL_RANK,
+    RAW_RECORD,
+    RECORD_DTYPE,
+    Op,
+    RingError,
+    RingReader,
+    State,
+    peek_header,
+)
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 _RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
@@ -84,10 +93,12 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
         else:
             records = records.view(RAW_RECORD)[traced].view(RECORD_DTYPE)
     created = {comm_id for comm_id, *_ in result.created}
-    ids = records["comm_id"]
-    for comm_id in np.unique(ids).tolist():
+    # One sort for every communicator's first call (a search per communicator was quadratic in a ring of
+    # many communicators).
+    unique_ids, first_rows = np.unique(records["comm_id"], return_index=True)
+    for comm_id, row in zip(unique_ids.tolist(), first_rows.tolist(), strict=True):
         if comm_id not in created:  # its creation fell out of a wrapped ring: its first call tells its place
-            first = records[int(np.argmax(ids == comm_id))]
+            first = records[row]
             result.from_calls.append((comm_id, int(first["rank"]), int(first["nranks"])))
     if len(records) > 1 and (np.diff(records["t_call_ns"]) < 0).any():  # threads interleaved
         records = records[np.argsort(records["t_call_ns"], kind="stable")]
@@ -119,6 +130,10 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
             continue
         if rank < 0:
             problems.append(f"{path}: the ring does not say its global rank (RANK was unset); skipped")
+        elif rank > MAX_GLOBAL_RANK:
+            problems.append(
+                f"{path}: global rank {rank} is beyond the highest rankwatch analyses ({MAX_GLOBAL_RANK}); skipped"
+            )
         elif rank in first_path:
             problems.append(f"{path}: rank {rank} also comes from {first_path[rank]}; kept the first")
         else:

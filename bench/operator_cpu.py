@@ -67,15 +67,18 @@ def serve(port_queue: multiprocessing.Queue, world: int, window_s: float, detect
     from rankwatch.analysis.topology import Layout
     from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
     from rankwatch.operator.diagnosis.detector import Thresholds, detect
-    from rankwatch.operator.diagnosis.job_state import JobStore
+    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
     async def tokens(namespace: str, name: str, stale: bool = False) -> str:
         return TOKEN
 
+    limits = StateLimits.for_job(world, world // RANKS_PER_POD)
+
     async def main() -> None:
         store = JobStore()
         collector = Collector(store, tokens, CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1e6,
-                                                                 burst_per_job=1e6))  # fmt: skip
+                                                                 burst_per_job=1e6),
+                              jobs=lambda namespace, name: limits)  # fmt: skip
         await collector.start()
         port_queue.put(collector.port)
         layout = Layout(TP, PP, world)

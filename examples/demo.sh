@@ -38,8 +38,9 @@ PORT=$("$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1"
 echo "==> operator (collector on 127.0.0.1:$PORT; log: $PWD/.demo-operator.log)"
 # The cooldown after an undo is off so that the demo can be run again at once; the circuit breaker
 # allows half of the 4 nodes (the default 10% would stop at the straggler's node and keep the hung
-# rank's node out by node anti-affinity only).
-RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_BREAKER_MAX_SHARE=0.5 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
+# rank's node out by node anti-affinity only). The pod runner's sidecars listen on 127.0.0.1 (kwok pod
+# IPs are not real): the operator trusts their endpoint annotation for that host only.
+RANKWATCH_SIDECAR_ENDPOINT_HOSTS=127.0.0.1 RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_BREAKER_MAX_SHARE=0.5 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
   >.demo-operator.log 2>&1 &
 OPERATOR=$!
 echo "==> pod runner: runs each worker pod's ranks and sidecar here (log: $PWD/.demo-pods/pod-runner.log)"

@@ -9,6 +9,7 @@ the variable, its value and what is expected (``RANKWATCH_BREAKER_MAX_SHARE='1.5
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Mapping
@@ -43,6 +44,10 @@ class WorkerPodSettings:
     collector_url: str = "http://rankwatch-operator.rankwatch-system.svc:8080"
     """Where sidecars POST window summaries (the collector Service: it routes to the leader only)."""
     sidecar_metrics_port: int = 9400
+    sidecar_endpoint_hosts: tuple[str, ...] = ()
+    """Hosts the pod annotation ``rankwatch.io/sidecar-endpoint`` may name (the local cluster: 127.0.0.1).
+    Empty: the annotation is ignored, sidecars are asked at their pod IP only (anyone who may edit a pod
+    could otherwise send the operator, with the job's token, to any URL)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,7 @@ class OperatorConfig:
             image=env.get("RANKWATCH_IMAGE", WorkerPodSettings.image, _non_empty),
             collector_url=env.get("RANKWATCH_COLLECTOR_URL", WorkerPodSettings.collector_url, _http_url),
             sidecar_metrics_port=env.get("RANKWATCH_SIDECAR_METRICS_PORT", 9400, _port),
+            sidecar_endpoint_hosts=env.get("RANKWATCH_SIDECAR_ENDPOINT_HOSTS", (), _host_list),
         )
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
@@ -284,6 +290,14 @@ def _listen(value: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port {number} is out of range")
     return host or "0.0.0.0", number
+
+
+def _host_list(value: str) -> tuple[str, ...]:
+    hosts = tuple(host.strip().strip("[]").lower() for host in value.split(",") if host.strip())
+    bad = [host for host in hosts if not re.fullmatch(r"[a-z0-9.:-]+", host) or "*" in host]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a host name or IP address (comma-separated, no wildcards)")
+    return hosts
 
 
 def _http_url(value: str) -> str:

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
-from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.recovery.reconcile import Recovery
 
@@ -56,8 +56,9 @@ class Watch:
             leading=self.leading,
             job_metrics=self.job_metrics,
             node_alerts=config.node_alerts,
+            sidecar_endpoint_hosts=config.pods.sidecar_endpoint_hosts,
         )
-        self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake)
+        self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake, jobs=self._job_limits)
         if self.alerts is not None:
             from rankwatch.alerting import add_routes
 
@@ -67,6 +68,14 @@ class Watch:
         self.recovery = Recovery(
             self.kube, config, tokens, new_attempt=self.monitor.new_attempt, diagnosing=self.monitor.diagnosing
         )
+
+    def _job_limits(self, namespace: str, name: str) -> StateLimits | None:
+        """How much state a followed job may hold; None for a job the monitor does not follow (no such
+        job, tracing off, or ended): the collector keeps nothing for it."""
+        job = self.monitor.jobs.get((namespace, name)) if self.monitor else None
+        if job is None:
+            return None
+        return StateLimits.for_job(job.spec.world_size, job.spec.replicas)
 
     async def stop(self) -> None:
         if self.recovery:

@@ -7,8 +7,11 @@ Two messages, each POSTed as gzip'd JSON with ``Authorization: Bearer <job token
   empty one (it doubles as the sidecar's heartbeat);
 - ``StallReport`` to ``/v1/jobs/{namespace}/{name}/stalls`` at once when a local rank stalls.
 
-A collector answers 2xx when it has taken the message; 400 / 404 (no such job) / 413 / 422 refuse it
-for good (the sidecar drops it); 401 / 403 / 429 / 5xx are retried with backoff, so delivery is at least once:
+A collector answers 2xx when it has taken the message; 400 / 404 / 409 (a window older than one
+already taken: replayed) / 413 / 422 refuse it for good (the sidecar drops it); 401 / 403 / 408 / 429 /
+5xx are retried with backoff. The operator's collector answers a job it does not follow with the same
+401 as a wrong token (an outsider learns nothing of which jobs exist): the sidecar of a job not yet
+seen, or already ended, keeps retrying until it is followed or its pod ends, so delivery is at least once:
 (pod, start_ns, window) identifies a summary, (pod, detected_ns) a stall report. Every message carries
 ``schema``; a parser takes the versions in ``SCHEMAS_READ`` and refuses others rather than guess (a
 field added by a later version has a default, so an older message still parses, without it). Times are CLOCK_REALTIME
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import math
 import types
 import typing
 import zlib
@@ -257,9 +261,13 @@ def parse_stall(body: bytes) -> StallReport:
 
 def _parse(body: bytes, cls: type[T]) -> T:
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        document = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except ProtocolError as error:
+        raise ProtocolError(f"{cls.__name__}: {error}") from None
+    except ValueError as error:  # not JSON, not UTF-8, or an integer of more digits than Python converts
         raise ProtocolError(f"{cls.__name__}: not JSON: {error}") from error
+    except RecursionError:
+        raise ProtocolError(f"{cls.__name__}: JSON nested too deeply") from None
     if not isinstance(document, dict):
         raise ProtocolError(f"{cls.__name__}: expected a JSON object, got {type(document).__name__}")
     schema = document.get("schema")
@@ -272,6 +280,19 @@ def _parse(body: bytes, cls: type[T]) -> T:
         return _compiled(cls)(document)
     except _Invalid:  # the slow path names the first bad field
         return _build(cls, document, cls.__name__)
+
+
+def _refuse_constant(name: str) -> Any:
+    """NaN and infinities are not JSON (Python's encoder writes them; no sidecar of ours does): a NaN wait
+    or sequence would poison every median it enters."""
+    raise ProtocolError(f"{name} is not a number this protocol accepts (JSON has no NaN or Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ProtocolError(f"{text[:40]} is out of range for a number (overflows to infinity)")
+    return value
 
 
 class _Invalid(Exception):

@@ -34,6 +34,7 @@ class SidecarConfig:
     post_timeout_s: float
     shutdown_grace_s: float
     python_stacks: int  # 1: take the ranks' Python stacks (py-spy) for each stall report; 0: never
+    idle_timeout_s: float = 15.0  # a connection without a complete request for this long is closed
 
 
 # field -> (flag, environment variable or None, type, default)
@@ -56,6 +57,7 @@ SETTINGS: dict[str, tuple[str, str | None, type, object]] = {
     "post_timeout_s": ("--post-timeout-seconds", None, float, 10.0),
     "shutdown_grace_s": ("--shutdown-grace-seconds", None, float, 5.0),
     "python_stacks": ("--python-stacks", "RANKWATCH_PYTHON_STACKS", int, 1),
+    "idle_timeout_s": ("--idle-timeout-seconds", None, float, 15.0),
 }
 
 

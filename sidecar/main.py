@@ -18,6 +18,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from rankwatch import http_logging
 from rankwatch.protocol import StallReport, WindowSummary
 from rankwatch.sidecar.config import SidecarConfig, TokenSource
 from rankwatch.sidecar.host_load import HostSampler
@@ -184,7 +185,9 @@ class Sidecar:
             )
         app = build_app(self.registry, lambda: list(self.rings.tails.values()), self.token, self.config.trace_dir,
                         Profiler() if self.stack_taker is not None else None)  # fmt: skip
-        self._runner = web.AppRunner(app, access_log=None)
+        http_logging.quiet_client_errors()
+        # Slow clients (slowloris) hold a connection no longer than idle_timeout_s without a full request.
+        self._runner = web.AppRunner(app, access_log=None, keepalive_timeout=self.config.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.host, self.config.port)
         await site.start()

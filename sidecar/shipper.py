@@ -24,7 +24,7 @@ from rankwatch.protocol import StallReport, WindowSummary
 
 log = logging.getLogger(__name__)
 
-PERMANENT_STATUSES = frozenset({400, 404, 413, 422})
+PERMANENT_STATUSES = frozenset({400, 404, 409, 413, 422})
 
 
 @dataclass

@@ -1,11 +1,16 @@
 """The collector: the operator's HTTP side of the sidecar protocol (``rankwatch.protocol``).
 
-Runs on the operator's event loop (aiohttp). Each request is checked in order of cost: rate limit
-(per job), bearer token (the job's Secret, constant-time compare), size, gzip, schema, that the
-message speaks of the job in its path; then it is deduplicated on (pod, start_ns, window) (delivery
-is at least once) and folded into the job's in-memory state. Answers follow the protocol: 2xx taken,
-400/404/413/422 refused for good, 401/429/503 worth retrying; every refusal is JSON
-``{"error": "..."}`` naming what to fix. Nothing here blocks: the Secret read runs in a thread.
+Runs on the operator's event loop (aiohttp). Each request is checked so that nothing is kept for a
+client before it has proven to be a job's sidecar: a bearer token at all, a job rankwatch follows
+(else the same 401 as a wrong token, so an outsider cannot tell which jobs exist), the job's token
+(its Secret, constant-time compare); then the job's rate limit, the body (size, read within a
+timeout, decompressed bytes counted against a budget shared by all requests in flight), gzip,
+schema (NaN and infinities refused), that the message speaks of the job in its path and of ranks in
+its world size; then it is deduplicated on (pod, start_ns, window) (delivery is at least once), a
+window older than the pod's newest is refused as replayed (409), and the rest is folded into the
+job's bounded in-memory state. Answers follow the protocol: 2xx taken, 400/404/409/413/422 refused
+for good, 401/408/429/503 worth retrying; every refusal is JSON ``{"error": "..."}`` naming what to
+fix. Nothing here blocks: the Secret read and the parsing of large bodies run in threads.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from aiohttp.web_protocol import RequestPayloadError
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from rankwatch import protocol
+from rankwatch import http_logging, protocol
 from rankwatch.operator import api
 from rankwatch.operator.diagnosis import metrics
-from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +119,66 @@ class CollectorSettings:
     rate_per_job: float = 200.0
     """Messages per second per job: a 1,000-pod job with 5 s windows sends 200."""
     burst_per_job: float = 2000.0
+    inflight_body_bytes: int = 64 << 20
+    """Decompressed request bodies held at once, over all requests: beyond it a request is answered 503
+    (retry) instead of each of many concurrent gzip bodies inflating to the per-request limit."""
+    body_timeout_s: float = 15.0
+    """A request body not received within this is answered 408 (a slow client holds nothing longer)."""
+    idle_timeout_s: float = 15.0
+    """A connection without a complete request head for this long is closed (slowloris)."""
+
+
+JobLimits = Callable[[str, str], StateLimits | None]
+"""(namespace, name) -> the job's state limits when rankwatch follows that job, else None."""
+
+LINGER_S = 2.0
+PARSE_OFF_LOOP_BYTES = 256 << 10
+"""Bodies larger than this are parsed in a thread, so a big summary does not hold up the event loop."""
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers or None)
 
 
+class ByteBudget:
+    """Bytes that requests in flight may hold together; taken chunk by chunk as bodies arrive."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, count: int) -> bool:
+        if self.held + count > self.limit:
+            return False
+        self.held += count
+        return True
+
+    def give(self, count: int) -> None:
+        self.held -= count
+
+
+class _Refused(Exception):
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+@web.middleware
+async def _no_tracebacks(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """A bug on some input answers a short JSON 500 (logged here with its traceback), never a page
+    with the traceback or a dropped connection."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("collector: %s %s failed", request.method, request.path)
+        return _error(500, "internal error in the collector (logged by the operator); retry later")
+
+
 class Collector:
-    """Builds the aiohttp app; ``on_stall(namespace, name)`` is called when a stall report arrives."""
+    """Builds the aiohttp app; ``on_stall(namespace, name)`` is called when a stall report arrives.
+    ``jobs`` says which jobs exist (and how much state each may hold): messages for any other job are
+    refused before anything is kept or looked up."""
 
     def __init__(
         self,
@@ -129,13 +186,17 @@ class Collector:
         tokens: TokenLookup,
         settings: CollectorSettings,
         on_stall: Callable[[str, str], None] | None = None,
+        *,
+        jobs: JobLimits,
     ) -> None:
         self.store = store
         self.tokens = tokens
         self.settings = settings
+        self.jobs = jobs
         self.limiter = RateLimiter(settings.rate_per_job, settings.burst_per_job)
+        self.bodies = ByteBudget(settings.inflight_body_bytes)
         self.on_stall = on_stall
-        self.app = web.Application(client_max_size=protocol.MAX_DECODED_BYTES)
+        self.app = web.Application(client_max_size=protocol.MAX_DECODED_BYTES, middlewares=[_no_tracebacks])
         self.app.router.add_post(protocol.SUMMARIES_PATH, self._summaries)
         self.app.router.add_post(protocol.STALLS_PATH, self._stalls)
         self.app.router.add_get("/metrics", self._metrics)
@@ -144,7 +205,11 @@ class Collector:
         self.port: int | None = None
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        http_logging.quiet_client_errors()
+        # lingering_time: after refusing a body, read and drop the rest of it for at most this long.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, keepalive_timeout=self.settings.idle_timeout_s, lingering_time=LINGER_S
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
@@ -176,63 +241,137 @@ class Collector:
             208: "duplicate",
             401: "unauthorized",
             404: "unknown_job",
+            408: "too_slow",
+            409: "replayed",
             413: "too_large",
             400: "invalid",
             422: "invalid",
             429: "rate_limited",
+            503: "busy",
         }.get(response.status, "error")
         metrics.COLLECTOR_MESSAGES.labels(kind, result).inc()
         return response
 
     async def _handle(self, request: web.Request, kind: str) -> web.Response:
+        """Checks in an order that keeps nothing for a stranger: a token at all, a job rankwatch follows,
+        the job's token; only then the job's rate, the body and the message."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         job = f"TrainingJob {namespace}/{name}"
-        wait = self.limiter.take((namespace, name))
-        if wait:
-            return _error(429, f"{job}: over {self.settings.rate_per_job:.0f} messages/s", **{"Retry-After": "1"})
+        # One answer for "no such job", "no token" and "wrong token": an outsider cannot tell which jobs exist.
+        unauthorized = _error(401, f"{job}: send Authorization: Bearer <the job's rankwatch token>")
         given = protocol.token_of(request.headers.get("Authorization"))
         if given is None:
-            return _error(401, "send Authorization: Bearer <the job's rankwatch token>")
+            return unauthorized
+        limits = self.jobs(namespace, name)
+        if limits is None:
+            return unauthorized
         try:
             token = await self.tokens(namespace, name)
             if token is not None and not hmac.compare_digest(given.encode(), token.encode()):
                 token = await self.tokens(namespace, name, stale=True)
         except TokenUnavailable as error:
             return _error(503, f"{job}: token not readable now ({error}); retry", **{"Retry-After": "5"})
-        if token is None:
-            return _error(404, f"{job}: no such job with tracing enabled (no Secret {api.token_secret_name(name)})")
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return _error(401, f"{job}: the bearer token is not this job's (Secret {api.token_secret_name(name)})")
+        if token is None or not hmac.compare_digest(given.encode(), token.encode()):
+            return unauthorized
+        if self.limiter.take((namespace, name)):
+            return _error(429, f"{job}: over {self.settings.rate_per_job:.0f} messages/s", **{"Retry-After": "1"})
         if request.content_length is not None and request.content_length > protocol.MAX_BODY_BYTES:
             return _error(413, f"body of {request.content_length} bytes; the limit is {protocol.MAX_BODY_BYTES}")
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"body decompresses to more than {protocol.MAX_DECODED_BYTES} bytes")
+            chunks, held = await self._read_body(request)
+        except _Refused as refused:
+            return refused.response
+        try:
+            raw = b"".join(chunks)
+            del chunks
+            try:
+                if len(raw) > PARSE_OFF_LOOP_BYTES:
+                    message = await asyncio.to_thread(_decode, raw, request.headers.get("Content-Encoding"), kind)
+                else:
+                    message = _decode(raw, request.headers.get("Content-Encoding"), kind)
+            except _Refused as refused:
+                return refused.response
+        finally:
+            self.bodies.give(held)
+        return self._keep(namespace, name, job, limits, message)
+
+    async def _read_body(self, request: web.Request) -> tuple[list[bytes], int]:
+        """The (decompressed) body in chunks and the bytes taken from the budget for it."""
+        chunks: list[bytes] = []
+        held = 0
+        try:
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                async for chunk in request.content.iter_any():
+                    if held + len(chunk) > protocol.MAX_DECODED_BYTES:
+                        too_large = f"body decompresses to more than {protocol.MAX_DECODED_BYTES} bytes"
+                        raise _Refused(_error(413, too_large))
+                    if not self.bodies.take(len(chunk)):
+                        raise _Refused(
+                            _error(503, "the collector is busy reading other bodies; retry", **{"Retry-After": "1"})
+                        )
+                    held += len(chunk)
+                    chunks.append(chunk)
+        except TimeoutError:
+            self.bodies.give(held)
+            too_slow = _error(408, f"body not received within {self.settings.body_timeout_s:g} s")
+            too_slow.force_close()  # the rest of a slow body is not waited for on this connection either
+            raise _Refused(too_slow) from None
         except RequestPayloadError as error:  # aiohttp decompresses gzip itself
-            return _error(400, f"body could not be read: {error}")
-        try:
-            body = protocol.decode_body(raw, request.headers.get("Content-Encoding"))
-        except protocol.ProtocolError as error:
-            status = 413 if "over the limit" in str(error) or "more than" in str(error) else 400
-            return _error(status, str(error))
-        try:
-            message = protocol.parse_summary(body) if kind == "summary" else protocol.parse_stall(body)
-        except protocol.ProtocolError as error:
-            return _error(422, str(error))
+            self.bodies.give(held)
+            raise _Refused(_error(400, f"body could not be read: {error}")) from None
+        except _Refused:
+            self.bodies.give(held)
+            raise
+        return chunks, held
+
+    def _keep(
+        self, namespace: str, name: str, job: str, limits: StateLimits, message: protocol.Message
+    ) -> web.Response:
         if (message.namespace, message.job) != (namespace, name):
             return _error(422, f"the message is about {message.namespace}/{message.job}, posted to {namespace}/{name}")
-        state = self.store.get(namespace, name)
+        outside = _ranks_outside(message, limits.ranks)
+        if outside is not None:
+            last = limits.ranks - 1
+            return _error(422, f"{job}: rank {outside} is outside the world size {limits.ranks} (ranks 0..{last})")
+        state = self.store.get(namespace, name, limits)
         if isinstance(message, protocol.WindowSummary):
             if state.duplicate((message.pod, message.start_ns, message.window)):
                 return web.json_response({"duplicate": True}, status=208)
+            newest = state.replayed(message)
+            if newest is not None:
+                return _error(
+                    409,
+                    f"{job}: window {message.window} of pod {message.pod} starts at {message.start_ns} ns, before "
+                    f"the newest window taken from it ({newest} ns): replayed or sent out of order; not taken",
+                )
             state.add_summary(message)
             metrics.COLLECTOR_RANK_WINDOWS.inc(len(message.ranks))
         else:
             if state.duplicate((message.pod, message.detected_ns, -1)):
                 return web.json_response({"duplicate": True}, status=208)
             state.add_stall(message)
-            log.warning("%s: stall reported by %s: %s", job, message.pod, message.summary)
+            log.warning("%s: stall reported by %s: %s", job, message.pod, message.summary[:500])
             if self.on_stall:
                 self.on_stall(namespace, name)
         return web.json_response({"accepted": True}, status=202)
+
+
+def _decode(raw: bytes, content_encoding: str | None, kind: str) -> protocol.Message:
+    try:
+        body = protocol.decode_body(raw, content_encoding)
+    except protocol.ProtocolError as error:
+        status = 413 if "over the limit" in str(error) or "more than" in str(error) else 400
+        raise _Refused(_error(status, str(error))) from None
+    try:
+        return protocol.parse_summary(body) if kind == "summary" else protocol.parse_stall(body)
+    except protocol.ProtocolError as error:
+        raise _Refused(_error(422, str(error))) from None
+
+
+def _ranks_outside(message: protocol.Message, world_size: int) -> int | None:
+    """The first global rank the message names at or beyond the job's world size, if any."""
+    if isinstance(message, protocol.WindowSummary):
+        ranks = [window.global_rank for window in message.ranks]
+    else:
+        ranks = [position.global_rank for position in message.positions] + list(message.stalled_ranks)
+    return next((rank for rank in ranks if rank >= world_size), None)

@@ -14,10 +14,12 @@ the least thought. A larger one: the pods the summaries point at, at most :data:
 Records per ring come from a byte budget derived from the worker's memory budget, so a bigger job
 gets fewer records per ring, never more memory.
 
-Where a sidecar is: the pod annotation ``rankwatch.io/sidecar-endpoint`` (a base URL) when set, else
-``http://<pod IP>:<sidecar metrics port>``. The annotation exists for clusters whose pod IPs are not
-reachable from the operator (the local kwok cluster, where the e2e pod runner sets it). Responses
-are streamed to files, never held in the operator's memory.
+Where a sidecar is: ``http://<pod IP>:<sidecar metrics port>``, nothing else. Whoever may edit a pod
+may set annotations, so the pod annotation ``rankwatch.io/sidecar-endpoint`` (a base URL, for clusters
+whose pod IPs the operator cannot reach, such as the local kwok cluster where the pod runner sets it)
+is honoured only when its host is one the operator's own configuration trusts
+(``RANKWATCH_SIDECAR_ENDPOINT_HOSTS``; empty by default): the job's token is never sent anywhere else.
+Responses are streamed to files, never held in the operator's memory, and each is bounded.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import datetime
 import logging
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -79,12 +82,41 @@ class SidecarPod:
     endpoint: str | None  # base URL of its sidecar, None when it has no address yet
 
     @classmethod
-    def from_pod(cls, pod: Mapping[str, Any], sidecar_port: int) -> SidecarPod:
+    def from_pod(cls, pod: Mapping[str, Any], sidecar_port: int, trusted_hosts: Collection[str] = ()) -> SidecarPod:
+        """The pod's sidecar at its pod IP; the endpoint annotation only when its host is trusted."""
         metadata, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-        endpoint = (metadata.get("annotations") or {}).get(SIDECAR_ENDPOINT_ANNOTATION)
-        if not endpoint and status.get("podIP"):
-            endpoint = f"http://{status['podIP']}:{sidecar_port}"
-        return cls(metadata["name"], spec.get("nodeName") or "", endpoint.rstrip("/") if endpoint else None)
+        endpoint = None
+        annotated = (metadata.get("annotations") or {}).get(SIDECAR_ENDPOINT_ANNOTATION)
+        if annotated:
+            endpoint = trusted_endpoint(annotated, trusted_hosts)
+            if endpoint is None:
+                log.warning(
+                    "pod %s/%s: annotation %s=%r ignored: its host is not in RANKWATCH_SIDECAR_ENDPOINT_HOSTS; "
+                    "the sidecar is asked at the pod IP",
+                    metadata.get("namespace", ""), metadata["name"], SIDECAR_ENDPOINT_ANNOTATION, annotated[:200],
+                )  # fmt: skip
+        if endpoint is None and status.get("podIP"):
+            endpoint = f"http://{_host_in_url(status['podIP'])}:{sidecar_port}"
+        return cls(metadata["name"], spec.get("nodeName") or "", endpoint)
+
+
+def trusted_endpoint(url: str, trusted_hosts: Collection[str]) -> str | None:
+    """``scheme://host:port`` of ``url`` when it is a plain http(s) base URL on a trusted host, else None.
+    Path, query, user info and fragment are dropped: only the host and port come from the pod."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
+        return None
+    if parts.hostname not in trusted_hosts:
+        return None
+    return f"{parts.scheme}://{_host_in_url(parts.hostname)}{f':{port}' if port else ''}"
+
+
+def _host_in_url(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 @dataclass(frozen=True)

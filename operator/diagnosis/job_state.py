@@ -5,6 +5,10 @@ from every pod) rebuild progress, waits and step times, and what is "in flight t
 by the summaries themselves (``oldest_in_flight_s``), so a hang that began before the restart is
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
 history: a 16k-rank job is tens of thousands of small objects, not a trace.
+
+Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
+the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
+sidecar (or whoever holds a job's token) cannot grow the operator's memory without limit.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
+from rankwatch.operator.diagnosis import metrics
 from rankwatch.protocol import StallReport, WindowSummary
 
 HISTORY_WINDOWS = 12
@@ -24,6 +29,30 @@ DEDUPE_KEYS = 20_000
 STALL_REPORTS_KEPT = 64
 HOST_WINDOWS = 6
 """Windows of scheduling figures a cause is decided on (the straggler's recent past, not its whole life)."""
+ENDED_PODS_KEPT = 65_536
+"""Names of earlier attempts' pods remembered (to ignore what their sidecars still send)."""
+
+
+@dataclass(frozen=True)
+class StateLimits:
+    """How much one job's state may hold; the collector derives it from the job's spec."""
+
+    ranks: int = 131_072
+    """Distinct global ranks (the job's world size)."""
+    pods: int = 16_384
+    """Distinct pods (replicas, spares and replacements)."""
+    comms_per_rank: int = 64
+    """Communicators followed per rank (a 3D-parallel rank has a handful)."""
+
+    @classmethod
+    def for_job(cls, world_size: int, replicas: int) -> StateLimits:
+        # Pods: replacements within an attempt keep their replica's name, spares and stragglers of
+        # the ending attempt may overlap: twice the replicas leaves room for both.
+        return cls(ranks=max(1, world_size), pods=2 * max(1, replicas) + 8)
+
+
+def _dropped(what: str, count: int = 1) -> None:
+    metrics.COLLECTOR_DROPPED.labels(what).inc(count)
 
 
 @dataclass
@@ -66,6 +95,8 @@ class PodState:
     ranks: set[int] = field(default_factory=set)
     cpu_pressure: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
     """(received at, the node's CPU pressure share) per summary that had it."""
+    latest_start_ns: int = 0
+    """Start of the newest window taken from this pod: an older one not seen before is a replay."""
 
 
 @dataclass
@@ -86,6 +117,9 @@ class JobState:
     dropped_summaries: int = 0
     ended_pods: frozenset[str] = frozenset()
     """Pods of earlier attempts: what their sidecars still send while they end is not this attempt's."""
+    limits: StateLimits = field(default_factory=StateLimits)
+    dropped: int = 0
+    """Ranks, pods and communicators not kept because the job's limits were reached."""
     _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict, repr=False)
 
     def duplicate(self, key: tuple[str, int, int]) -> bool:
@@ -97,6 +131,14 @@ class JobState:
             self._seen.popitem(last=False)
         return False
 
+    def replayed(self, summary: WindowSummary) -> int | None:
+        """The start of the pod's newest window when ``summary`` began before it (replayed, or sent out
+        of order), else None. Exact redeliveries are told by :meth:`duplicate` first."""
+        pod = self.pods.get(summary.pod)
+        if pod is not None and summary.start_ns < pod.latest_start_ns:
+            return pod.latest_start_ns
+        return None
+
     def add_summary(self, summary: WindowSummary, now: float | None = None) -> None:
         if summary.pod in self.ended_pods:
             return
@@ -106,19 +148,22 @@ class JobState:
         self.last_seen = now
         self.summaries += 1
         self.dropped_summaries += summary.dropped_summaries
-        pod = self.pods.get(summary.pod)
+        pod = self._pod(summary.pod, summary.node, summary.replica_index)
         if pod is None:
-            pod = self.pods[summary.pod] = PodState(summary.pod, summary.node, summary.replica_index)
+            return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
             pod.cpu_pressure.append((now, summary.cpu_pressure))
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
+        pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
         for window in summary.ranks:
             if window.global_rank < 0:
                 continue  # a ring without RANK cannot be placed in the job
             rank = self.ranks.get(window.global_rank)
             if rank is None or rank.pod != summary.pod:
+                if not self._room_for_rank(window.global_rank):
+                    continue
                 rank = self.ranks[window.global_rank] = RankState(window.global_rank, summary.pod, summary.node)
             pod.ranks.add(window.global_rank)
             rank.alive, rank.seen_at = window.alive, now
@@ -133,6 +178,9 @@ class JobState:
             for comm in window.comms:
                 state = rank.comms.get(comm.comm_id)
                 if state is None:
+                    if len(rank.comms) >= self.limits.comms_per_rank:
+                        self._drop("comm")
+                        continue
                     state = rank.comms[comm.comm_id] = CommState(comm.comm_size, advanced_at=now)
                 if comm.last_completed is not None and (
                     state.last_completed is None or comm.last_completed > state.last_completed
@@ -161,11 +209,13 @@ class JobState:
         if not self.first_seen:
             self.first_seen = self.progress_at = now
         self.last_seen = now
-        pod = self.pods.get(report.pod)
+        pod = self._pod(report.pod, report.node, report.replica_index)
         if pod is None:
-            pod = self.pods[report.pod] = PodState(report.pod, report.node, report.replica_index)
+            return
         for position in report.positions:
             if position.global_rank >= 0 and position.global_rank not in self.ranks:
+                if not self._room_for_rank(position.global_rank):
+                    continue
                 self.ranks[position.global_rank] = RankState(position.global_rank, report.pod, report.node)
                 pod.ranks.add(position.global_rank)
         self.stalls.append((now, report))
@@ -193,6 +243,26 @@ class JobState:
                 per_node.setdefault(pod.node, []).append(sum(values) / len(values))
         return HostLoads(ranks, {node: round(max(values), 4) for node, values in per_node.items()})
 
+    def _pod(self, name: str, node: str, replica_index: int) -> PodState | None:
+        pod = self.pods.get(name)
+        if pod is None:
+            if len(self.pods) >= self.limits.pods:
+                self._drop("pod")
+                return None
+            pod = self.pods[name] = PodState(name, node, replica_index)
+        return pod
+
+    def _room_for_rank(self, rank: int) -> bool:
+        """A rank id within the world size, and (for a new one) room in the job's ranks."""
+        if rank >= self.limits.ranks or (rank not in self.ranks and len(self.ranks) >= self.limits.ranks):
+            self._drop("rank")
+            return False
+        return True
+
+    def _drop(self, what: str) -> None:
+        self.dropped += 1
+        _dropped(what)
+
     def recent_step_time(self) -> float | None:
         """Median of the last 8 step-time points (one per pod summary), None before the first."""
         recent = sorted(value for _, value in list(self.step_times)[-8:])
@@ -209,11 +279,15 @@ class JobStore:
     def __init__(self) -> None:
         self.jobs: dict[tuple[str, str], JobState] = {}
 
-    def get(self, namespace: str, name: str) -> JobState:
+    def get(self, namespace: str, name: str, limits: StateLimits | None = None) -> JobState:
+        """The job's state, made on first use; ``limits`` (when given) replace the job's current ones
+        (the spec may have been scaled)."""
         key = (namespace, name)
         state = self.jobs.get(key)
         if state is None:
-            state = self.jobs[key] = JobState(namespace, name)
+            state = self.jobs[key] = JobState(namespace, name, limits=limits or StateLimits())
+        elif limits is not None and limits != state.limits:
+            state.limits = limits
         return state
 
     def peek(self, namespace: str, name: str) -> JobState | None:
@@ -226,4 +300,8 @@ class JobStore:
         """Start the job's state afresh for its next attempt, ignoring the ended attempt's pods."""
         old = self.jobs.get((namespace, name))
         ended = frozenset(ended_pods) | (old.ended_pods if old else frozenset())
-        self.jobs[(namespace, name)] = JobState(namespace, name, ended_pods=ended)
+        if len(ended) > ENDED_PODS_KEPT:  # the newest attempts' pods matter; older ones have ended long ago
+            _dropped("ended_pod", len(ended) - ENDED_PODS_KEPT)
+            ended = frozenset(sorted(ended_pods)[:ENDED_PODS_KEPT])
+        limits = old.limits if old else StateLimits()
+        self.jobs[(namespace, name)] = JobState(namespace, name, ended_pods=ended, limits=limits)

@@ -18,6 +18,12 @@ COLLECTOR_MESSAGES = Counter(
 COLLECTOR_RANK_WINDOWS = Counter(
     "rankwatch_collector_rank_windows_total", "Per-rank windows taken from accepted summaries"
 )
+COLLECTOR_DROPPED = Counter(
+    "rankwatch_collector_dropped_total",
+    "Entries the collector did not keep because a job's state was full (what: rank, pod, comm, ended_pod); "
+    "non-zero means a job sends more than its spec allows (or someone holding its token does)",
+    ["what"],
+)
 SUSPICIONS = Counter(
     "rankwatch_detector_suspicions_total",
     "Suspicions raised by the detector, by the kind of finding suspected (hang, straggler, fail_slow)",

@@ -104,11 +104,13 @@ class Monitor:
         leading: Callable[[], bool] = lambda: True,
         job_metrics: JobMetrics | None = None,
         node_alerts: NodeAlertSources | None = None,
+        sidecar_endpoint_hosts: tuple[str, ...] = (),
     ) -> None:
         self.kube = kube
         self.store = store
         self.tokens = tokens
         self.sidecar_port = sidecar_port
+        self.sidecar_endpoint_hosts = sidecar_endpoint_hosts
         self.budget = DiagnosisBudget(limits.worker_memory_bytes, limits.timeout_seconds)
         self.safeguards = safeguards
         self.alerts = alerts  # an AlertPipeline, when alerting is configured
@@ -423,7 +425,9 @@ class Monitor:
             job.namespace, label_selector=f"{api.JOB_NAME_LABEL}={job.name}"
         )
         return [
-            SidecarPod.from_pod(self.kube.sanitize_for_serialization(pod), self.sidecar_port)
+            SidecarPod.from_pod(
+                self.kube.sanitize_for_serialization(pod), self.sidecar_port, self.sidecar_endpoint_hosts
+            )
             for pod in pods.items
             if not pod.metadata.deletion_timestamp
         ]

@@ -26,6 +26,11 @@ TOKEN_VOLUME = "rankwatch-token"
 LIB_DIR = "/rankwatch/lib"
 TRACE_DIR = "/rankwatch/traces"
 TOKEN_DIR = "/var/run/secrets/rankwatch"
+TOKEN_FILE_MODE = 0o440
+"""Owner root, group root: the sidecar reads it through its group (runAsGroup 0, a non-root user); other
+users (a trainer reaching into the sidecar's filesystem through the shared process namespace) cannot."""
+NO_API_TOKEN_VOLUME = "rankwatch-no-api-token"
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 LIBRARY_IN_IMAGE = "/opt/rankwatch/lib/librankwatch-nccl.so"
 LIBRARY = f"{LIB_DIR}/librankwatch-nccl.so"
 INIT_CONTAINER = "rankwatch-init"
@@ -193,9 +198,12 @@ def _sidecar_container(
         "volumeMounts": [
             {"name": TRACE_VOLUME, "mountPath": TRACE_DIR},
             {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True},
+            # The sidecar never calls the Kubernetes API: an empty directory hides the pod's service-account
+            # token from it even when the template mounts one for the trainer.
+            {"name": NO_API_TOKEN_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
         ],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": _restricted_security_context(),
+        "securityContext": {**_restricted_security_context(), "runAsGroup": 0},
     }
 
 
@@ -251,7 +259,7 @@ def worker_pod(
         if container["name"] in (INIT_CONTAINER, SIDECAR_CONTAINER):
             raise InvalidSpec(f"TrainingJob {job_id}: container name {container['name']!r} is reserved for rankwatch")
     for volume in pod_spec.get("volumes", []):
-        if volume.get("name") in (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME):
+        if volume.get("name") in (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME, NO_API_TOKEN_VOLUME):
             raise InvalidSpec(f"TrainingJob {job_id}: volume name {volume['name']!r} is reserved for rankwatch")
 
     injected = rendezvous_env(name, namespace, spec, index, attempt)
@@ -264,6 +272,8 @@ def worker_pod(
     pod_spec["hostname"] = pod_name
     pod_spec["subdomain"] = api.service_name(name)
     pod_spec.setdefault("restartPolicy", "Never")
+    # Training rarely calls the Kubernetes API: no service-account token unless the template asks for one.
+    pod_spec.setdefault("automountServiceAccountToken", False)
     _avoid(pod_spec, list(avoid_nodes or []))
     if tracing:
         # The sidecar tells a live rank from a dead one by its pid in /proc: it must see the trainer's.
@@ -279,8 +289,9 @@ def worker_pod(
                 {"name": TRACE_VOLUME, "emptyDir": {"sizeLimit": "2Gi"}},
                 {
                     "name": TOKEN_VOLUME,
-                    "secret": {"secretName": api.token_secret_name(name), "defaultMode": 0o444},
+                    "secret": {"secretName": api.token_secret_name(name), "defaultMode": TOKEN_FILE_MODE},
                 },
+                {"name": NO_API_TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
             ]
         )
 

@@ -15,7 +15,6 @@ A sidecar that does not answer is a problem listed in the manifest, not a failur
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import tarfile
 from dataclasses import asdict, dataclass, field
@@ -30,7 +29,7 @@ from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import load_path
-from rankwatch.operator.diagnosis.diagnose import FETCH_CONCURRENCY, SidecarPod, fetch_dumps
+from rankwatch.operator.diagnosis.diagnose import CHUNK_BYTES, FETCH_CONCURRENCY, SidecarPod, fetch_dumps
 from rankwatch.operator.diagnosis.worker import split_dumps
 
 MANIFEST = "manifest.json"
@@ -41,6 +40,9 @@ BUDGET_BYTES = 1 << 30
 """Ring records fetched per archive at most; large jobs keep fewer records per rank."""
 MIN_RECORDS_PER_RING = 500
 FETCH_TIMEOUT_S = 30.0
+MAX_EVIDENCE_BYTES = 272 << 20
+"""Largest /evidence tar taken from one pod: a sidecar sends at most 256 MiB of files (sidecar/evidence.py)
+plus their tar headers."""
 STALL_SECONDS = 1.0
 
 
@@ -80,15 +82,21 @@ def _safe_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
     return members
 
 
-async def fetch_files(pods: list[SidecarPod], token: str, directory: Path) -> tuple[list[Path], list[str]]:
-    """Each pod's /evidence tar, unpacked under ``directory/<pod>/``; (files, problems)."""
+async def fetch_files(
+    pods: list[SidecarPod], token: str, directory: Path, max_bytes_per_pod: int = MAX_EVIDENCE_BYTES
+) -> tuple[list[Path], list[str]]:
+    """Each pod's /evidence tar, unpacked under ``directory/<pod>/``; (files, problems). A sidecar is
+    not trusted more than any HTTP peer: the tar is streamed to a file and refused past
+    ``max_bytes_per_pod`` (as sent, and unpacked: compressed tars are refused)."""
     files: list[Path] = []
     problems: list[str] = []
     semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
+    directory.mkdir(parents=True, exist_ok=True)
 
     async def one(session: aiohttp.ClientSession, pod: SidecarPod) -> None:
         if not pod.endpoint:
             return  # fetch_dumps names it already
+        tar_path = directory / f".{pod.name}.evidence.tar"
         async with semaphore:
             try:
                 async with session.get(
@@ -97,16 +105,32 @@ async def fetch_files(pods: list[SidecarPod], token: str, directory: Path) -> tu
                     if response.status != 200:
                         problems.append(f"pod {pod.name}: sidecar answered HTTP {response.status} to /evidence")
                         return
-                    body = await response.read()
+                    written = 0
+                    with tar_path.open("wb") as out:
+                        async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+                            written += len(chunk)
+                            if written > max_bytes_per_pod:
+                                break
+                            out.write(chunk)
+                if written > max_bytes_per_pod:
+                    tar_path.unlink(missing_ok=True)
+                    problems.append(f"pod {pod.name}: /evidence sent more than {max_bytes_per_pod >> 20} MiB; skipped")
+                    return
             except (aiohttp.ClientError, TimeoutError) as error:
+                tar_path.unlink(missing_ok=True)
                 problems.append(f"pod {pod.name}: /evidence unreachable: {error or type(error).__name__}")
                 return
 
         def unpack() -> list[Path]:
             target = directory / pod.name
-            with tarfile.open(fileobj=io.BytesIO(body)) as archive:
-                members = _safe_members(archive)
-                archive.extractall(target, members=members, filter="data")
+            try:
+                with tarfile.open(tar_path, mode="r:") as archive:
+                    members = _safe_members(archive)
+                    if sum(member.size for member in members) > max_bytes_per_pod:
+                        raise tarfile.TarError(f"its files add up to more than {max_bytes_per_pod >> 20} MiB")
+                    archive.extractall(target, members=members, filter="data")
+            finally:
+                tar_path.unlink(missing_ok=True)
             return [target / member.name for member in members]
 
         try:

@@ -243,7 +243,7 @@ class Recovery:
         started = time.monotonic()
         try:
             pods = [
-                SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port)
+                SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port, self.config.pods.sidecar_endpoint_hosts)
                 for pod in await asyncio.to_thread(attempts.attempt_pods, namespace, name, attempt)
                 if not pod["metadata"].get("deletionTimestamp")
             ]

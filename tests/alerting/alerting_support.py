@@ -20,6 +20,7 @@ APP_ID = "cli_a1b2c3"
 APP_SECRET = "app-s3cret-5e6f7a"
 USERS = ["u-alice", "u-bob", "u-carol"]
 SECRET_VALUES = [BOT_TOKEN, SIGNING_SECRET, APP_SECRET]
+INTAKE_TOKEN = "intake-t0ken"
 
 
 def secrets_for(feishu: FakeFeishu, signing_secret: str = SIGNING_SECRET) -> Callable[[str, str], str]:
@@ -27,7 +28,7 @@ def secrets_for(feishu: FakeFeishu, signing_secret: str = SIGNING_SECRET) -> Cal
         {
             "feishu-bot": {"webhook-url": feishu.bot_url(BOT_TOKEN), "signing-secret": signing_secret},
             "feishu-app": {"app-id": APP_ID, "app-secret": APP_SECRET},
-            "intake": {"token": "intake-t0ken"},
+            "intake": {"token": INTAKE_TOKEN},
         }
     )
 
@@ -78,6 +79,7 @@ def config_data(feishu: FakeFeishu, store_path: str) -> dict[str, Any]:
         "delivery": {"timeout": "2s", "attempts": 3, "backoff": "20ms", "max_backoff": "200ms"},
         "store": {"path": store_path},
         "evaluation_interval": "20ms",
+        "intake": {"bearer_token": {"secretKeyRef": {"name": "intake", "key": "token"}}},
     }
 
 

@@ -17,6 +17,7 @@ EXAMPLE_SECRETS = mapping_resolver(
     {
         "rankwatch-feishu": {"webhook-url": "https://open.feishu.cn/open-apis/bot/v2/hook/abc", "signing-secret": "s"},
         "rankwatch-feishu-app": {"app-id": "cli_1", "app-secret": "x"},
+        "rankwatch-intake": {"token": "t"},
     }
 )
 
@@ -29,6 +30,7 @@ def test_the_example_config_loads():
     assert phone_route.group_wait == 30 and phone_route.group_by == config.route.group_by  # inherited
     assert config.report.weekday == 0 and (config.report.hour, config.report.minute) == (9, 0)
     assert config.intake.severity_levels["critical"] == Level.P1
+    assert config.intake.bearer_token is not None, "the intake is closed without its token"
     assert config.silences[0].created_by == "alice"
 
 

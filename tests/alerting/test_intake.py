@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import time
 
 import aiohttp
 import pytest
-from alerting_support import wait_for
+import yaml
+from alerting_support import INTAKE_TOKEN, config_data, wait_for
 
 from rankwatch.alerting.config import IntakeConfig
 from rankwatch.alerting.intake import IntakeError, alerts_from_alertmanager, serve
@@ -54,7 +56,10 @@ PAYLOAD = {
 }
 
 
-async def post(url: str, payload, token: str | None = None) -> aiohttp.ClientResponse:
+AUTHORIZED = {"Authorization": f"Bearer {INTAKE_TOKEN}"}
+
+
+async def post(url: str, payload, token: str | None = INTAKE_TOKEN) -> aiohttp.ClientResponse:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with aiohttp.ClientSession() as session, session.post(url, json=payload, headers=headers) as response:
         await response.read()
@@ -147,12 +152,12 @@ def test_bad_payloads_are_refused_naming_the_field(change, message):
         alerts_from_alertmanager({**PAYLOAD, **change}, IntakeConfig(), now=2e9)
 
 
-async def test_the_intake_wants_its_bearer_token_when_one_is_configured(feishu, pipelines):
-    pipeline = await pipelines({"intake": {"bearer_token": {"secretKeyRef": {"name": "intake", "key": "token"}}}})
+async def test_the_intake_wants_its_bearer_token(feishu, pipelines):
+    pipeline = await pipelines()
     runner, port = await serve(pipeline)
     url = f"http://127.0.0.1:{port}/alerting/alertmanager"
     try:
-        assert (await post(url, PAYLOAD)).status == 401
+        assert (await post(url, PAYLOAD, token=None)).status == 401
         assert (await post(url, PAYLOAD, token="guess")).status == 401
         assert (await post(url, {"version": "4"}, token="intake-t0ken")).status == 400
         assert (await post(url, PAYLOAD, token="intake-t0ken")).status == 200
@@ -165,7 +170,7 @@ async def test_silences_over_http(feishu, pipelines):
     runner, port = await serve(pipeline)
     base = f"http://127.0.0.1:{port}/alerting"
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=AUTHORIZED) as session:
             async with session.post(
                 f"{base}/silences", json={"matchers": ['node="gpu-node-3"'], "duration": "2h", "createdBy": "bob"}
             ) as response:
@@ -183,3 +188,85 @@ async def test_silences_over_http(feishu, pipelines):
         await wait_for(lambda: feishu.cards(), what="the card once the silence was expired")
     finally:
         await runner.cleanup()
+
+
+async def test_without_a_configured_token_the_intake_is_closed(feishu, pipelines):
+    """No token in the config does not mean anyone may post alerts or silences: every endpoint is 401."""
+    pipeline = await pipelines()
+    pipeline.config = dataclasses.replace(pipeline.config, intake=IntakeConfig())  # as loaded from no intake:
+    runner, port = await serve(pipeline)
+    base = f"http://127.0.0.1:{port}/alerting"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for method, path, body in (
+                ("POST", "/alertmanager", PAYLOAD),
+                ("POST", "/silences", {"matchers": ['node="gpu-node-3"'], "duration": "2h"}),
+                ("GET", "/silences", None),
+                ("GET", "/alerts", None),
+            ):
+                async with session.request(method, base + path, json=body) as response:
+                    text = await response.text()
+                    assert response.status == 401 and "intake.bearer_token" in text, (path, text)
+        assert pipeline.silences() == []
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        (r"(a)\1", "invalid escape sequence"),
+        ("(?=x)y", "invalid perl operator"),
+        ("((a{100}){100}){100}", "invalid repetition size"),
+        ("a" * 1025, "the limit is 1024"),
+    ],
+)
+async def test_silence_patterns_outside_re2_are_refused_naming_why(feishu, pipelines, pattern, reason):
+    pipeline = await pipelines()
+    runner, port = await serve(pipeline)
+    try:
+        async with (
+            aiohttp.ClientSession(headers=AUTHORIZED) as session,
+            session.post(f"http://127.0.0.1:{port}/alerting/silences",
+                         json={"matchers": [f"node=~{json.dumps(pattern)}"], "duration": "1h"}) as response,
+        ):  # fmt: skip
+            text = await response.text()
+        assert response.status == 400 and "bad regular expression" in text and reason in text, text
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_backtracking_silence_pattern_matches_a_long_label_at_once(feishu, pipelines):
+    """(x+x+)+y against 50,000 x's backtracks for ever in Python's re; RE2 answers in linear time, and the
+    intake goes on serving while the silence is checked against every alert."""
+    pipeline = await pipelines()
+    runner, port = await serve(pipeline)
+    base = f"http://127.0.0.1:{port}/alerting"
+    payload = copy.deepcopy(PAYLOAD)
+    payload["alerts"][0]["labels"]["node"] = "x" * 50_000
+    try:
+        async with aiohttp.ClientSession(headers=AUTHORIZED) as session:
+            silence = {"matchers": ['node=~"(x+x+)+y"'], "duration": "1h"}
+            async with session.post(f"{base}/silences", json=silence) as response:
+                assert response.status == 201
+            started = time.monotonic()
+            async with session.post(f"{base}/alertmanager", json=payload) as response:
+                assert response.status == 200
+            await wait_for(lambda: feishu.cards(), what="the card: the silence does not match")
+            assert time.monotonic() - started < 5
+    finally:
+        await runner.cleanup()
+
+
+def test_alerts_serve_refuses_to_start_without_an_intake_token(feishu, tmp_path, capsys):
+
+    from rankwatch.alerting.commands import serve as serve_command
+
+    data = config_data(feishu, str(tmp_path / "alerts.sqlite"))
+    del data["intake"]
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(data))
+    secrets = {"feishu-bot": {"webhook-url": "http://127.0.0.1:1/bot", "signing-secret": "s"},
+               "feishu-app": {"app-id": "a", "app-secret": "b"}}  # fmt: skip
+    (tmp_path / "secrets.yaml").write_text(yaml.safe_dump(secrets))
+    code = serve_command(str(tmp_path / "config.yaml"), str(tmp_path / "secrets.yaml"), None, "127.0.0.1:0")
+    assert code == 1 and "intake.bearer_token" in capsys.readouterr().err

@@ -9,7 +9,16 @@ import sys
 import time
 
 import yaml
-from alerting_support import APP_ID, APP_SECRET, BOT_TOKEN, SIGNING_SECRET, config_data, job_alert, wait_for
+from alerting_support import (
+    APP_ID,
+    APP_SECRET,
+    BOT_TOKEN,
+    INTAKE_TOKEN,
+    SIGNING_SECRET,
+    config_data,
+    job_alert,
+    wait_for,
+)
 
 from rankwatch.alerting.config import ReportConfig
 from rankwatch.alerting.model import Alert, Level
@@ -101,6 +110,7 @@ def cli_files(feishu, tmp_path, signing_secret: str = SIGNING_SECRET) -> list[st
     secrets = {
         "feishu-bot": {"webhook-url": feishu.bot_url(BOT_TOKEN), "signing-secret": signing_secret},
         "feishu-app": {"app-id": APP_ID, "app-secret": APP_SECRET},
+        "intake": {"token": INTAKE_TOKEN},
     }
     (tmp_path / "secrets.yaml").write_text(yaml.safe_dump(secrets))
     return ["--config", str(tmp_path / "config.yaml"), "--secrets", str(tmp_path / "secrets.yaml")]

@@ -49,6 +49,7 @@ async def test_a_killed_operator_loses_nothing_and_repages_nothing(feishu, tmp_p
     secrets = {
         "feishu-bot": {"webhook-url": feishu.bot_url(BOT_TOKEN), "signing-secret": SIGNING_SECRET},
         "feishu-app": {"app-id": APP_ID, "app-secret": APP_SECRET},
+        "intake": {"token": "intake-t0ken"},
     }
     (tmp_path / "secrets.yaml").write_text(yaml.safe_dump(secrets))
     process = await asyncio.create_subprocess_exec(

@@ -232,3 +232,67 @@ def test_library_path_in_image_matches_the_dockerfile():
     dockerfile = (REPO / "Dockerfile").read_text()
     assert pod_spec.LIBRARY_IN_IMAGE in dockerfile
     assert Path(pod_spec.LIBRARY_IN_IMAGE).name == "librankwatch-nccl.so"
+
+
+def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
+    return {(g, res, verb) for r in rules for g in r["apiGroups"] for res in r["resources"] for verb in r["verbs"]}
+
+
+def test_listed_namespaces_keep_secrets_and_configmaps_out_of_the_cluster_role(render):
+    """With the watched namespaces named, the operator reads Secrets only there (and in its own namespace,
+    for the alerting Secrets), never cluster-wide."""
+    objects = render("--set", "operator.namespaces={team-a,team-b}", release="rw", namespace="ops")
+    cluster = _grants(one(objects, "ClusterRole")["rules"])
+    assert not {item for item in cluster if item[1] in ("secrets", "configmaps")}
+    roles = {role["metadata"]["namespace"]: _grants(role["rules"]) for role in by_kind(objects, "Role")}
+    assert set(roles) == {"ops", "team-a", "team-b"}
+    for namespace in ("team-a", "team-b"):
+        assert {item for item in roles[namespace] if item[1] == "secrets"} == {("", "secrets", "get"),
+                                                                              ("", "secrets", "create")}  # fmt: skip
+    assert {item for item in roles["ops"] if item[1] == "secrets"} == {("", "secrets", "get")}
+    everything = _grants(one(render(release="rw", namespace="ops"), "ClusterRole")["rules"])
+    assert everything - {item for item in everything if item[1] in ("secrets", "configmaps")} <= cluster, (
+        "only Secrets and ConfigMaps move into the namespaces' Roles"
+    )
+    for namespace in ("team-a", "team-b"):
+        assert {item for item in everything if item[1] in ("secrets", "configmaps")} <= roles[namespace]
+    bindings = {b["metadata"]["namespace"]: b for b in by_kind(objects, "RoleBinding")}
+    assert set(bindings) == {"ops", "team-a", "team-b"}
+    account = one(objects, "ServiceAccount")["metadata"]["name"]
+    assert all(b["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "ops"}]
+               for b in bindings.values())  # fmt: skip
+
+
+def test_every_namespace_or_globs_get_secrets_by_name_only(render):
+    for args in ((), ("--set", "operator.namespaces={team-a,ml-*}")):
+        cluster = _grants(one(render(*args), "ClusterRole")["rules"])
+        assert {item for item in cluster if item[1] == "secrets"} == {("", "secrets", "get"), ("", "secrets", "create")}
+        assert [role["metadata"]["namespace"] for role in by_kind(render(*args), "Role")] == ["rankwatch-system"]
+
+
+def test_a_network_policy_limits_who_reaches_the_collector(render):
+    objects = render(release="rw", namespace="ops")
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    deployment = one(objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["metadata"]["namespace"] == "ops" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    by_port = {rule["ports"][0]["port"]: rule.get("from") for rule in policy["spec"]["ingress"]}
+    assert set(by_port) == {"http", "health"}
+    assert by_port["health"] is None, "the kubelet's probes come from the node"
+    sidecars = {"namespaceSelector": {}, "podSelector": {"matchExpressions": [
+        {"key": "rankwatch.io/job-name", "operator": "Exists"}]}}  # fmt: skip
+    assert sidecars in by_port["http"]
+    assert all(
+        peer == sidecars or ("namespaceSelector" in peer and peer["namespaceSelector"]) for peer in by_port["http"]
+    )
+    assert not by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_the_sidecar_endpoint_annotation_is_trusted_for_no_host_by_default(render):
+    container = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RANKWATCH_SIDECAR_ENDPOINT_HOSTS"] == ""
+    local = one(render("--set", "operator.sidecarEndpointHosts={127.0.0.1}"), "Deployment")
+    env = {e["name"]: e.get("value") for e in local["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RANKWATCH_SIDECAR_ENDPOINT_HOSTS"] == "127.0.0.1"

@@ -33,6 +33,10 @@ REPO = Path(__file__).parents[2]
 CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
 CHART = REPO / "helm" / "rankwatch"
 E2E_NAMESPACE_PREFIX = "rw-e2e-"
+# The pod runner's sidecars listen on 127.0.0.1 and say so in the pod annotation (kwok pod IPs are not
+# real): every operator these tests start (in process or as a child, which inherits the environment)
+# trusts that annotation for this host only.
+os.environ.setdefault("RANKWATCH_SIDECAR_ENDPOINT_HOSTS", "127.0.0.1")
 
 
 def _reachable(kubeconfig: str) -> bool:

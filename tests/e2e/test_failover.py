@@ -182,6 +182,7 @@ def installed(helm, api, crd, kubeconfig, tmp_path) -> Iterator[tuple[Replicas, 
     values = {
         "operator": {
             "namespaces": [jobs],
+            "sidecarEndpointHosts": ["127.0.0.1"],  # the pod runner's sidecars (kwok pod IPs are not real)
             "safeguards": {"breakerMaxShare": 1.0, "cordonCooldownSeconds": 0},
         },
         "alerting": {

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import aiohttp
 import pytest
 
 from rankwatch import protocol
 from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
-from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
 TOKEN = "job-token-0123456789"
@@ -55,6 +56,16 @@ class Tokens:
         return self.tokens.get((namespace, name))
 
 
+WORLD_SIZE = 16
+
+
+def followed(namespace: str, name: str) -> StateLimits | None:
+    """The jobs the operator follows: team-a/llama (16 ranks on 2 pods) and team-a/no-secret."""
+    if (namespace, name) in {("team-a", "llama"), ("team-a", "no-secret")}:
+        return StateLimits.for_job(WORLD_SIZE, 2)
+    return None
+
+
 @pytest.fixture
 async def collector() -> AsyncIterator[tuple[Collector, str]]:
     stalls: list[tuple[str, str]] = []
@@ -63,6 +74,7 @@ async def collector() -> AsyncIterator[tuple[Collector, str]]:
         Tokens(),
         CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1000, burst_per_job=1000),
         on_stall=lambda ns, name: stalls.append((ns, name)),
+        jobs=followed,
     )
     server.stalls_seen = stalls  # type: ignore[attr-defined]
     await server.start()
@@ -119,14 +131,45 @@ async def test_missing_or_wrong_token_is_401_and_changes_nothing(collector):
     server, url = collector
     assert (await post(url, SUMMARIES, protocol.encode(summary()), token=None))[0] == 401
     status, answer = await post(url, SUMMARIES, protocol.encode(summary()), token="someone-elses")
-    assert status == 401 and "not this job's" in answer["error"]
+    assert status == 401 and "Bearer" in answer["error"]
     assert server.store.peek("team-a", "llama") is None
 
 
-async def test_job_without_a_token_secret_is_404_refused_for_good(collector):
+async def test_unknown_job_no_secret_and_wrong_token_get_the_same_401(collector):
+    """An outsider cannot tell which jobs exist: every case answers as a wrong token does."""
     _, url = collector
-    status, answer = await post(url, protocol.summaries_path("team-a", "ghost"), protocol.encode(summary(job="ghost")))
-    assert status == 404 and "ghost" in answer["error"]
+    answers = []
+    for name in ("llama", "no-secret", "ghost"):
+        status, answer = await post(url, protocol.summaries_path("team-a", name), protocol.encode(summary(job=name)),
+                                    token="someone-elses")  # fmt: skip
+        answers.append((status, answer["error"].replace(name, "<job>")))
+    assert answers[0][0] == 401 and len(set(answers)) == 1, answers
+
+
+async def test_unknown_job_names_keep_no_state_and_read_no_secret(collector):
+    server, url = collector
+    reads = server.tokens.reads
+    for index in range(50):
+        name = f"made-up-{index}"
+        status, _ = await post(url, protocol.summaries_path("team-a", name), protocol.encode(summary(job=name)))
+        assert status == 401
+    assert server.store.jobs == {} and server.limiter._buckets == {}
+    assert server.tokens.reads == reads, "no Secret is read for a job the operator does not follow"
+
+
+async def test_unauthenticated_clients_cannot_drain_a_jobs_rate_limit():
+    server = Collector(JobStore(), Tokens(), CollectorSettings(host="127.0.0.1", port=0, rate_per_job=0.01,
+                                                               burst_per_job=2), jobs=followed)  # fmt: skip
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        for window in range(20):
+            status, _ = await post(url, SUMMARIES, protocol.encode(summary(window=window)), token="guess")
+            assert status == 401
+        statuses = [(await post(url, SUMMARIES, protocol.encode(summary(window=w))))[0] for w in (30, 31)]
+        assert statuses == [202, 202], "the job's own sidecar still has its whole burst"
+    finally:
+        await server.stop()
 
 
 async def test_token_store_outage_is_503_so_the_sidecar_retries(collector):
@@ -178,9 +221,8 @@ async def test_stall_report_wakes_the_detector(collector):
 
 
 async def test_a_job_over_its_rate_gets_429_with_retry_after():
-    server = Collector(
-        JobStore(), Tokens(), CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1, burst_per_job=2)
-    )
+    settings = CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1, burst_per_job=2)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
     await server.start()
     try:
         url = f"http://127.0.0.1:{server.port}"
@@ -206,3 +248,89 @@ async def test_metrics_endpoint_counts_messages_by_result(collector):
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
         text = await response.text()
     assert 'rankwatch_collector_messages_total{kind="summary",result="unauthorized"}' in text
+
+
+async def test_nan_and_infinite_numbers_are_refused_with_422(collector):
+    server, url = collector
+    encoded = json.dumps(asdict(summary()))
+    for bad in ("NaN", "Infinity", "-Infinity", "1e400"):
+        body = encoded.replace('"p50": 0.001', f'"p50": {bad}', 1)
+        assert body != encoded
+        status, answer = await post(url, SUMMARIES, gzip.compress(body.encode()))
+        assert status == 422 and bad.lstrip("-")[:3] in answer["error"], (bad, answer)
+    assert server.store.peek("team-a", "llama") is None
+
+
+async def test_replayed_older_window_is_409_and_not_taken(collector):
+    server, url = collector
+    assert (await post(url, SUMMARIES, protocol.encode(summary(window=8))))[0] == 202
+    assert (await post(url, SUMMARIES, protocol.encode(summary(window=8))))[0] == 208, "a redelivery stays 208"
+    status, answer = await post(url, SUMMARIES, protocol.encode(summary(window=5)))
+    assert status == 409 and "replayed" in answer["error"]
+    assert server.store.peek("team-a", "llama").summaries == 1
+
+
+async def test_rank_outside_the_world_size_is_422_and_allocates_nothing(collector):
+    server, url = collector
+    message = summary()
+    huge = replace(message, ranks=[replace(message.ranks[0], global_rank=10**15)])
+    status, answer = await post(url, SUMMARIES, protocol.encode(huge))
+    assert status == 422 and f"world size {WORLD_SIZE}" in answer["error"]
+    assert server.store.peek("team-a", "llama") is None
+
+
+async def test_bodies_in_flight_share_one_byte_budget():
+    """A body still arriving holds its bytes: another that would pass the budget is 503 (retry), and
+    is taken once the first is done."""
+    settings = CollectorSettings(host="127.0.0.1", port=0, inflight_body_bytes=1 << 20)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    release = asyncio.Event()
+    first = json.dumps(asdict(summary(window=1))).encode()
+    padding = b" " * (900 << 10)  # JSON allows whitespace: a valid document of 900 KiB
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield padding
+        await release.wait()
+        yield first
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            headers = {"Authorization": protocol.bearer(TOKEN), "Content-Type": "application/json"}
+            slow = asyncio.create_task(session.post(url + SUMMARIES, data=slow_body(), headers=headers))
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if server.bodies.held >= len(padding):
+                    break
+            assert server.bodies.held >= len(padding)
+            other = gzip.compress(json.dumps(asdict(summary(window=2))).encode() + b" " * (300 << 10))
+            status, answer = await post(url, SUMMARIES, other)
+            assert status == 503 and "busy" in answer["error"]
+            release.set()
+            response = await slow
+            assert response.status == 202
+            assert server.bodies.held == 0
+            assert (await post(url, SUMMARIES, other))[0] == 202
+    finally:
+        await server.stop()
+
+
+async def test_a_bug_answers_a_short_json_500_without_a_traceback():
+    def broken(namespace: str, name: str) -> StateLimits | None:
+        raise RuntimeError("secret internals")
+
+    server = Collector(JobStore(), Tokens(), CollectorSettings(host="127.0.0.1", port=0), jobs=broken)
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        headers = {"Authorization": protocol.bearer(TOKEN)}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url + SUMMARIES, data=protocol.encode(summary()), headers=headers) as response,
+        ):
+            text = await response.text()
+        assert response.status == 500 and "Traceback" not in text and "secret internals" not in text
+        assert json.loads(text)["error"].startswith("internal error")
+    finally:
+        await server.stop()

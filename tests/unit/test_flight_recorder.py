@@ -164,3 +164,20 @@ def test_hostile_shape_costs_nothing_and_is_a_problem(tmp_path):
     [problem] = [p for p in trace.problems if "rank_1" in p]
     assert "not a tensor shape" in problem
     assert int(trace.calls["count"][trace.calls["rank"] == 2].max()) == 2**63 - 1
+
+
+def test_huge_rank_ids_are_problems_not_allocations(tmp_path):
+    """A dump claiming rank 2^31 - 1, or a group of such ranks, once made the reader list every rank
+    below it (two billion) as missing."""
+    write(tmp_path, 0, dump(0, 3, "completed"), False)
+    huge = dump(1, 3, "completed")
+    huge["rank"] = 2**31 - 1
+    (tmp_path / "nccl_trace_rank_1").write_text(json.dumps(huge))
+    group = dump(2, 3, "completed")
+    group["pg_config"]["0"]["ranks"] = [0, 1, 2**31 - 1]
+    (tmp_path / "nccl_trace_rank_2").write_text(json.dumps(group))
+    trace = load_path(tmp_path)
+    assert list(trace.ranks) == [0]
+    text = "\n".join(trace.problems)
+    assert "nccl_trace_rank_1: rank 2147483647 is outside 0..1048575" in text
+    assert "nccl_trace_rank_2: pg_config ranks" in text

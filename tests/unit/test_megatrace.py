@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis import megatrace
+from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.megatrace import MegatraceError, read_logs
 from rankwatch.analysis.ring import Op
+from rankwatch.analysis.trace import load_path
 
 NATIVE = megatrace._native
 
@@ -87,3 +89,16 @@ def test_bad_group_hash_or_stream_is_a_problem_not_a_crash(tmp_path, line, probl
     trace = read_logs(tmp_path)
     assert list(trace.ranks) == [1]
     assert len(trace.problems) == 1 and problem in trace.problems[0]
+
+
+def test_a_log_naming_a_huge_rank_is_a_problem_not_an_allocation(tmp_path):
+    """Rank 2,000,000,000 in a Megatrace log once made the analysis build per-rank lists that long
+    (MemoryError); the log is skipped, naming why, and the others are analysed."""
+    for rank in (0, 1, 2_000_000_000):
+        lines = [f"[save_count {i}] [1700000000.00000000{i}] [Rank {rank}] Fun AllReduce Data 1024 stream 0x1 "
+                 f"opCount {i}" for i in range(1, 6)]  # fmt: skip
+        (tmp_path / f"rank_{rank}.log").write_text("\n".join(lines) + "\n")
+    trace = load_path(tmp_path)
+    assert sorted(trace.ranks) == [0, 1]
+    assert any("rank 2000000000 is beyond the highest analysed" in problem for problem in trace.problems)
+    analyze(trace)

@@ -110,7 +110,11 @@ def test_tracing_injection_init_container_preload_and_sidecar():
     assert sidecar_env["RANKWATCH_COLLECTOR_URL"] == "http://collector:8080"
     assert sidecar_env["RANKWATCH_TOKEN_FILE"] == "/var/run/secrets/rankwatch/token"
     assert sidecar_env["RANKWATCH_SENSITIVITY_SECONDS"] == "120"
-    assert {m["name"] for m in sidecar["volumeMounts"]} == {"rankwatch-traces", "rankwatch-token"}
+    assert {m["name"] for m in sidecar["volumeMounts"]} == {
+        "rankwatch-traces",
+        "rankwatch-token",
+        "rankwatch-no-api-token",
+    }
 
     trainer = container(pod, "trainer")
     env = env_of(trainer)
@@ -127,8 +131,28 @@ def test_tracing_injection_init_container_preload_and_sidecar():
     assert "rankwatch-token" not in mounts, "only the sidecar holds the job's token"
 
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert set(volumes) == {"data", "rankwatch-lib", "rankwatch-traces", "rankwatch-token"}
+    assert set(volumes) == {"data", "rankwatch-lib", "rankwatch-traces", "rankwatch-token", "rankwatch-no-api-token"}
     assert volumes["rankwatch-token"]["secret"]["secretName"] == "llama-rankwatch-token"
+
+
+def test_the_job_token_is_readable_by_the_sidecar_alone_and_no_api_token_reaches_it():
+    """The pod shares its process namespace (the sidecar watches the trainer's pids): the token file is
+    not world-readable, the sidecar reads it through its group, and it sees no service-account token."""
+    pod = pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG)
+    assert pod["spec"]["shareProcessNamespace"] is True
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mode = volumes["rankwatch-token"]["secret"]["defaultMode"]
+    assert mode & 0o007 == 0, f"token file mode {mode:o} is readable by others"
+    sidecar = pod["spec"]["initContainers"][1]
+    assert mode & 0o040 and sidecar["securityContext"]["runAsGroup"] == 0, "the sidecar reads it through its group"
+    assert sidecar["securityContext"]["runAsNonRoot"] is True and sidecar["securityContext"]["runAsUser"] != 0
+    hidden = {m["mountPath"]: m["name"] for m in sidecar["volumeMounts"]}
+    assert hidden["/var/run/secrets/kubernetes.io/serviceaccount"] == "rankwatch-no-api-token"
+    assert "emptyDir" in volumes["rankwatch-no-api-token"]
+    assert pod["spec"]["automountServiceAccountToken"] is False, "no API token unless the template asks"
+    spec = make_spec()
+    spec.template["spec"]["automountServiceAccountToken"] = True
+    assert pod_spec.worker_pod(JOB, spec, 0, CONFIG)["spec"]["automountServiceAccountToken"] is True
 
 
 def test_user_ld_preload_is_kept_after_ours():

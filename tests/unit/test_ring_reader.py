@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import resource
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, RingError, RingReader, read_ring
+from rankwatch.analysis.ring_loader import load_rings
 
 
 def write_ring(path: Path, claimed: int, capacity: int = 8, version: int = 1, magic: bytes = b"RWRING\0\0") -> Path:
@@ -108,3 +111,61 @@ def test_progress_line_only_on_a_terminal_and_only_when_slow():
     progress = Progress(2, "reading", stream=fast, delay=60)
     progress.advance()
     assert fast.getvalue() == "", "reads that take less than the delay show nothing"
+
+
+def _sparse_header_only(path: Path, capacity: int, claimed: int, rank: int = 3, extra: int = 0) -> Path:
+    """A header promising ``capacity`` records, the file extended to fit without writing them (sparse)."""
+    header = np.zeros(1, HEADER_DTYPE)
+    header["magic"], header["version"], header["header_size"], header["record_size"] = b"RWRING\0\0", 1, 4096, 128
+    header["capacity"], header["next"], header["global_rank"] = capacity, claimed, rank
+    with open(path, "wb") as out:
+        out.write(header.tobytes().ljust(HEADER_SIZE, b"\0"))
+        out.truncate(HEADER_SIZE + capacity * 128 + extra)
+    return path
+
+
+def test_a_header_promising_a_huge_ring_is_refused_before_anything_is_read(tmp_path):
+    path = _sparse_header_only(tmp_path / "huge.ring", capacity=1 << 32, claimed=1 << 32)  # 512 GiB, sparse
+    with pytest.raises(RingError, match=r"offset 24: capacity 4294967296 records is over the largest"):
+        read_ring(path)
+    trace = load_rings([path])
+    assert len(trace.calls) == 0 and "over the largest" in trace.problems[0]
+
+
+def test_loading_a_ring_reads_what_its_header_promises_not_the_whole_sparse_file(tmp_path):
+    ring = write_ring(tmp_path / "r.ring", claimed=5)
+    with open(ring, "r+b") as out:
+        out.truncate(HEADER_SIZE + 8 * 128 + (8 << 30))  # 8 GiB of sparse tail after the records
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with RingReader(ring, load=True) as reader:
+        assert reader.read().records["seq"].tolist() == [1, 2, 3, 4, 5]
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) < 64 << 10  # KiB: under 64 MiB
+
+
+def test_a_ring_claiming_a_huge_global_rank_is_skipped_with_a_problem(tmp_path):
+    ring = write_ring(tmp_path / "r.ring", claimed=5)
+    data = bytearray(ring.read_bytes())
+    offset = HEADER_DTYPE.fields["global_rank"][1]
+    data[offset : offset + 4] = (2**31 - 1).to_bytes(4, "little")
+    ring.write_bytes(bytes(data))
+    trace = load_rings([ring])
+    assert len(trace.calls) == 0 and "global rank 2147483647 is beyond the highest" in trace.problems[0]
+
+
+def test_a_ring_of_many_communicators_loads_in_linear_time(tmp_path):
+    """Every record on a communicator of its own: finding each one's first call was quadratic."""
+    capacity = 1 << 17
+    header = np.zeros(1, HEADER_DTYPE)
+    header["magic"], header["version"], header["header_size"], header["record_size"] = b"RWRING\0\0", 1, 4096, 128
+    header["capacity"], header["next"], header["global_rank"] = capacity, capacity, 0
+    slots = np.zeros(capacity, RECORD_DTYPE)
+    slots["stamp"] = np.arange(capacity, dtype=np.uint64) * 2 + 2
+    slots["seq"], slots["op"], slots["state"] = 1, 1, 2
+    slots["comm_id"] = np.arange(1, capacity + 1, dtype=np.uint64)
+    slots["nranks"], slots["t_call_ns"] = 2, np.arange(capacity) * 1000
+    path = tmp_path / "many.ring"
+    path.write_bytes(header.tobytes().ljust(HEADER_SIZE, b"\0") + slots.tobytes())
+    started = time.perf_counter()
+    trace = load_rings([path])
+    assert len(trace.comms) == capacity
+    assert time.perf_counter() - started < 3.0
