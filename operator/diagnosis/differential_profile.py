@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ PEERS = 2
 MIN_DIFFERENCE = 0.05
 """Shares closer than 5 points are noise at 50 Hz over a few seconds (150 samples)."""
 SHOWN = 3
+PROFILE_ANSWER_MAX_BYTES = 4 << 20
+"""A profile answer is function names and counts: anything larger is not one (and is not read whole)."""
 EVIDENCE_KEY = "python_profile"
 
 
@@ -113,12 +116,17 @@ async def fetch_profiles(
                 params={"ranks": ",".join(map(str, ranks)), "seconds": str(seconds)},
                 headers={"Authorization": protocol.bearer(token)},
             ) as response:
+                body = await response.content.read(PROFILE_ANSWER_MAX_BYTES + 1)
                 if response.status != 200:
-                    reason = (await response.text()).strip()[:200]
+                    reason = body[:200].decode(errors="replace").strip()
                     problems.append(f"no Python profile of ranks {ranks}: sidecar at {endpoint} answered HTTP "
                                     f"{response.status} ({reason})")  # fmt: skip
                     return
-                document = await response.json()
+                if len(body) > PROFILE_ANSWER_MAX_BYTES:
+                    problems.append(f"no Python profile of ranks {ranks}: sidecar at {endpoint} answered more "
+                                    f"than {PROFILE_ANSWER_MAX_BYTES >> 20} MiB")  # fmt: skip
+                    return
+                document = json.loads(body)
         except (aiohttp.ClientError, TimeoutError, ValueError) as error:
             problems.append(
                 f"no Python profile of ranks {ranks}: sidecar at {endpoint}: {error or type(error).__name__}"

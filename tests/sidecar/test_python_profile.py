@@ -79,3 +79,44 @@ def test_the_culprit_is_named_slower_in_its_slow_function_and_waiting_less():
         "for ranks 4, 6; 6% in all_reduce (r.py) against 33%"
     )
     assert compare(culprit, {4: Profile(0, {})}) == []  # nothing to compare with
+
+
+def test_a_profile_answer_too_large_or_not_json_is_a_problem_not_read_whole():
+    import asyncio
+    import json
+
+    from aiohttp import web
+
+    from rankwatch.operator.diagnosis.differential_profile import PROFILE_ANSWER_MAX_BYTES, fetch_profiles
+
+    async def scenario() -> tuple[dict, list[str]]:
+        async def huge(_request: web.Request) -> web.Response:
+            return web.Response(body=json.dumps({"ranks": {"1": {"x": "y" * PROFILE_ANSWER_MAX_BYTES}}}).encode())
+
+        async def garbled(_request: web.Request) -> web.Response:
+            return web.Response(body=b"{not json")
+
+        async def good(_request: web.Request) -> web.Response:
+            return web.json_response({"ranks": {"3": {"samples": 10, "functions": {"step": 10}}}})
+
+        runners = []
+        endpoints = {}
+        for rank, handler in ((1, huge), (2, garbled), (3, good)):
+            app = web.Application()
+            app.router.add_get("/profile", handler)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            endpoints[rank] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            return await fetch_profiles(endpoints, "token", seconds=1)
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+    profiles, problems = asyncio.run(scenario())
+    assert set(profiles) == {3}, "the good answer still counts"
+    assert any("ranks [1]" in problem and "more than 4 MiB" in problem for problem in problems), problems
+    assert any("ranks [2]" in problem for problem in problems), problems
