@@ -116,9 +116,13 @@ async def fetch_profiles(
                 params={"ranks": ",".join(map(str, ranks)), "seconds": str(seconds)},
                 headers={"Authorization": protocol.bearer(token)},
             ) as response:
-                body = await response.content.read(PROFILE_ANSWER_MAX_BYTES + 1)
+                body = bytearray()
+                async for chunk in response.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > PROFILE_ANSWER_MAX_BYTES:
+                        break
                 if response.status != 200:
-                    reason = body[:200].decode(errors="replace").strip()
+                    reason = bytes(body[:200]).decode(errors="replace").strip()
                     problems.append(f"no Python profile of ranks {ranks}: sidecar at {endpoint} answered HTTP "
                                     f"{response.status} ({reason})")  # fmt: skip
                     return

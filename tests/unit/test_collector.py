@@ -124,7 +124,8 @@ async def test_host_figures_of_schema_2_summaries_become_the_jobs_host_loads(col
     )  # fmt: skip
     assert loads.node_cpu_pressure == {"gpu-node-0": 0.7}
     assert state.host_loads(now=state.last_seen + 60, max_age_s=30).ranks == {}, "only recent windows count"
-    assert (await post(url, SUMMARIES, protocol.encode(summary(window=9))))[0] == 202, "schema 1 still taken"
+    later = replace(summary(window=9), start_ns=9 * 2_000_000_000, end_ns=10 * 2_000_000_000)  # not a replay
+    assert (await post(url, SUMMARIES, protocol.encode(later)))[0] == 202, "schema 1 still taken"
 
 
 async def test_missing_or_wrong_token_is_401_and_changes_nothing(collector):
