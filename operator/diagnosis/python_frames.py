@@ -9,12 +9,23 @@ all_reduce". The innermost frame is where a rank is; the rest of the stack is ke
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import defaultdict
 
-from rankwatch.analysis.findings import Finding, FindingKind
+from rankwatch.analysis.findings import Cause, Finding, FindingKind
 from rankwatch.operator.diagnosis.job_state import JobState
 
 FRAMES_IN_EVIDENCE = 6
+DATA_FRAMES_LOOKED_AT = 4
+"""How deep into a culprit's stack (from where it is) a data or checkpoint frame counts: below that, the
+function is the training loop that called it, not what the rank is waiting for."""
+DATA_FUNCTION = re.compile(
+    r"^(__next__|_next_data|_get_data|load_batch|get_batch|next_batch|load_checkpoint|save_checkpoint)$"
+)
+DATA_FILE = re.compile(
+    r"(torch/utils/data/|dataloader|/datasets?/|dist_checkpointing/|checkpointing\.py|torch/serialization\.py)", re.I
+)
+"""Data loading and checkpoint files (not ``torch/utils/checkpoint.py``: activation recomputation is compute)."""
 
 
 def latest_stacks(state: JobState, since: float) -> dict[int, list[str]]:
@@ -51,4 +62,25 @@ def with_python_stacks(finding: Finding, stacks: dict[int, list[str]]) -> Findin
         **finding.evidence,
         "python_stacks": {str(rank): frames[:FRAMES_IN_EVIDENCE] for rank, frames in sorted(stacks.items())},
     }
-    return dataclasses.replace(finding, summary=f"{finding.summary}. Python: {where}", evidence=evidence)
+    found = dataclasses.replace(finding, summary=f"{finding.summary}. Python: {where}", evidence=evidence)
+    reading = _data_frame(stacks[culprits[0]])
+    peers_reading = any(_data_frame(frames) for rank, frames in stacks.items() if rank not in finding.ranks)
+    if reading and found.cause is Cause.UNKNOWN and peers and not peers_reading:
+        waiting = sum(len(ranks) for ranks in peers.values())
+        found = dataclasses.replace(
+            found,
+            cause=Cause.DATA_STORAGE,
+            cause_evidence=f"rank {culprits[0]} is in {reading}, reading data or a checkpoint, while its {waiting} "
+            f"peer(s) with stacks are not",
+        )
+    return found
+
+
+def _data_frame(frames: list[str]) -> str | None:
+    """The first of the innermost frames that reads training data or a checkpoint (a frame is
+    ``file:line function``), or None."""
+    for frame in frames[:DATA_FRAMES_LOOKED_AT]:
+        location, _, function = frame.rpartition(" ")
+        if DATA_FUNCTION.match(function) or DATA_FILE.search(location):
+            return frame
+    return None

@@ -87,6 +87,7 @@ def test_a_rank_stalled_in_python_is_shown_at_its_frame_against_its_peers(api, n
     assert found[2] == "Nccl.all_reduce" and {0, 1, 3} <= {int(rank) for rank in found[1].split(", ")}, summary
     stacks = report(api, namespace, job)["findings"][0]["evidence"]["python_stacks"]
     assert stacks["2"][0].endswith(" load_batch") and stacks["2"][1].endswith(" train")
+    assert diagnosis["cause"] == "data/storage" and "load_batch" in diagnosis["causeEvidence"], diagnosis
     print(f"stalled in Python: {summary}", file=sys.__stdout__)
 
 

@@ -95,4 +95,5 @@ async def test_a_stall_report_carries_the_ranks_python_stacks_and_the_diagnosis_
     assert "Python: rank 1 is at " in shown.summary and shown.summary.split("rank 1 is at ")[1].startswith("<string>")
     assert " load_batch; rank 0 at <string>:" in shown.summary and shown.summary.endswith(" all_reduce")
     assert shown.evidence["python_stacks"]["1"][0].endswith(" load_batch")
+    assert shown.cause == "data/storage" and "rank 1 is in <string>:" in shown.cause_evidence
     assert with_python_stacks(hang, latest_stacks(state, since=time.monotonic() + 1)) == hang, "stale stacks"
