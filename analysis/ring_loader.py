@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
-from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Op, RingError, RingReader, State, peek_header
+from rankwatch.analysis.ring import RAW_RECORD, RECORD_DTYPE, Flag, Op, RingError, RingReader, State, peek_header
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 _RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
@@ -95,6 +95,11 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
     out = _output[offset : offset + len(records)]
     out[:] = records.view(_RECORD_AS_CALL)
     out["rank"] = rank  # the header's word, as for the communicators
+    # A GPU-timed call is over when its GPU work ended: the host call of an asynchronous GPU returns at
+    # once, so one whose GPU end is not written yet is still in flight (t_return 0), as on a synchronous one.
+    gpu_pending = ((records["flags"] & Flag.GPU_TIMED) != 0) & (records["state"] == State.RETURNED)
+    if gpu_pending.any():
+        out["t_return"][gpu_pending] = 0
     result.count = len(records)
     return result
 
