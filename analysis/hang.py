@@ -54,7 +54,7 @@ def _queued(calls: np.ndarray, pending: np.ndarray) -> np.ndarray:
 
 
 def _entered(
-    trace: Trace, stalled: np.ndarray, queued: np.ndarray
+    trace: Trace, stalled: np.ndarray, queued: np.ndarray, completion_known: bool
 ) -> tuple[dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]]]:
     """(communicator, sequence) of each stalled collective -> the ranks that entered it, and of those
     the ones whose call there is queued behind their own earlier work (they have not reached it).
@@ -63,7 +63,6 @@ def _entered(
     only those are searched (a 16k-rank hang stays cheap); with call times alone, all collectives."""
     calls = trace.calls
     collective = ~np.isin(calls["op"], P2P_OPS)
-    completion_known = trace.has_returns or trace.pending_known
     candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if completion_known else collective)
     wanted = _instance_keys(stalled["comm"], stalled["seq"])
     keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
@@ -169,6 +168,17 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         return []
     end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
     completion_known = trace.has_returns or trace.pending_known
+    findings = _detect(trace, stall_seconds, end, completion_known)
+    if not findings and completion_known and not trace.pending_known and not (calls["gpu_start"] > 0).any():
+        # Rings without GPU times: on an asynchronous GPU every call returns at once, so a hang leaves
+        # no call in flight (the hosts block in a synchronisation instead). Who stopped calling is
+        # what survives: judged as call times alone are.
+        findings = _detect(trace, stall_seconds, end, completion_known=False)
+    return findings
+
+
+def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool) -> list[Finding]:
+    calls = trace.calls
     if completion_known:
         pending = calls["t_return"] == 0
     else:  # only call times: a rank's last call is where it stopped (or finished)
@@ -180,7 +190,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     if not len(stalled):
         return []
 
-    entered, behind = _entered(trace, stalled, queued)
+    entered, behind = _entered(trace, stalled, queued, completion_known)
     progress_in: dict[int, dict[int, int]] = {}
     members_of = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
     missing_in: dict[tuple[int, int], set[int]] = {}  # per instance: members that never entered it
@@ -254,7 +264,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 nodes=[trace.node_of(culprit)],
                 communicator=comm_label(comm_id),
                 # call times alone (Megatrace) cannot show the waiters are still inside their calls
-                confidence=(0.95 if trace.has_returns else 0.8) if last is not None else 0.7,
+                confidence=(0.95 if completion_known else 0.8) if last is not None else 0.7,
                 summary=(
                     f"{trace.label(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
                     f"rank {int(first['rank'])} waits in {_describe_call(first)} of {trace.comm_name(comm_id)}, "
