@@ -62,8 +62,6 @@ def test_host_times_only_name_the_rank_that_never_called(tmp_path):
 
 def test_host_times_only_never_blame_a_wrong_rank_for_a_straggler(tmp_path):
     # host call times of a run-ahead job cannot single out a slow GPU: nobody else may be named
-    document = simulate(
-        tmp_path, False, 3000, world_size=8, tp=4, steps=40, faults=Faults(slow_rank=5, slowdown=0.3)
-    )
+    document = simulate(tmp_path, False, 3000, world_size=8, tp=4, steps=40, faults=Faults(slow_rank=5, slowdown=0.3))
     for finding in document["findings"]:
         assert finding["ranks"] in ([], [5]), document["findings"]
