@@ -190,7 +190,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     if not len(stalled):
         return []
 
-    entered, behind = _entered(trace, stalled, queued, completion_known)
+    entered, queued_in = _entered(trace, stalled, queued, completion_known)
     progress_in: dict[int, dict[int, int]] = {}
     members_of = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
     missing_in: dict[tuple[int, int], set[int]] = {}  # per instance: members that never entered it
@@ -218,7 +218,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         key = (comm_id, seq)
         if key not in missing_in:
             # a member whose call there waits behind its own earlier work has not reached it either
-            missing_in[key] = (members_of.get(comm_id, set()) - entered.get(key, set())) | behind.get(key, set())
+            missing_in[key] = (members_of.get(comm_id, set()) - entered.get(key, set())) | queued_in.get(key, set())
         if missing_in[key] - {rank}:
             waits_for.setdefault(rank, set()).update(missing_in[key] - {rank})
         elif completion_known and key not in stuck:  # without completion a finished job looks the same
