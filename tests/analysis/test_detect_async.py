@@ -45,12 +45,15 @@ def test_gpu_timed_stuck_collective_is_one_finding_on_its_group_not_the_waiters(
 
 
 def test_gpu_timed_straggler_is_named_and_a_healthy_run_is_healthy(tmp_path):
+    from rankwatch.analysis.analyze import NOT_LOCALISABLE
+
     slow = simulate(
         tmp_path / "slow", True, 3000, world_size=8, tp=4, steps=40, faults=Faults(slow_rank=5, slowdown=0.3)
     )
     assert [(f["kind"], f["ranks"]) for f in slow["findings"]] == [("straggler", [5])], slow["findings"]
     healthy = simulate(tmp_path / "healthy", True, world_size=8, tp=4, steps=40)
     assert healthy["healthy"] is True and healthy["findings"] == [], healthy["findings"]
+    assert NOT_LOCALISABLE not in slow["problems"] + healthy["problems"]
 
 
 def test_host_times_only_name_the_rank_that_never_called(tmp_path):
@@ -65,3 +68,4 @@ def test_host_times_only_never_blame_a_wrong_rank_for_a_straggler(tmp_path):
     document = simulate(tmp_path, False, 3000, world_size=8, tp=4, steps=40, faults=Faults(slow_rank=5, slowdown=0.3))
     for finding in document["findings"]:
         assert finding["ranks"] in ([], [5]), document["findings"]
+    assert any("not localisable from call times; enable GPU timing" in p for p in document["problems"])
