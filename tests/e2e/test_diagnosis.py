@@ -205,6 +205,36 @@ def test_rank_that_never_calls_makes_the_job_hung_naming_it(api, kubectl, namesp
     print(f"hang diagnosed {waited:.1f} s after onset (sensitivity {SENSITIVITY} s): {diagnosis['summary']}")
 
 
+def test_without_gpu_timing_the_rank_that_never_called_is_still_named(api, namespace, pod_runner, eventually):
+    """Host call times only: on the asynchronous device every call returns at once, the peers' hosts block
+    in a synchronisation, not in NCCL; who stopped calling is what still names the culprit."""
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    create_job(api, namespace, standin_job("hang-untimed", faults, gpu_timing=False))
+    wait_running(api, namespace, "hang-untimed", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "hang-untimed", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2], diagnosis
+    assert diagnosis["nodes"] == [node_of_pod(api, namespace, "hang-untimed-worker-0")]
+
+
+def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(api, namespace, pod_runner, eventually):
+    """Host call times of a run-ahead job cannot tell the slow GPU: the expected answer is "not
+    localisable" (no finding naming anyone else), never a wrong node."""
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    create_job(api, namespace, standin_job("slow-untimed", faults, gpu_timing=False))
+    wait_running(api, namespace, "slow-untimed", eventually)
+    eventually(
+        lambda: condition(get_job(api, namespace, "slow-untimed"), "Degraded").get("reason") == "TelemetryHealthy",
+        60,
+        what="telemetry flowing",
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        diagnosis = get_job(api, namespace, "slow-untimed")["status"].get("diagnosis")
+        assert diagnosis is None or set(diagnosis.get("ranks") or []) <= {5}, diagnosis
+        time.sleep(2)
+
+
 def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespace, pod_runner, eventually):
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "6", "RANKWATCH_STANDIN_STUCK_IN_CALL": "300"}
     create_job(api, namespace, standin_job("stuck", faults))
