@@ -28,12 +28,17 @@ device's streams, as on a real GPU); ``sync`` only for comparison."""
 
 
 def standin_job(
-    name: str, faults: dict[str, str] | None = None, gpu_timing: bool | None = None, remediation: dict | None = None
+    name: str,
+    faults: dict[str, str] | None = None,
+    gpu_timing: bool | None = None,
+    remediation: dict | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2, on the ``STANDIN_DEVICE``; faults on the rank
-    RANKWATCH_STANDIN_FAULT_RANK names. GPU timing as the CRD defaults it (on) unless ``gpu_timing`` says.
+    RANKWATCH_STANDIN_FAULT_RANK names (``device`` overrides the device for one job). GPU timing as the CRD
+    defaults it (on) unless ``gpu_timing`` says.
     Nodes are not cordoned unless ``remediation`` says so (the tests share four nodes)."""
-    env = [{"name": "RANKWATCH_STANDIN_DEVICE", "value": STANDIN_DEVICE}]
+    env = [{"name": "RANKWATCH_STANDIN_DEVICE", "value": device or STANDIN_DEVICE}]
     env += [{"name": key, "value": value} for key, value in (faults or {}).items()]
     tracing: dict[str, Any] = {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW}
     if gpu_timing is not None:
