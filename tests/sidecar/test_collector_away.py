@@ -110,4 +110,4 @@ async def test_a_real_sidecar_keeps_a_bounded_queue_while_the_collector_is_away_
     assert windows[0] == dropped + 1, "only the oldest windows were dropped, and exactly those counted"
     shipped_calls = sum(c.calls.get("AllReduce", 0) for s in received for r in s.ranks for c in r.comms)
     assert 0 < shipped_calls <= calls
-    print(f"collector away: {dropped} summaries dropped, queue <= {QUEUE_SIZE}; shipped {recovered_s:.1f} s after return")
+    print(f"collector away: {dropped} summaries dropped (queue <= {QUEUE_SIZE}); shipped {recovered_s:.1f} s after")
