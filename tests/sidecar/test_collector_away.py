@@ -15,6 +15,9 @@ import time
 
 import aiohttp
 
+from rankwatch.protocol import WindowSummary
+from rankwatch.sidecar.shipper import Backoff, Shipper
+
 QUEUE_SIZE = 4
 WINDOW_S = 0.2
 OUTAGE_DROPS = 8  # the collector stays away until at least this many summaries were dropped
@@ -111,3 +114,28 @@ async def test_a_real_sidecar_keeps_a_bounded_queue_while_the_collector_is_away_
     shipped_calls = sum(c.calls.get("AllReduce", 0) for s in received for r in s.ranks for c in r.comms)
     assert 0 < shipped_calls <= calls
     print(f"collector away: {dropped} summaries dropped (queue <= {QUEUE_SIZE}); shipped {recovered_s:.1f} s after")
+
+
+def bare_summary(window: int) -> WindowSummary:
+    return WindowSummary(
+        schema=1, namespace="team-a", job="llama", pod="llama-worker-0", node="gpu-node-0", replica_index=0,
+        expected_ranks=1, window=window, start_ns=window, end_ns=window + 1, dropped_summaries=0, ranks=[],
+    )  # fmt: skip
+
+
+async def test_a_summary_pushed_out_of_a_full_queue_while_it_is_being_sent_is_not_counted_as_dropped(collector, token):
+    """A slow collector: the summary in flight leaves the full queue to make room, then is delivered anyway."""
+    collector.delays = [0.5]
+    shipper = Shipper(collector.url, "team-a", "llama", lambda: token, queue_size=1, backoff=Backoff(0.05, 0.2))
+    shipper.start()
+    try:
+        shipper.submit_summary(bare_summary(1))
+        await collector.wait_for(lambda: collector.delays == [])  # window 1 is on the wire
+        shipper.submit_summary(bare_summary(2))  # the full queue makes room for it
+        await collector.wait_for(lambda: len(collector.summaries) == 2)
+        assert await shipper.drain(5)
+    finally:
+        await shipper.close()
+    assert [s.window for s in collector.summaries] == [1, 2], "both delivered, in order"
+    assert shipper.stats.summaries_dropped == 0, "nothing was lost"
+    assert [s.dropped_summaries for s in collector.summaries] == [0, 0], "so no drop is told"
