@@ -1,0 +1,94 @@
+"""The control plane fails under a running operator: the local cluster's kube-apiserver is restarted the
+moment the operator starts diagnosing a hang, and etcd the moment the hang is written (while the
+cordon follows). The operator (a real process) rides it out: the hang is diagnosed once, one Warning
+Event, one node cordoned, and the operator is still running."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import kubernetes
+import pytest
+from test_diagnosis import WINDOW, create_job, diagnosed, events, node_marks, node_of_pod, standin_job, wait_running
+
+pytestmark = pytest.mark.e2e
+
+DOWN_S = 5.0  # how long the component stays away
+
+
+@pytest.fixture
+def cluster(kubeconfig):
+    if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
+        pytest.skip("restarts components of the built-in local cluster only")
+    from rankwatch.cluster.local import LocalCluster
+
+    root = os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or os.path.expanduser("~/.rankwatch/test-cluster")
+    return LocalCluster(Path(root))
+
+
+def wait_for_line(log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"no {text!r} in the operator's log"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(
+    ("component", "moment"), [("kube-apiserver", "diagnosing"), ("etcd", "cordoning")], ids=["apiserver", "etcd"]
+)
+def test_the_operator_recovers_from_a_control_plane_restart_without_duplicates(
+    api, kubeconfig, cluster, unwatched_namespace, processes, eventually, tmp_path, monkeypatch, component, moment
+):
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace, name = unwatched_namespace, "hung"
+    monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")  # the tests share four nodes
+    monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "1")
+    port = processes.free_port()
+    log = tmp_path / "operator.log"
+    operator = processes.operator(kubeconfig, namespace, log, port)
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+    try:
+        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+        create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True}))
+        wait_running(api, namespace, name, eventually)
+        node = node_of_pod(api, namespace, f"{name}-worker-0")
+        if moment == "diagnosing":
+            wait_for_line(log, f"TrainingJob {namespace}/{name}: ", 90)  # "...; diagnosing"
+        else:
+            eventually(lambda: diagnosed(api, namespace, name, "Hung"), 90, interval=0.2, what="Hung=True")
+        ready_s = cluster.restart_component(component, DOWN_S, log=lambda m: print(f"[cluster] {m}", flush=True))
+        back = time.monotonic()
+
+        job = eventually(lambda: diagnosed(api, namespace, name, "Hung"), 90, interval=0.5, what="Hung=True")
+        diagnosis = job["status"]["diagnosis"]
+        assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2] and diagnosis["nodes"] == [node]
+        recorded = eventually(
+            lambda: diagnosed(api, namespace, name, "Hung")["status"]["diagnosis"].get("remediation"),
+            60,
+            what="the cordon recorded",
+        )
+        recovered_s = time.monotonic() - back
+        assert recorded == f"cordoned and tainted {node}"
+        time.sleep(3 * WINDOW)  # time enough for a duplicate to show
+        unschedulable, _, marks = node_marks(api, node)
+        assert unschedulable and marks.get("rankwatch.io/cordon-job") == f"{namespace}/{name}", marks
+        others = [
+            n.metadata.name for n in kubernetes.client.CoreV1Api(api).list_node().items if n.metadata.name != node
+        ]
+        assert not [n for n in others if node_marks(api, n)[2].get("rankwatch.io/cordon-job") == f"{namespace}/{name}"]
+        hangs = [e for e in events(api, namespace, name) if e.reason == "Hang"]
+        assert len(hangs) == 1 and hangs[0].type == "Warning" and (hangs[0].count or 1) == 1, hangs
+        assert diagnosed(api, namespace, name, "Hung")["status"]["diagnosis"]["time"] == diagnosis["time"]
+        assert operator.poll() is None, "the operator did not survive the restart"
+        print(
+            f"{component} restarted while {moment} (down {DOWN_S:.0f} s, API ready {ready_s:.1f} s after its start): "
+            f"hang written and cordoned {recovered_s:.1f} s after the API answered again"
+        )
+    finally:
+        uncordon_job(api, namespace, name, via="test")
+        processes.stop(runner)
+        processes.stop(operator)
+        print(log.read_text(errors="replace")[-3000:])
