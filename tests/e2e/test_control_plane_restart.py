@@ -6,11 +6,14 @@ Event, one node cordoned, and the operator is still running."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
 import kubernetes
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
 from test_diagnosis import WINDOW, create_job, diagnosed, events, node_marks, node_of_pod, standin_job, wait_running
 
 pytestmark = pytest.mark.e2e
@@ -28,10 +31,10 @@ def cluster(kubeconfig):
     return LocalCluster(Path(root))
 
 
-def wait_for_line(log: Path, text: str, timeout: float) -> None:
+def wait_for_line(log: Path, start: str, end: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, f"no {text!r} in the operator's log"
+    while not any(f"] {start}" in line and line.endswith(end) for line in log.read_text(errors="replace").splitlines()):
+        assert time.monotonic() < deadline, f"no line {start}...{end} in the operator's log"
         time.sleep(0.1)
 
 
@@ -56,7 +59,7 @@ def test_the_operator_recovers_from_a_control_plane_restart_without_duplicates(
         wait_running(api, namespace, name, eventually)
         node = node_of_pod(api, namespace, f"{name}-worker-0")
         if moment == "diagnosing":
-            wait_for_line(log, f"TrainingJob {namespace}/{name}: ", 90)  # "...; diagnosing"
+            wait_for_line(log, f"TrainingJob {namespace}/{name}: ", "; diagnosing", 90)
         else:
             eventually(lambda: diagnosed(api, namespace, name, "Hung"), 90, interval=0.2, what="Hung=True")
         ready_s = cluster.restart_component(component, DOWN_S, log=lambda m: print(f"[cluster] {m}", flush=True))
