@@ -1,7 +1,8 @@
 """The control plane fails under a running operator: the local cluster's kube-apiserver (connections
-refused) or etcd (the API server answers, with errors) is stopped for 5 s the moment the operator
-starts diagnosing a hang, then started again. The operator (a real process) rides it out: the hang
-is written once, one Warning Event, one node cordoned, and the operator is still running."""
+refused) or etcd (the API server holds or fails requests) is stopped for 5 s the moment the operator
+starts diagnosing a hang, then started again; or the operator is cut off from the API server for 10 s
+at that moment. The operator (a real process) rides it out: the hang is written once, one Warning
+Event, one node cordoned, and the operator is still running."""
 
 from __future__ import annotations
 
