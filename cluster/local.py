@@ -263,6 +263,34 @@ class LocalCluster:
             shutil.rmtree(self.root)
         log("cluster removed")
 
+    def restart_component(
+        self, name: str, down_seconds: float = 0.0, log: Log = print, timeout: float = 120.0
+    ) -> float:
+        """Stop one running component, keep it down ``down_seconds``, start it again on the same ports and
+        data, and wait until the API server answers /readyz again; returns the seconds that took after the
+        start. For failure tests: the API server or etcd going away under a running operator."""
+        if name not in ORDER:
+            raise ClusterError(f"unknown component {name!r}; one of {', '.join(ORDER)}")
+        state = ClusterState.load(self.state_path)
+        if state is None:
+            raise ClusterError(f"no cluster in {self.root}; run `rankwatch cluster up`")
+        paths = {component: binaries.binary_path(component) for component in ORDER}
+        pid = state.pids.get(name)
+        if not processes.is_running(pid, paths[name]):
+            raise ClusterError(f"{name} is not running (pid {pid}); `rankwatch cluster up` starts it")
+        log(f"stopping {name}")
+        processes.stop(pid, paths[name])
+        time.sleep(down_seconds)
+        deadline = time.monotonic() + timeout
+        for port_name in LISTENS_ON[name]:
+            self._wait(lambda p=state.ports[port_name]: _port_free(p), f"port {state.ports[port_name]}", deadline)
+        log(f"starting {name}")
+        started = time.monotonic()
+        state.pids[name] = processes.start(self._argv(name, state, paths), self.logs / f"{name}.log").pid
+        state.save(self.state_path)
+        self._wait(lambda: self._healthy(state, "/readyz"), f"kube-apiserver ready after restarting {name}", deadline)
+        return time.monotonic() - started
+
     def status(self) -> dict[str, object]:
         """Which components run, whether the API answers, and the node count."""
         state = ClusterState.load(self.state_path)

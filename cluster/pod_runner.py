@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 JOB_NAME_LABEL = "rankwatch.io/job-name"
@@ -117,6 +118,8 @@ class PodRunner:
                         self.also.step()
                 except ApiException as error:
                     self.log(f"pod runner: API error {error.status} {error.reason}; retrying")
+                except urllib3.exceptions.HTTPError as error:  # the API server is away: keep the pods, as a kubelet
+                    self.log(f"pod runner: API server unreachable ({type(error).__name__}); retrying")
                 stop.wait(POLL_S)
         finally:
             for pod in self.pods.values():

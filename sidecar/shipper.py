@@ -142,12 +142,17 @@ class Shipper:
             attempt = 0
             if outcome == "sent" and isinstance(message, WindowSummary):
                 self._unreported_drops -= drops
-            self._discard(message)
+            self._discard(message, delivered=outcome == "sent")
 
-    def _discard(self, message: WindowSummary | StallReport) -> None:
+    def _discard(self, message: WindowSummary | StallReport, delivered: bool) -> None:
         queue = self._stalls if isinstance(message, StallReport) else self._summaries
-        if queue and queue[0] is message:  # it may have been pushed out by a full queue meanwhile
+        if queue and queue[0] is message:
             queue.popleft()
+        elif delivered and isinstance(message, WindowSummary):
+            # A full queue pushed it out while it was on the wire and counted it dropped; it arrived, so it
+            # was not lost (that drop is still unreported: it happened after ``drops`` was taken).
+            self.stats.summaries_dropped -= 1
+            self._unreported_drops -= 1
 
     async def _send(self, message: WindowSummary | StallReport, drops: int) -> str:
         """'sent', 'refused' (drop it) or 'retry'."""
