@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import ssl
@@ -23,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rankwatch.cluster import binaries, kubeconfig, pki, processes
+from rankwatch.cluster import binaries, kubeconfig, pki, ports, processes
 from rankwatch.cluster.binaries import Log
 from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
 from rankwatch.cluster.nodes import KWOK_ANNOTATION, MANAGED_LABEL, fake_gpu_node, node_name
@@ -377,28 +376,11 @@ class LocalCluster:
 
 
 def _free_ports(names: list[str], avoid: set[int] | None = None) -> dict[str, int]:
-    """Distinct free loopback ports below the kernel's ephemeral range (none of ``avoid``), chosen once
-    and kept in state.json: a port from bind(0) can be handed to some outgoing connection before the
-    component binds it, one below the range cannot."""
+    """Distinct free loopback ports by name, chosen once and kept in state.json (see ``ports``)."""
     try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    ports: dict[str, int] = {}
-    for candidate in random.sample(range(20000, max(low, 20000 + 4 * len(names))), k=200):
-        if len(ports) == len(names):
-            break
-        if candidate in (avoid or ()) or candidate in ports.values():
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", candidate))
-            except OSError:
-                continue
-        ports[names[len(ports)]] = candidate
-    if len(ports) < len(names):
-        raise ClusterError("could not find free loopback ports below the ephemeral range")
-    return ports
+        return dict(zip(names, ports.free_ports(len(names), avoid or ()), strict=True))
+    except ports.NoFreePort as error:
+        raise ClusterError(str(error)) from None
 
 
 def _port_free(port: int) -> bool:

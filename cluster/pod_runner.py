@@ -28,7 +28,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +41,8 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.cluster import ports
+
 JOB_NAME_LABEL = "rankwatch.io/job-name"
 ATTEMPT_LABEL = "rankwatch.io/attempt"
 SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
@@ -51,12 +52,6 @@ SIDECAR_FLUSH_S = 8.0
 POLL_S = 0.5
 
 Log = Callable[[str], None]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _field(pod: dict[str, Any], path: str) -> str:
@@ -107,6 +102,7 @@ class PodRunner:
         self.log = log
         self.pods: dict[str, RunningPod] = {}
         self.also = also  # a ServicePodRunner stepped in the same loop, or None
+        self.ports_given: set[int] = set()  # a sidecar may not have bound its port yet: never give it twice
 
     # -- the loop --------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -197,7 +193,8 @@ class PodRunner:
         sidecar_port = None
         for container in spec.get("initContainers") or []:
             if container.get("restartPolicy") == "Always":
-                sidecar_port = free_port()
+                sidecar_port = ports.free_port(avoid=self.ports_given)
+                self.ports_given.add(sidecar_port)
                 argv = self._argv(container, volumes)
                 if argv[3:4] == ["sidecar"]:
                     argv += ["--host", "127.0.0.1", "--port", str(sidecar_port), "--collector-url", self.collector_url]

@@ -8,7 +8,6 @@ to the caller (never logged). The data lives in ``directory`` and goes with it.
 from __future__ import annotations
 
 import secrets
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +16,7 @@ from types import TracebackType
 
 from rankwatch.cluster import processes
 from rankwatch.cluster.binaries import ensure_component
+from rankwatch.cluster.ports import free_ports
 from rankwatch.cluster.versions import MINIO
 
 READY_TIMEOUT_S = 60.0
@@ -24,18 +24,6 @@ READY_TIMEOUT_S = 60.0
 
 class S3ServerError(RuntimeError):
     """The server did not start; the message carries its log's tail."""
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together while chosen, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class S3Server:
@@ -57,7 +45,7 @@ class S3Server:
 
     def start(self) -> S3Server:
         self.executable = ensure_component(MINIO) / "minio"
-        self.port, console = _free_ports(2)
+        self.port, console = free_ports(2)
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
         env = {

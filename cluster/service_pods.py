@@ -41,18 +41,14 @@ import kubernetes
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.cluster.ports import free_ports
+
 OPERATOR_SELECTOR = "app.kubernetes.io/name=rankwatch,app.kubernetes.io/component=operator"
 PORTS_ANNOTATION = "runner.rankwatch.io/ports"
 PID_ANNOTATION = "runner.rankwatch.io/pid"
 RESTART_BACKOFF_S = 10.0
 """The kubelet's first back-off before restarting a container that exited."""
 LISTEN = re.compile(r"^(0\.0\.0\.0|127\.0\.0\.1|localhost|)?:(\d+)$")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -144,7 +140,9 @@ class ServicePodRunner:
         root.mkdir(parents=True, exist_ok=True)
         (container,) = spec["containers"]
         named = {p["name"]: p["containerPort"] for p in container.get("ports") or [] if p.get("name")}
-        ports = {p["containerPort"]: free_port() for p in container.get("ports") or []}
+        wanted = [p["containerPort"] for p in container.get("ports") or []]
+        given = {port for pod in self.pods.values() for port in pod.ports.values()}
+        ports = dict(zip(wanted, free_ports(len(wanted), avoid=given), strict=True))
         volumes = self._volumes(pod, root / "volumes")
         mounts = sorted(
             ((m["mountPath"].rstrip("/"), str(volumes[m["name"]])) for m in container.get("volumeMounts") or []),

@@ -14,7 +14,6 @@ The operator runs in-process with ``kopf.testing.KopfRunner``, watching only nam
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -129,9 +128,9 @@ def helm(kubeconfig: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from rankwatch.cluster.ports import free_port as below_the_ephemeral_range
+
+    return below_the_ephemeral_range()
 
 
 @pytest.fixture(scope="session")
