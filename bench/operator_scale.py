@@ -155,6 +155,26 @@ async def send(
     return latencies, statuses, durations, cpu_marks
 
 
+def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
+    """The collector's per-summary work without HTTP, in this process: gunzip, parse and check, fold into
+    the job's state (one job's bodies of one window)."""
+    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+
+    mine = [body for job, body in bodies if job == bodies[0][0]]
+    started = time.perf_counter()
+    raws = [protocol.decode_body(body, protocol.CONTENT_ENCODING) for body in mine]
+    decoded = time.perf_counter()
+    messages = [protocol.parse_summary(raw) for raw in raws]
+    parsed = time.perf_counter()
+    state = JobStore().get(NAMESPACE, messages[0].job, StateLimits.for_job(world, world // RANKS_PER_POD))
+    for message in messages:
+        state.add_summary(message)
+    kept = time.perf_counter()
+    count = len(mine) / 1e3
+    return (f"per summary without HTTP: gunzip {(decoded - started) / count:.2f} ms, parse and check "
+            f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
+
+
 def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str, float]:
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
@@ -164,6 +184,8 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str,
     print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
           f"{time.monotonic() - built:.0f} s; {sum(len(b) for _, b in windows[0]) / pods / 1024:.1f} KiB per summary",
           flush=True)  # fmt: skip
+
+    print(breakdown(windows[0], world), flush=True)
 
     context = multiprocessing.get_context("spawn")
     ports, passes = context.Queue(), context.Queue()
@@ -210,7 +232,7 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str,
         "detect_job_ms_max": 1e3 * max(one for _, one, _ in detector) if detector else float("nan"),
         "suspicions": sum(found for _, _, found in detector),
     }
-    print(f"statuses {statuses}; slowest window's sends took {max(durations):.1f} s of {window_s:.0f} s", flush=True)
+    print(f"statuses {statuses}; slowest window's sends took {max(durations):.1f} s of {window_s:g} s", flush=True)
     return figures
 
 
