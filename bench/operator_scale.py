@@ -27,6 +27,7 @@ import asyncio
 import gzip
 import itertools
 import multiprocessing
+import os
 import random
 import statistics
 import time
@@ -232,7 +233,11 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str,
         "detect_job_ms_max": 1e3 * max(one for _, one, _ in detector) if detector else float("nan"),
         "suspicions": sum(found for _, _, found in detector),
     }
-    print(f"statuses {statuses}; slowest window's sends took {max(durations):.1f} s of {window_s:g} s", flush=True)
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
+        f"slowest window's sends took {max(durations):.1f} s of {window_s:g} s",
+        flush=True,
+    )
     return figures
 
 
