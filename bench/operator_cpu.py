@@ -30,24 +30,25 @@ RANKS_PER_POD = 8
 TP, PP = 8, 4
 
 
-def comms_of(rank: int, world: int) -> list[tuple[str, int, int]]:
-    dp_size = world // (TP * PP)
+def comms_of(rank: int, world: int, pipeline: int = PP) -> list[tuple[str, int, int]]:
+    dp_size = world // (TP * pipeline)
     tp, dp, pp = rank % TP, (rank // TP) % dp_size, rank // (TP * dp_size)
     return [
         (f"{0x1000000 + dp + dp_size * pp:016x}", tp, TP),
         (f"{0x2000000 + tp + TP * pp:016x}", dp, dp_size),
-        (f"{0x3000000 + tp + TP * dp:016x}", pp, PP),
+        (f"{0x3000000 + tp + TP * dp:016x}", pp, pipeline),
         (f"{0x4000000:016x}", rank, world),
     ]
 
 
-def summaries(world: int, window: int, generator: random.Random) -> list[tuple[str, bytes]]:
+def summaries(world: int, window: int, generator: random.Random, pipeline: int = PP) -> list[tuple[str, bytes]]:
+    """(pod, gzip'd body) of every pod of job ``bench/big`` (``world`` ranks, TP 8 x ``pipeline``) in a window."""
     bodies = []
     for pod in range(world // RANKS_PER_POD):
         ranks = []
         for rank in range(pod * RANKS_PER_POD, (pod + 1) * RANKS_PER_POD):
             comms = []
-            for comm_id, comm_rank, size in comms_of(rank, world):
+            for comm_id, comm_rank, size in comms_of(rank, world, pipeline):
                 wait = 0.001 * generator.uniform(0.7, 1.3)
                 seq = 100 * window
                 comms.append(

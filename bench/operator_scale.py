@@ -1,0 +1,269 @@
+"""The operator's diagnosis side at cluster scale: many jobs' sidecars against one collector.
+
+A child process stands in for the operator's diagnosis side: the real collector (aiohttp app, token
+check per job, rate limit, gzip, protocol parsing, dedupe, bounded job state) and the monitor's
+detector, run over every job's state once per window on the same event loop, as the monitor does.
+The parent plays every sidecar of ``--jobs`` jobs: each pod (8 ranks, 4 communicators per rank: TP 8,
+DP, PP, world; bench/operator_cpu.py builds them) POSTs one gzip'd window summary per window with
+its job's bearer token, the pods' sends spread over the window as unaligned sidecars spread them.
+Bodies are built before the clock starts (the parent's cost is not measured, but it shares the
+machine's cores with the child). Steps of growing total ranks show how each cost grows.
+
+Measured per step, in the child: CPU (``/proc/<pid>/stat``) as a share of one core, peak RSS
+(``VmHWM``), the detector's time per window over all jobs; in the parent: summaries accepted per
+second and each POST's latency (send to answer, over a pool of keep-alive connections: 8,000 real
+sidecars would hold 8,000 connections).
+
+Not here: the operator's watches and API traffic (the pods of this bench exist nowhere), so neither
+the time for jobs to reach Running nor API requests per second.
+
+    python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import itertools
+import multiprocessing
+import os
+import random
+import statistics
+import time
+
+import aiohttp
+from operator_cpu import RANKS_PER_POD, TP, cpu_seconds, summaries
+
+from rankwatch import protocol
+
+NAMESPACE = "bench"
+
+
+def token_of(job: str) -> str:
+    return f"token-of-{job}"
+
+
+def layout_of(world: int) -> int:
+    """The pipeline size that makes ``world`` ranks a whole TP 8 x DP x PP grid of 8-rank pods."""
+    for pipeline in (4, 2, 1):
+        if world % (TP * pipeline) == 0:
+            return pipeline
+    raise SystemExit(f"{world} ranks per job is not a multiple of {TP}")
+
+
+def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> list[tuple[str, bytes]]:
+    """(job, gzip'd body) of every pod of every job in one window: one job's summaries (the protocol
+    module's encoding), renamed per job (job, pods, nodes) as each job's sidecars would name them."""
+    template = summaries(world, window, generator, layout_of(world))
+    bodies = []
+    for index in range(jobs):
+        job = f"job-{index:02d}"
+        for _, body in template:
+            raw = gzip.decompress(body)
+            raw = raw.replace(b'"namespace":"bench","job":"big"', f'"namespace":"{NAMESPACE}","job":"{job}"'.encode())
+            raw = raw.replace(b'"pod":"big-worker-', f'"pod":"{job}-worker-'.encode())
+            raw = raw.replace(b'"node":"gpu-node-', f'"node":"gpu-{index:02d}-'.encode())
+            bodies.append((job, gzip.compress(raw, compresslevel=5)))
+    random.Random(window).shuffle(bodies)  # pods of all jobs interleave, as unaligned sidecars do
+    return bodies
+
+
+def serve(ports: multiprocessing.Queue, jobs: int, world: int, window_s: float, passes: multiprocessing.Queue) -> None:
+    """The child: collector + detector on one event loop."""
+    from rankwatch.analysis.topology import Layout
+    from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
+    from rankwatch.operator.diagnosis.detector import Thresholds, detect
+    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+
+    names = {f"job-{index:02d}" for index in range(jobs)}
+    limits = StateLimits.for_job(world, world // RANKS_PER_POD)
+
+    async def tokens(namespace: str, name: str, stale: bool = False) -> str | None:
+        return token_of(name) if name in names else None
+
+    def followed(namespace: str, name: str) -> StateLimits | None:
+        return limits if namespace == NAMESPACE and name in names else None
+
+    async def main() -> None:
+        store = JobStore()
+        collector = Collector(store, tokens, CollectorSettings(host="127.0.0.1", port=0), jobs=followed)
+        await collector.start()
+        ports.put(collector.port)
+        layout = Layout(TP, layout_of(world), world)
+        thresholds = Thresholds(300, window_s)
+        while True:  # the monitor: the detector over every job once per window
+            await asyncio.sleep(window_s)
+            started, slowest, found = time.perf_counter(), 0.0, 0
+            for name in sorted(names):
+                state = store.peek(NAMESPACE, name)
+                if state is not None and state.summaries:
+                    one = time.perf_counter()
+                    found += len(detect(state, thresholds, layout, time.monotonic()))
+                    slowest = max(slowest, time.perf_counter() - one)
+            passes.put((time.perf_counter() - started, slowest, found))
+
+    asyncio.run(main())
+
+
+def peak_rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of ``pid`` in MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            fields[key] = value
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+async def send(
+    port: int, windows: list[list[tuple[str, bytes]]], window_s: float, pid: int
+) -> tuple[list[float], dict[int, int], list[float], list[float]]:
+    """POST every window's bodies spread over 80% of the window; latencies, statuses, the send time of
+    each window and the child's CPU seconds at each window's start (and at the end)."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    durations: list[float] = []
+    cpu_marks = [cpu_seconds(pid)]
+    connector = aiohttp.TCPConnector(limit=512)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def post(job: str, body: bytes, at: float) -> None:
+            await asyncio.sleep(max(0.0, at - time.monotonic()))
+            headers = {
+                "Authorization": protocol.bearer(token_of(job)),
+                "Content-Encoding": protocol.CONTENT_ENCODING,
+                "Content-Type": protocol.CONTENT_TYPE,
+            }
+            started = time.monotonic()
+            try:
+                async with session.post(f"http://127.0.0.1:{port}{protocol.summaries_path(NAMESPACE, job)}",
+                                        data=body, headers=headers) as response:  # fmt: skip
+                    await response.read()
+                    status = response.status
+            except (TimeoutError, aiohttp.ClientError):
+                status = 0
+            latencies.append(time.monotonic() - started)
+            statuses[status] = statuses.get(status, 0) + 1
+
+        for bodies in windows:
+            started = time.monotonic()
+            spacing = window_s * 0.8 / len(bodies)
+            await asyncio.gather(*(post(job, body, started + i * spacing) for i, (job, body) in enumerate(bodies)))
+            durations.append(time.monotonic() - started)
+            await asyncio.sleep(max(0.0, window_s - (time.monotonic() - started)))
+            cpu_marks.append(cpu_seconds(pid))
+    return latencies, statuses, durations, cpu_marks
+
+
+def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
+    """The collector's per-summary work without HTTP, in this process: gunzip, parse and check, fold into
+    the job's state (one job's bodies of one window)."""
+    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+
+    mine = [body for job, body in bodies if job == bodies[0][0]]
+    started = time.perf_counter()
+    raws = [protocol.decode_body(body, protocol.CONTENT_ENCODING) for body in mine]
+    decoded = time.perf_counter()
+    messages = [protocol.parse_summary(raw) for raw in raws]
+    parsed = time.perf_counter()
+    state = JobStore().get(NAMESPACE, messages[0].job, StateLimits.for_job(world, world // RANKS_PER_POD))
+    for message in messages:
+        state.add_summary(message)
+    kept = time.perf_counter()
+    count = len(mine) / 1e3
+    return (f"per summary without HTTP: gunzip {(decoded - started) / count:.2f} ms, parse and check "
+            f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
+
+
+def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str, float]:
+    world = max(TP, round(ranks / jobs / TP) * TP)
+    generator = random.Random(0)
+    built = time.monotonic()
+    windows = [job_bodies(jobs, world, number + 1, generator) for number in range(window_count)]
+    pods = len(windows[0])
+    print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
+          f"{time.monotonic() - built:.0f} s; {sum(len(b) for _, b in windows[0]) / pods / 1024:.1f} KiB per summary",
+          flush=True)  # fmt: skip
+
+    print(breakdown(windows[0], world), flush=True)
+
+    context = multiprocessing.get_context("spawn")
+    ports, passes = context.Queue(), context.Queue()
+    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes), daemon=True)
+    child.start()
+    try:
+        port = ports.get(timeout=60)
+        time.sleep(1.0)
+        _, idle_rss = peak_rss_mib(child.pid)
+        wall = time.monotonic()
+        latencies, statuses, durations, cpu_marks = asyncio.run(send(port, windows, window_s, child.pid))
+        elapsed = time.monotonic() - wall
+        time.sleep(window_s)  # one more detector pass over the full state
+        rss, peak = peak_rss_mib(child.pid)
+    finally:
+        child.terminate()
+        child.join(10)
+    detector = []
+    while not passes.empty():
+        detector.append(passes.get())
+    per_window = [after - before for before, after in itertools.pairwise(cpu_marks)]
+    steady = per_window[len(per_window) // 2 :]
+    accepted = statuses.get(202, 0) + statuses.get(200, 0)
+    ordered = sorted(latencies)
+    figures = {
+        "ranks": jobs * world,
+        "pods": pods,
+        "accepted_per_s": accepted / elapsed,
+        "offered_per_s": pods / window_s,
+        "refused": len(latencies) - accepted,
+        "p50_ms": 1e3 * ordered[len(ordered) // 2],
+        "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
+        "max_ms": 1e3 * ordered[-1],
+        "send_s_max": max(durations),
+        "cpu_share": statistics.mean(per_window) / window_s,
+        "cpu_share_steady": statistics.mean(steady) / window_s,
+        "cpu_share_worst": max(per_window) / window_s,
+        "cpu_ms_per_summary": 1e3 * sum(per_window) / (pods * window_count),
+        "rss_idle_mib": idle_rss,
+        "rss_mib": rss,
+        "peak_rss_mib": peak,
+        "detect_ms": 1e3 * statistics.mean(total for total, _, _ in detector[-3:]) if detector else float("nan"),
+        "detect_ms_max": 1e3 * max(total for total, _, _ in detector) if detector else float("nan"),
+        "detect_job_ms_max": 1e3 * max(one for _, one, _ in detector) if detector else float("nan"),
+        "suspicions": sum(found for _, _, found in detector),
+    }
+    print(
+        f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
+        f"slowest window's sends took {max(durations):.1f} s of {window_s:g} s",
+        flush=True,
+    )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--steps", default="4000,16000,64000", help="total ranks of each step")
+    parser.add_argument("--windows", type=int, default=13, help="windows per step (the state keeps 12)")
+    parser.add_argument("--window-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    rows = [step(args.jobs, int(ranks), args.windows, args.window_seconds) for ranks in args.steps.split(",")]
+    print(f"\n{'ranks':>6} {'pods':>5} {'acc/s':>6} {'offered':>7} {'refused':>7} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'CPU%':>5} {'steady':>6} {'worst':>5} {'ms/sum':>6} {'RSS MiB':>7} {'peak':>6} {'det ms':>7} "
+          f"{'det max':>7} {'1 job':>6}")  # fmt: skip
+    for row in rows:
+        print(f"{row['ranks']:>6} {row['pods']:>5} {row['accepted_per_s']:>6.0f} {row['offered_per_s']:>7.0f} "
+              f"{row['refused']:>7} {row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f} {100 * row['cpu_share']:>5.0f} "
+              f"{100 * row['cpu_share_steady']:>6.0f} {100 * row['cpu_share_worst']:>5.0f} "
+              f"{row['cpu_ms_per_summary']:>6.2f} {row['rss_mib']:>7.0f} {row['peak_rss_mib']:>6.0f} "
+              f"{row['detect_ms']:>7.1f} {row['detect_ms_max']:>7.1f} {row['detect_job_ms_max']:>6.1f}")  # fmt: skip
+    print(
+        "CPU%: the child's CPU as a share of one core, mean over all windows / over the second half / worst "
+        "window; ms/sum: its CPU per summary; det ms: the detector over all jobs in one pass (mean of the last "
+        "3, max), 1 job: the slowest single job"
+    )
+
+
+if __name__ == "__main__":
+    main()
