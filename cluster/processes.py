@@ -36,7 +36,13 @@ def is_running(pid: int | None, executable: str | os.PathLike[str]) -> bool:
         return False
     if stat.rsplit(")", 1)[1].split()[0] == "Z":  # a zombie has exited already
         return False
-    return bool(cmdline) and cmdline[0] == os.fsencode(executable)
+    if cmdline[0]:
+        return cmdline[0] == os.fsencode(executable)
+    # Just after an exec the kernel has switched the executable but not yet filled in the command line.
+    try:
+        return os.path.realpath(f"/proc/{pid}/exe") == os.path.realpath(executable)
+    except OSError:
+        return False
 
 
 def stop(pid: int, executable: str | os.PathLike[str], grace_seconds: float = 10.0) -> None:
