@@ -311,9 +311,13 @@ def pod_runner(kubeconfig: str, collector_url: str, namespace: str, tmp_path: Pa
     stop_process(process)
 
 
-def start_operator_process(kubeconfig: str, namespace: str, log: Path, collector_port: int) -> subprocess.Popen:
-    """`rankwatch operator` as a real process for one namespace, its collector on loopback:collector_port."""
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{collector_port}"}
+def start_operator_process(
+    kubeconfig: str, namespace: str, log: Path, collector_port: int, settings: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """`rankwatch operator` as a real process for one namespace, its collector on loopback:collector_port,
+    with ``settings`` (RANKWATCH_* variables) on top of this environment."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{collector_port}",
+           **(settings or {})}  # fmt: skip
     with open(log, "ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],

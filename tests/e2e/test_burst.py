@@ -5,9 +5,6 @@ is diagnosed, none lost in the queue."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -110,18 +107,8 @@ def test_twenty_jobs_hanging_at_once_are_all_diagnosed_within_the_limits(
 ):
     namespace = unwatched_namespace
     port = processes.free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": kubeconfig,
-        "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{port}",
-        "RANKWATCH_DIAGNOSIS_CONCURRENCY": str(CONCURRENCY),
-        "RANKWATCH_DIAGNOSIS_MEMORY_MIB": str(MEMORY_MIB),
-    }
-    with open(tmp_path / "operator.log", "ab") as log:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    limits = {"RANKWATCH_DIAGNOSIS_CONCURRENCY": str(CONCURRENCY), "RANKWATCH_DIAGNOSIS_MEMORY_MIB": str(MEMORY_MIB)}
+    operator = processes.operator(kubeconfig, namespace, tmp_path / "operator.log", port, limits)
     sampler = Sampler(operator.pid)
     sampler.start()
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")

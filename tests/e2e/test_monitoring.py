@@ -191,10 +191,9 @@ def rules_for_tests(directory: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def monitoring(kubeconfig: str, operator: Any, collector_url: str, receiver: str, tmp_path_factory) -> Iterator[Any]:
-    """Prometheus and Alertmanager of the tests' local cluster, scraping the session operator, the pod
-    runner's sidecars and the receiver, sending P0-P3 alerts to the receiver's intake."""
+def start_monitoring(**alertmanager: str) -> Any:
+    """The tests' local cluster with its Prometheus and Alertmanager up (scraping and evaluating every
+    second, the chart's rules with test hold times); skips on an external cluster, which has neither."""
     if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
         pytest.skip("the monitoring stack runs beside the built-in local cluster, not an external one")
     from rankwatch.cluster.local import LocalCluster
@@ -207,12 +206,17 @@ def monitoring(kubeconfig: str, operator: Any, collector_url: str, receiver: str
         scrape_interval="1s",
         evaluation_interval="1s",
         rule_files=(rules_for_tests(cluster.root / "monitoring" / "test-rules"),),
-        group_wait="1s",
-        group_interval="2s",
-        repeat_interval="1h",
+        **alertmanager,
     )
     cluster.up(log=lambda message: print(f"[cluster] {message}", flush=True), monitoring=settings)
-    stack = LocalMonitoring(cluster)
+    return LocalMonitoring(cluster)
+
+
+@pytest.fixture(scope="module")
+def monitoring(kubeconfig: str, operator: Any, collector_url: str, receiver: str, tmp_path_factory) -> Iterator[Any]:
+    """Prometheus and Alertmanager of the tests' local cluster, scraping the session operator, the pod
+    runner's sidecars and the receiver, sending P0-P3 alerts to the receiver's intake."""
+    stack = start_monitoring(group_wait="1s", group_interval="2s", repeat_interval="1h")
     token = tmp_path_factory.mktemp("alertmanager") / "intake-token"
     token.write_text(INTAKE_TOKEN)
     stack.scrape("rankwatch-operator", [urllib.parse.urlsplit(collector_url).netloc])

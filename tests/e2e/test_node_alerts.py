@@ -5,8 +5,6 @@ by an operator of this test's own, configured with RANKWATCH_PROMETHEUS_URL."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis and monitoring tests' helpers
 from test_diagnosis import create_job, diagnosed, events, report, standin_job
-from test_monitoring import Exporter, Prometheus, rules_for_tests
+from test_monitoring import Exporter, Prometheus, start_monitoring
 
 pytestmark = pytest.mark.e2e
 
@@ -35,21 +33,7 @@ def dcgm_series(nodes: list[str], throttled: int) -> str:
 def test_a_stragglers_diagnosis_carries_the_throttle_alert_firing_on_its_node(
     api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path
 ):
-    if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
-        pytest.skip("the monitoring stack runs beside the built-in local cluster, not an external one")
-    from rankwatch.cluster.local import LocalCluster
-    from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
-
-    cluster = LocalCluster(
-        Path(os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or "~/.rankwatch/test-cluster").expanduser()
-    )
-    settings = MonitoringSettings(
-        scrape_interval="1s",
-        evaluation_interval="1s",
-        rule_files=(rules_for_tests(cluster.root / "monitoring" / "test-rules"),),
-    )
-    cluster.up(log=lambda message: print(f"[cluster] {message}", flush=True), monitoring=settings)
-    monitoring = LocalMonitoring(cluster)
+    monitoring = start_monitoring()
     prometheus = Prometheus(monitoring.prometheus_url)
 
     # Every node's GPU 5 is throttled (HW thermal slowdown), so the diagnosis must pick its own node's alert.
@@ -58,13 +42,9 @@ def test_a_stragglers_diagnosis_carries_the_throttle_alert_firing_on_its_node(
     dcgm.text = dcgm_series(nodes, HW_THERMAL_SLOWDOWN)
     monitoring.scrape("dcgm-exporter", [dcgm.address])
     namespace, port = unwatched_namespace, processes.free_port()
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{port}",
-           "RANKWATCH_PROMETHEUS_URL": monitoring.prometheus_url}  # fmt: skip
-    with open(tmp_path / "operator.log", "ab") as log:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    operator = processes.operator(
+        kubeconfig, namespace, tmp_path / "operator.log", port, {"RANKWATCH_PROMETHEUS_URL": monitoring.prometheus_url}
+    )
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
     try:
         throttled = {

@@ -247,13 +247,8 @@ def test_with_the_breaker_open_the_restart_avoids_the_suspect_by_node_affinity(
     # The operator reads its safeguards once, at start: an operator of this test's own, whose circuit
     # breaker allows no cordon at all.
     namespace, port = unwatched_namespace, processes.free_port()
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{port}",
-           "RANKWATCH_BREAKER_MAX_SHARE": "0", "RANKWATCH_BREAKER_MIN_NODES": "0"}  # fmt: skip
-    with open(tmp_path / "operator.log", "ab") as log:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
+    no_cordon_allowed = {"RANKWATCH_BREAKER_MAX_SHARE": "0", "RANKWATCH_BREAKER_MIN_NODES": "0"}
+    operator = processes.operator(kubeconfig, namespace, tmp_path / "operator.log", port, no_cordon_allowed)
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
     try:
         _breaker_open_restart(api, namespace, eventually)
