@@ -25,7 +25,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -198,27 +200,33 @@ async def under_load(ranks: int, rate: int, seconds: float) -> dict[str, float]:
 STACK_RANK = "import time\ndef load_batch():\n    time.sleep(3600)\nprint('ready', flush=True)\nload_batch()\n"
 
 
-def stack_cost(ranks: int) -> dict[str, float]:
-    """Wall and CPU time to take ``ranks`` processes' Python stacks, as the sidecar does for a stall report."""
+def _timed_on_ranks(ranks: int, source: str, action: Callable[[dict[int, int]], Any]) -> tuple[Any, float, float]:
+    """Run ``action({rank: pid})`` against ``ranks`` Python processes running ``source`` (each prints
+    'ready' first): its result, its wall time and the CPU time its child processes (py-spy) used."""
     import resource
 
-    from rankwatch.sidecar.python_stacks import StackTaker
-
-    processes = [subprocess.Popen([sys.executable, "-c", STACK_RANK], stdout=subprocess.PIPE, text=True)
+    processes = [subprocess.Popen([sys.executable, "-c", source], stdout=subprocess.PIPE, text=True)
                  for _ in range(ranks)]  # fmt: skip
     try:
         for process in processes:
             process.stdout.readline()
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
-        stacks = StackTaker().stacks({rank: process.pid for rank, process in enumerate(processes)})
+        result = action({rank: process.pid for rank, process in enumerate(processes)})
         wall = time.monotonic() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         for process in processes:
             process.kill()
             process.wait()
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return result, wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def stack_cost(ranks: int) -> dict[str, float]:
+    """Wall and CPU time to take ``ranks`` processes' Python stacks, as the sidecar does for a stall report."""
+    from rankwatch.sidecar.python_stacks import StackTaker
+
+    stacks, wall, cpu = _timed_on_ranks(ranks, STACK_RANK, StackTaker().stacks)
     return {"ranks": ranks, "stacks_taken": len(stacks), "wall_seconds": wall, "py_spy_cpu_seconds": cpu}
 
 
@@ -231,25 +239,10 @@ PROFILED_RANK = (
 def profile_cost(ranks: int = 3, seconds: float = 3.0) -> dict[str, float]:
     """Wall and CPU time of one differential profile: ``ranks`` busy Python loops (a culprit and two
     peers) sampled together for ``seconds``, as the sidecar's /profile does."""
-    import resource
-
     from rankwatch.sidecar.python_profile import Profiler
 
-    processes = [subprocess.Popen([sys.executable, "-c", PROFILED_RANK], stdout=subprocess.PIPE, text=True)
-                 for _ in range(ranks)]  # fmt: skip
-    try:
-        for process in processes:
-            process.stdout.readline()
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.monotonic()
-        profiles = Profiler(min_interval_s=0).profile({r: p.pid for r, p in enumerate(processes)}, seconds)
-        wall = time.monotonic() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
-    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    profiler = Profiler(min_interval_s=0)
+    profiles, wall, cpu = _timed_on_ranks(ranks, PROFILED_RANK, lambda pids: profiler.profile(pids, seconds))
     samples = [profile.samples for profile in profiles.values()]
     return {"ranks": ranks, "seconds": seconds, "wall_seconds": wall, "py_spy_cpu_seconds": cpu,
             "min_samples": min(samples), "max_samples": max(samples)}  # fmt: skip
