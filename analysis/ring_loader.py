@@ -23,6 +23,7 @@ from rankwatch.analysis.ring import (
     MAX_GLOBAL_RANK,
     RAW_RECORD,
     RECORD_DTYPE,
+    Flag,
     Op,
     RingError,
     RingReader,
@@ -106,6 +107,11 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
     out = _output[offset : offset + len(records)]
     out[:] = records.view(_RECORD_AS_CALL)
     out["rank"] = rank  # the header's word, as for the communicators
+    # A GPU-timed call is over when its GPU work ended: the host call of an asynchronous GPU returns at
+    # once, so one whose GPU end is not written yet is still in flight (t_return 0), as on a synchronous one.
+    gpu_pending = ((records["flags"] & Flag.GPU_TIMED) != 0) & (records["state"] == State.RETURNED)
+    if gpu_pending.any():
+        out["t_return"][gpu_pending] = 0
     result.count = len(records)
     return result
 
