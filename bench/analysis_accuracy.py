@@ -123,7 +123,7 @@ class AsyncCase:
 def async_case(scenario: str, seed: int, gpu_timing: bool) -> AsyncCase:
     import numpy as np
 
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([seed, ASYNC_SCENARIOS.index(scenario)])  # another culprit per scenario
     layouts = ASYNC_LAYOUTS if scenario != "slow link" else [x for x in ASYNC_LAYOUTS if x[2] > 1]
     world, tp, pp = layouts[seed % len(layouts)]
     rank = int(rng.integers(world))
