@@ -98,8 +98,8 @@ def model_suite(seeds: int) -> None:
 # (world size, TP, PP): every TP and PP of 1/2/4/8 that 8 or 16 processes allow on this machine
 ASYNC_LAYOUTS = [(8, 1, 8), (8, 8, 1), (8, 2, 4), (8, 4, 2), (16, 1, 4), (16, 2, 8), (16, 4, 4), (16, 8, 2),
                  (16, 4, 2), (16, 1, 2)]  # fmt: skip
-ASYNC_SCENARIOS = ["healthy", "straggler 5%", "straggler 10%", "straggler 20%", "hang", "stuck", "device stop",
-                   "slow link"]  # fmt: skip
+ASYNC_SCENARIOS = ["hang", "straggler 5%", "straggler 10%", "straggler 20%", "slow link", "healthy", "device stop",
+                   "stuck"]  # fmt: skip
 RANKS_PER_NODE = 4
 
 
