@@ -120,7 +120,7 @@ class AsyncCase:
     mode: str
 
 
-def async_case(scenario: str, seed: int, gpu_timing: bool) -> AsyncCase:
+def async_case(scenario: str, seed: int, gpu_timing: bool, steps: int = 20) -> AsyncCase:
     import numpy as np
 
     rng = np.random.default_rng([seed, ASYNC_SCENARIOS.index(scenario)])  # another culprit per scenario
@@ -131,10 +131,10 @@ def async_case(scenario: str, seed: int, gpu_timing: bool) -> AsyncCase:
     # at least 9 NCCL calls and 6 compute kernels a step: the fault points below fall inside 30 steps
     hang_point, kernel = int(rng.integers(40, 200)), int(rng.integers(30, 150))
     if scenario == "healthy":
-        return AsyncCase(Simulation(**base, steps=20, compute_us=3000), None, [], "none")
+        return AsyncCase(Simulation(**base, steps=steps, compute_us=3000), None, [], "none")
     if scenario.startswith("straggler"):
         faults = Faults(slow_rank=rank, slowdown=int(scenario.split()[1].rstrip("%")) / 100)
-        simulation = Simulation(**base, steps=20, compute_us=3000, faults=faults)
+        simulation = Simulation(**base, steps=steps, compute_us=3000, faults=faults)
         return AsyncCase(simulation, "straggler", [rank], "exact" if gpu_timing else "unnamed")
     if scenario == "hang":
         simulation = Simulation(**base, steps=30, compute_us=1000, faults=Faults(hang_rank=rank, hang_at=hang_point))
@@ -150,7 +150,7 @@ def async_case(scenario: str, seed: int, gpu_timing: bool) -> AsyncCase:
         stride = world // pp  # the next pipeline stage of a rank is this many ranks on
         first = int(rng.integers(world - stride))
         faults = Faults(slow_link=(first, first + stride), link_latency_us=3000)
-        simulation = Simulation(**base, steps=20, compute_us=3000, faults=faults)
+        simulation = Simulation(**base, steps=steps, compute_us=3000, faults=faults)
         return AsyncCase(simulation, "slow_link", [first, first + stride], "exact" if gpu_timing else "unnamed")
     raise ValueError(f"unknown scenario {scenario!r}")
 
@@ -185,7 +185,7 @@ def judge(case: AsyncCase, document: dict, trace) -> tuple[bool, bool, bool, int
     return right, first, wrong_node, false, NOT_LOCALISABLE in document["problems"]
 
 
-def async_suite(seeds: int, only: list[str] | None = None) -> None:
+def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
     print(f"{'scenario':<16} {'evidence':<10} {'right':>6} {'culprit 1st':>11} {'wrong node':>10} "
           f"{'false findings':>14} {'not localisable':>15} {'seconds':>8}", flush=True)  # fmt: skip
     for scenario in only or ASYNC_SCENARIOS:
@@ -193,7 +193,7 @@ def async_suite(seeds: int, only: list[str] | None = None) -> None:
             right = first = wrong_nodes = false = unlocalisable = 0
             started = time.monotonic()
             for seed in range(seeds):
-                case = async_case(scenario, seed, gpu_timing)
+                case = async_case(scenario, seed, gpu_timing, steps)
                 with tempfile.TemporaryDirectory() as out:
                     run(case.simulation, Path(out), log=lambda _m: None)
                     trace = load_path(out)
@@ -221,10 +221,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20, help="runs per model (or async) scenario")
     parser.add_argument("--only", nargs="*", default=None, help="async scenarios to run (default: all)")
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--async-steps", type=int, default=20, help="steps of the async healthy, straggler, link runs")
     parser.add_argument("--compute-us", type=int, default=3000)
     args = parser.parse_args()
     if args.suite == "async":
-        async_suite(args.seeds, args.only)
+        async_suite(args.seeds, args.only, args.async_steps)
         return
     print(f"{'scenario':<32} {'top-1':>7} {'false findings':>15} {'seconds':>8}")
     if args.suite in ("model", "all"):
@@ -244,7 +245,7 @@ def main() -> None:
             false += wrong
         print(f"{name:<32} {hits}/{args.repeat:<5} {false:>15} {time.monotonic() - started:>8.1f}", flush=True)
     if args.suite == "all":
-        async_suite(args.seeds, args.only)
+        async_suite(args.seeds, args.only, args.async_steps)
 
 
 if __name__ == "__main__":
