@@ -57,10 +57,7 @@ def detect_slow_links(
         return []
     columns = {name: calls[name][p2p] for name in ("op", "comm", "comm_rank", "peer", "seq", "rank")}
     shift = aligned(trace, node_offsets(trace), columns["rank"])
-    # GPU-timed calls are timed on the GPU: an asynchronous GPU's host returns before the transfer ran
-    gpu = (calls["gpu_start"][p2p] > 0) & (calls["gpu_end"][p2p] > 0)
-    t_call = np.where(gpu, calls["gpu_start"][p2p], calls["t_call"][p2p]) - shift
-    t_return = np.where(gpu, calls["gpu_end"][p2p], calls["t_return"][p2p]) - shift
+    t_call, t_return = calls["t_call"][p2p] - shift, calls["t_return"][p2p] - shift
     send = columns["op"] == Op.SEND
     sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
     if not len(sends) or not len(recvs):
