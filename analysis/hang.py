@@ -55,29 +55,50 @@ def _queued(calls: np.ndarray, pending: np.ndarray) -> np.ndarray:
 
 def _entered(
     trace: Trace, stalled: np.ndarray, queued: np.ndarray, completion_known: bool
-) -> tuple[dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]]]:
-    """(communicator, sequence) of each stalled collective -> the ranks that entered it, and of those
-    the ones whose call there is queued behind their own earlier work (they have not reached it).
+) -> tuple[dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]]]:
+    """(communicator, sequence) of each stalled collective -> the members that entered it; of those,
+    the ones whose call there is queued behind their own earlier work (they have not reached it); and
+    the ones whose call there is over (with completion known: nobody can be stuck in it then).
 
-    With return times only the calls that never returned can belong to an instance nobody left, so
-    only those are searched (a 16k-rank hang stays cheap); with call times alone, all collectives."""
+    A member entered an instance when its trace reaches that sequence number on the communicator (a
+    rank's calls there are numbered in order): its record of the instance itself may be gone from a
+    wrapped ring or a dump that kept only its latest calls, and it may have left the instance long ago.
+    """
     calls = trace.calls
-    collective = ~np.isin(calls["op"], P2P_OPS)
-    candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if completion_known else collective)
-    wanted = _instance_keys(stalled["comm"], stalled["seq"])
-    keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
-    rows = candidates[np.isin(keys, wanted)]
     entered: dict[tuple[int, int], set[int]] = {
         (int(c), int(q)): set() for c, q in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), strict=True)
     }
     behind: dict[tuple[int, int], set[int]] = {key: set() for key in entered}
-    for rank, comm_id, seq, waits in zip(calls["rank"][rows].tolist(), calls["comm"][rows].tolist(),
-                                         calls["seq"][rows].tolist(), queued[rows].tolist(), strict=True):  # fmt: skip
-        if (comm_id, seq) in entered:
-            entered[(comm_id, seq)].add(rank)
+    left: dict[tuple[int, int], set[int]] = {key: set() for key in entered}
+    comms = np.unique(stalled["comm"])
+    rows = np.flatnonzero(~np.isin(calls["op"], P2P_OPS) & np.isin(calls["comm"], comms))
+    if not len(rows):
+        return entered, behind, left
+    # the furthest sequence number of each (communicator, member)
+    pairs = _instance_keys(calls["comm"][rows], calls["rank"][rows].astype(np.uint64))
+    unique, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+    furthest = np.zeros(len(unique), np.uint64)
+    np.maximum.at(furthest, inverse, calls["seq"][rows].astype(np.uint64))
+    reached: dict[int, dict[int, int]] = {}
+    for comm_id, rank, seq in zip(calls["comm"][rows[first]].tolist(), calls["rank"][rows[first]].tolist(),
+                                  furthest.tolist(), strict=True):  # fmt: skip
+        reached.setdefault(comm_id, {})[rank] = seq
+    for comm_id, seq in entered:
+        entered[(comm_id, seq)] = {rank for rank, last in reached.get(comm_id, {}).items() if last >= seq}
+    # the member's own record of the instance: queued behind its earlier work, or over
+    wanted = _instance_keys(stalled["comm"], stalled["seq"])
+    own = rows[np.isin(_instance_keys(calls["comm"][rows], calls["seq"][rows]), wanted)]
+    over = calls["t_return"][own] > 0 if completion_known else np.zeros(len(own), bool)
+    for rank, comm_id, seq, waits, done in zip(calls["rank"][own].tolist(), calls["comm"][own].tolist(),
+                                               calls["seq"][own].tolist(), queued[own].tolist(), over.tolist(),
+                                               strict=True):  # fmt: skip
+        key = (comm_id, seq)
+        if key in entered:
             if waits:
-                behind[(comm_id, seq)].add(rank)
-    return entered, behind
+                behind[key].add(rank)
+            if done:
+                left[key].add(rank)
+    return entered, behind, left
 
 
 def _roots_behind(waits_for: dict[int, set[int]], stopped: set[int]) -> dict[int, set[int]]:
@@ -190,7 +211,16 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     if not len(stalled):
         return []
 
-    entered, queued_in = _entered(trace, stalled, queued, completion_known)
+    entered, queued_in, left = _entered(trace, stalled, queued, completion_known)
+    # A collective ends for all its members together: one whose instance a member left is over, whatever
+    # another member's record of it still says (its GPU end not read yet, or lost).
+    over = np.array([bool(left.get((c, q))) if o not in (Op.SEND, Op.RECV) else False
+                     for c, q, o in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), stalled["op"].tolist(),
+                                        strict=True)], bool)  # fmt: skip
+    if over.any():
+        stalled = stalled[~over]
+        if not len(stalled):
+            return []
     progress_in: dict[int, dict[int, int]] = {}
     members_of = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
     missing_in: dict[tuple[int, int], set[int]] = {}  # per instance: members that never entered it

@@ -3,8 +3,12 @@ collectives run behind the host on the device's streams), with GPU timing and wi
 
 from __future__ import annotations
 
+import numpy as np
+
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.ring import HEADER_SIZE, RECORD_DTYPE, Flag, Op, RingReader, State, peek_header
 from rankwatch.analysis.trace import load_path
+from rankwatch.sidecar.ring_tail import RingTail
 from rankwatch.simulate import Faults, Simulation, run
 
 
@@ -69,3 +73,62 @@ def test_host_times_only_never_blame_a_wrong_rank_for_a_straggler(tmp_path):
     for finding in document["findings"]:
         assert finding["ranks"] in ([], [5]), document["findings"]
     assert any("not localisable from call times; enable GPU timing" in p for p in document["problems"])
+
+
+def _ring_of(directory, rank: int):
+    return next(path for path in directory.glob("*.ring") if peek_header(path)[0] == rank)
+
+
+def _slots(path) -> np.memmap:
+    """The ring file's records, writable in place (what the library wrote, changed where a test says)."""
+    capacity = RingReader(path).capacity
+    return np.memmap(path, RECORD_DTYPE, mode="r+", offset=HEADER_SIZE, shape=(capacity,))
+
+
+def _gpu_done_collectives(slots: np.ndarray) -> np.ndarray:
+    timed = (slots["flags"] & Flag.GPU_TIMED) != 0
+    collective = (slots["op"] > Op.NONE) & (slots["op"] < Op.SEND)
+    return np.flatnonzero(timed & collective & (slots["state"] == State.GPU_DONE))
+
+
+def test_gpu_timed_calls_whose_end_came_before_their_return_or_never_came_are_not_in_flight(tmp_path):
+    # A real run, healthy. The library once left calls whose GPU work ran before the host call returned
+    # in state RETURNED with their GPU end written (its poller wrote the end first; seen on the Python
+    # trainer, 2026-11-26): read as in flight for ever, one such call 8,000 calls back made the job look
+    # hung on healthy peers "that never entered" it. An end may also never be read at all. Both written
+    # here into the real rings, far from the end of the run: the calls after them on the same stream ran.
+    simulate(tmp_path, True, world_size=8, tp=4, steps=40)
+    raced, lost = _slots(_ring_of(tmp_path, 3)), _slots(_ring_of(tmp_path, 5))
+    early_raced, early_lost = _gpu_done_collectives(raced)[100], _gpu_done_collectives(lost)[150]
+    raced["state"][early_raced] = State.RETURNED
+    lost["state"][early_lost], lost["gpu_start_ns"][early_lost], lost["gpu_end_ns"][early_lost] = State.RETURNED, 0, 0
+    raced.flush(), lost.flush()
+
+    document = analyze(load_path(tmp_path))
+    assert [f for f in document["findings"] if f["kind"] == "hang"] == [], document["findings"]
+    for path, slots, row in ((_ring_of(tmp_path, 3), raced, early_raced), (_ring_of(tmp_path, 5), lost, early_lost)):
+        tail = RingTail(path)  # the sidecar's reading agrees
+        tail.poll()
+        assert slots["stamp"][row] not in tail.pending["stamp"], tail.pending
+
+
+def test_a_call_whose_gpu_end_was_lost_is_not_a_hang_when_its_peers_left_the_collective(tmp_path):
+    # the last collective on its stream: no later call shows it over, its peers' records do
+    simulate(tmp_path, True, world_size=8, tp=4, steps=40)
+    slots = _slots(_ring_of(tmp_path, 3))
+    done = _gpu_done_collectives(slots)
+    last_on_stream = done[np.argmax(slots["stamp"][done] * (slots["stream"][done] == slots["stream"][done[-1]]))]
+    later = slots["stamp"] > slots["stamp"][last_on_stream]
+    assert not (later & (slots["stream"] == slots["stream"][last_on_stream]) & (slots["gpu_start_ns"] > 0)).any()
+    slots["state"][last_on_stream], slots["gpu_end_ns"][last_on_stream] = State.RETURNED, 0
+    slots.flush()
+    trace = load_path(tmp_path)
+    calls = trace.calls
+    mine = (
+        (calls["rank"] == 3)
+        & (calls["seq"] == slots["seq"][last_on_stream])
+        & (calls["comm"] == slots["comm_id"][last_on_stream])
+    )
+    assert calls["t_return"][mine].tolist() == [0]  # read as in flight: nothing on its GPU says otherwise
+    document = analyze(trace)
+    assert [f for f in document["findings"] if f["kind"] == "hang"] == [], document["findings"]
