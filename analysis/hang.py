@@ -60,44 +60,41 @@ def _entered(
     the ones whose call there is queued behind their own earlier work (they have not reached it); and
     the ones whose call there is over (with completion known: nobody can be stuck in it then).
 
-    A member entered an instance when its trace reaches that sequence number on the communicator (a
-    rank's calls there are numbered in order): its record of the instance itself may be gone from a
-    wrapped ring or a dump that kept only its latest calls, and it may have left the instance long ago.
-    """
+    With return times the calls that never returned are searched first (a 16k-rank hang stays cheap);
+    with call times alone, all collectives. A member not found there entered the instance when its
+    trace reaches that sequence number on the communicator (a rank's calls there are numbered in
+    order): its record of the instance may be gone from a wrapped ring or a dump that kept only its
+    latest calls, or it may have left the instance long ago."""
     calls = trace.calls
+    collective = ~np.isin(calls["op"], P2P_OPS)
+    candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if completion_known else collective)
+    wanted = _instance_keys(stalled["comm"], stalled["seq"])
+    keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
+    rows = candidates[np.isin(keys, wanted)]
     entered: dict[tuple[int, int], set[int]] = {
         (int(c), int(q)): set() for c, q in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), strict=True)
     }
     behind: dict[tuple[int, int], set[int]] = {key: set() for key in entered}
     left: dict[tuple[int, int], set[int]] = {key: set() for key in entered}
-    comms = np.unique(stalled["comm"])
-    rows = np.flatnonzero(~np.isin(calls["op"], P2P_OPS) & np.isin(calls["comm"], comms))
-    if not len(rows):
-        return entered, behind, left
-    # the furthest sequence number of each (communicator, member)
-    pairs = _instance_keys(calls["comm"][rows], calls["rank"][rows].astype(np.uint64))
-    unique, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
-    furthest = np.zeros(len(unique), np.uint64)
-    np.maximum.at(furthest, inverse, calls["seq"][rows].astype(np.uint64))
-    reached: dict[int, dict[int, int]] = {}
-    for comm_id, rank, seq in zip(calls["comm"][rows[first]].tolist(), calls["rank"][rows[first]].tolist(),
-                                  furthest.tolist(), strict=True):  # fmt: skip
-        reached.setdefault(comm_id, {})[rank] = seq
-    for comm_id, seq in entered:
-        entered[(comm_id, seq)] = {rank for rank, last in reached.get(comm_id, {}).items() if last >= seq}
-    # the member's own record of the instance: queued behind its earlier work, or over
-    wanted = _instance_keys(stalled["comm"], stalled["seq"])
-    own = rows[np.isin(_instance_keys(calls["comm"][rows], calls["seq"][rows]), wanted)]
-    over = calls["t_return"][own] > 0 if completion_known else np.zeros(len(own), bool)
-    for rank, comm_id, seq, waits, done in zip(calls["rank"][own].tolist(), calls["comm"][own].tolist(),
-                                               calls["seq"][own].tolist(), queued[own].tolist(), over.tolist(),
-                                               strict=True):  # fmt: skip
-        key = (comm_id, seq)
-        if key in entered:
+    for rank, comm_id, seq, waits in zip(calls["rank"][rows].tolist(), calls["comm"][rows].tolist(),
+                                         calls["seq"][rows].tolist(), queued[rows].tolist(), strict=True):  # fmt: skip
+        if (comm_id, seq) in entered:
+            entered[(comm_id, seq)].add(rank)
             if waits:
-                behind[key].add(rank)
-            if done:
-                left[key].add(rank)
+                behind[(comm_id, seq)].add(rank)
+    own_calls: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (comm, member) -> its seq, t_return there
+    for (comm_id, seq), found in entered.items():
+        comm = trace.comms.get(comm_id)
+        for member in set(comm.members.values()) - found if comm else ():
+            if (comm_id, member) not in own_calls:
+                own = calls[trace.rows_of(member)]
+                own = own[(own["comm"] == comm_id) & ~np.isin(own["op"], P2P_OPS)]
+                own_calls[(comm_id, member)] = own["seq"], own["t_return"]
+            numbers, returns = own_calls[(comm_id, member)]
+            if len(numbers) and int(numbers.max()) >= seq:
+                found.add(member)
+                if completion_known and (returns[numbers == seq] > 0).any():
+                    left[(comm_id, seq)].add(member)
     return entered, behind, left
 
 
