@@ -113,15 +113,19 @@ def gpu_in_flight(records: np.ndarray, order: np.ndarray | None = None) -> np.nd
         return pending
     order = np.arange(len(records), dtype=np.uint64) if order is None else order.astype(np.uint64, copy=False)
     started = timed & ((records["gpu_start_ns"] > 0) | (records["gpu_end_ns"] > 0))
+    if not started.any():
+        return pending
     streams, groups = records["stream"], records["group_id"]
     for stream in np.unique(streams[pending]).tolist():  # a few streams per process
-        candidates = np.flatnonzero(started & (streams == stream))
-        if not len(candidates):
+        on = streams == stream
+        ranked = np.where(started & on, order + np.uint64(1), np.uint64(0))  # 0: not a started call there
+        latest = int(np.argmax(ranked))
+        if not ranked[latest]:
             continue
-        latest = candidates[np.argmax(order[candidates])]
+        rows = np.flatnonzero(pending & on)
         group = groups[latest]
-        overtaken = (streams == stream) & (order < order[latest]) & ((groups != group) | (groups == 0))
-        pending &= ~overtaken
+        over = (order[rows] < order[latest]) & ((groups[rows] != group) | (groups[rows] == 0))
+        pending[rows[over]] = False
     return pending
 
 
