@@ -54,10 +54,10 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     # three busy processes share rank 5's CPU (pinned with it, same priority): a dataloader with too many
     # workers, another tenant's process on the same cores
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_CPU_NEIGHBOURS": "3"}
-    # Kept on the synchronous device: on the asynchronous one (2026-11-26) the starved rank was first not
-    # diagnosed within 150 s (its GPU executor threads starve with its host), then, with the machine's load
-    # average at 29 on 2 cores, rank 7 of the same pod was named (649 ms/s run-queue delay against 9 ms/s):
-    # a wrong rank. Not solved yet (issue 13).
+    # Kept on the synchronous device. On the asynchronous one (2026-11-26, three tries) the starved rank was
+    # twice not diagnosed within 150 s (its host only launches work and may keep ahead of its GPU even on a
+    # quarter of a CPU), and once, with the machine's load average at 29 on 2 cores, rank 7 of the same pod
+    # was named (649 ms/s run-queue delay against 9 ms/s): a wrong rank. Not solved yet (issue 13).
     create_job(api, namespace, standin_job("starved", faults, device="sync"))
     started = wait_running(api, namespace, "starved", eventually)
     diagnosis, warning = diagnosis_with_cause(api, kubectl, namespace, "starved", eventually)
