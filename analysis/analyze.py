@@ -20,7 +20,7 @@ from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import Trace, load_path
+from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace, load_path
 
 TEST_TYPES = ("all", "hang", "slow", "parallel")
 # Ranks are compared over at most this many of the most recent calls (hundreds per rank even at 16k
@@ -35,6 +35,25 @@ def recent_since(trace: Trace, budget: int = EVIDENCE_CALLS) -> int | None:
         return None
     sample = trace.calls["t_call"][:: max(1, calls // 200_000)]
     return int(np.quantile(sample, 1 - budget / calls))
+
+
+RUN_AHEAD_WAIT_NS = 20_000
+NOT_LOCALISABLE = (
+    "every call returned at once and no GPU times were recorded (the GPU runs behind the host): a slowdown "
+    "is not localisable from call times; enable GPU timing (spec.tracing.gpuTiming, RANKWATCH_GPU_TIMING=1)"
+)
+
+
+def returned_at_once(trace: Trace) -> bool:
+    """Host call times only, and the collectives' calls returned in a median under 20 µs: an asynchronous
+    GPU's host enqueues and goes on, so who arrives last on the GPU is not in these times."""
+    calls = trace.calls
+    if not len(calls) or (calls["gpu_start"] > 0).any():
+        return False
+    collective = np.isin(calls["op"], COLLECTIVE_OPS) & (calls["t_return"] > 0)
+    if collective.sum() < 8:
+        return False
+    return float(np.median(calls["t_return"][collective] - calls["t_call"][collective])) < RUN_AHEAD_WAIT_NS
 
 
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
@@ -67,6 +86,8 @@ def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1
             if trace.ranks_per_node is None and all(source.node == "unknown" for source in trace.ranks.values()):
                 problems.append("host clocks taken as aligned across nodes; --ranks-per-node lets rankwatch remove "
                                 "each node's clock offset")  # fmt: skip
+        if trace.has_returns and returned_at_once(trace):
+            problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
         findings += links + detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if test_type != "parallel":

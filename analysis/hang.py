@@ -28,14 +28,45 @@ def _instance_keys(comm: np.ndarray, seq: np.ndarray) -> np.ndarray:
     return (comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ seq.astype(np.uint64)
 
 
-def _entered(trace: Trace, stalled: np.ndarray) -> dict[tuple[int, int], set[int]]:
-    """(communicator, sequence) of each stalled collective -> the ranks that entered it.
+def _queued(calls: np.ndarray, pending: np.ndarray) -> np.ndarray:
+    """Mask of the calls in flight that wait behind an earlier call of their own rank: on an
+    asynchronous GPU the host runs ahead and its later calls queue on the stream, unstarted, behind the
+    one the GPU is in. A rank's head is what its GPU started (or, when nothing started, its oldest call
+    in flight and the calls grouped with it); the rest of its calls in flight are queued."""
+    queued = np.zeros(len(calls), bool)
+    rows = np.flatnonzero(pending)
+    if not len(rows):
+        return queued
+    ranks = calls["rank"][rows]
+    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True])
+    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        own = rows[start:stop]  # one rank's calls in flight, in call order
+        started = calls["gpu_start"][own] > 0
+        if started.any():
+            queued[own[~started]] = True
+            continue
+        head = own[0]
+        group = calls["group"][head]
+        queued[own[1:]] = True
+        if group:
+            queued[own[calls["group"][own] == group]] = False
+    return queued
 
-    With return times only the calls that never returned can belong to an instance nobody left, so
-    only those are searched (a 16k-rank hang stays cheap); with call times alone, all collectives."""
+
+def _entered(
+    trace: Trace, stalled: np.ndarray, queued: np.ndarray, completion_known: bool
+) -> tuple[dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]], dict[tuple[int, int], set[int]]]:
+    """(communicator, sequence) of each stalled collective -> the members that entered it; of those,
+    the ones whose call there is queued behind their own earlier work (they have not reached it); and
+    the ones whose call there is over (with completion known: nobody can be stuck in it then).
+
+    With return times the calls that never returned are searched first (a 16k-rank hang stays cheap);
+    with call times alone, all collectives. A member not found there entered the instance when its
+    trace reaches that sequence number on the communicator (a rank's calls there are numbered in
+    order): its record of the instance may be gone from a wrapped ring or a dump that kept only its
+    latest calls, or it may have left the instance long ago."""
     calls = trace.calls
     collective = ~np.isin(calls["op"], P2P_OPS)
-    completion_known = trace.has_returns or trace.pending_known
     candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if completion_known else collective)
     wanted = _instance_keys(stalled["comm"], stalled["seq"])
     keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
@@ -43,11 +74,28 @@ def _entered(trace: Trace, stalled: np.ndarray) -> dict[tuple[int, int], set[int
     entered: dict[tuple[int, int], set[int]] = {
         (int(c), int(q)): set() for c, q in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), strict=True)
     }
-    for rank, comm_id, seq in zip(calls["rank"][rows].tolist(), calls["comm"][rows].tolist(),
-                                  calls["seq"][rows].tolist(), strict=True):  # fmt: skip
+    behind: dict[tuple[int, int], set[int]] = {key: set() for key in entered}
+    left: dict[tuple[int, int], set[int]] = {key: set() for key in entered}
+    for rank, comm_id, seq, waits in zip(calls["rank"][rows].tolist(), calls["comm"][rows].tolist(),
+                                         calls["seq"][rows].tolist(), queued[rows].tolist(), strict=True):  # fmt: skip
         if (comm_id, seq) in entered:
             entered[(comm_id, seq)].add(rank)
-    return entered
+            if waits:
+                behind[(comm_id, seq)].add(rank)
+    own_calls: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (comm, member) -> its seq, t_return there
+    for (comm_id, seq), found in entered.items():
+        comm = trace.comms.get(comm_id)
+        for member in set(comm.members.values()) - found if comm else ():
+            if (comm_id, member) not in own_calls:
+                own = calls[trace.rows_of(member)]
+                own = own[(own["comm"] == comm_id) & ~np.isin(own["op"], P2P_OPS)]
+                own_calls[(comm_id, member)] = own["seq"], own["t_return"]
+            numbers, returns = own_calls[(comm_id, member)]
+            if len(numbers) and int(numbers.max()) >= seq:
+                found.add(member)
+                if completion_known and (returns[numbers == seq] > 0).any():
+                    left[(comm_id, seq)].add(member)
+    return entered, behind, left
 
 
 def _roots_behind(waits_for: dict[int, set[int]], stopped: set[int]) -> dict[int, set[int]]:
@@ -138,16 +186,38 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         return []
     end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
     completion_known = trace.has_returns or trace.pending_known
+    findings = _detect(trace, stall_seconds, end, completion_known)
+    if not findings and completion_known and not trace.pending_known and not (calls["gpu_start"] > 0).any():
+        # Rings without GPU times: on an asynchronous GPU every call returns at once, so a hang leaves
+        # no call in flight (the hosts block in a synchronisation instead). Who stopped calling is
+        # what survives: judged as call times alone are.
+        findings = _detect(trace, stall_seconds, end, completion_known=False)
+    return findings
+
+
+def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool) -> list[Finding]:
+    calls = trace.calls
     if completion_known:
         pending = calls["t_return"] == 0
     else:  # only call times: a rank's last call is where it stopped (or finished)
         pending = np.zeros(len(calls), bool)
         pending[np.flatnonzero(np.diff(calls["rank"], append=np.int64(2**40)))] = True
-    stalled = calls[pending & (end - calls["t_call"] >= stall_seconds * 1e9)]
+    # GPU-timed calls queued behind their rank's own earlier call are not where it waits
+    queued = _queued(calls, pending) if completion_known else np.zeros(len(calls), bool)
+    stalled = calls[pending & ~queued & (end - calls["t_call"] >= stall_seconds * 1e9)]
     if not len(stalled):
         return []
 
-    entered = _entered(trace, stalled)
+    entered, queued_in, left = _entered(trace, stalled, queued, completion_known)
+    # A collective ends for all its members together: one whose instance a member left is over, whatever
+    # another member's record of it still says (its GPU end not read yet, or lost).
+    over = np.array([bool(left.get((c, q))) if o not in (Op.SEND, Op.RECV) else False
+                     for c, q, o in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), stalled["op"].tolist(),
+                                        strict=True)], bool)  # fmt: skip
+    if over.any():
+        stalled = stalled[~over]
+        if not len(stalled):
+            return []
     progress_in: dict[int, dict[int, int]] = {}
     members_of = {comm_id: set(comm.members.values()) for comm_id, comm in trace.comms.items()}
     missing_in: dict[tuple[int, int], set[int]] = {}  # per instance: members that never entered it
@@ -174,9 +244,10 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
             continue
         key = (comm_id, seq)
         if key not in missing_in:
-            missing_in[key] = members_of.get(comm_id, set()) - entered.get(key, set())
-        if missing_in[key]:
-            waits_for.setdefault(rank, set()).update(missing_in[key])
+            # a member whose call there waits behind its own earlier work has not reached it either
+            missing_in[key] = (members_of.get(comm_id, set()) - entered.get(key, set())) | queued_in.get(key, set())
+        if missing_in[key] - {rank}:
+            waits_for.setdefault(rank, set()).update(missing_in[key] - {rank})
         elif completion_known and key not in stuck:  # without completion a finished job looks the same
             stuck[key] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
 
@@ -220,7 +291,7 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                 nodes=[trace.node_of(culprit)],
                 communicator=comm_label(comm_id),
                 # call times alone (Megatrace) cannot show the waiters are still inside their calls
-                confidence=(0.95 if trace.has_returns else 0.8) if last is not None else 0.7,
+                confidence=(0.95 if completion_known else 0.8) if last is not None else 0.7,
                 summary=(
                     f"{trace.label(culprit)} stopped: {len(waiters)} rank(s) wait for it; "
                     f"rank {int(first['rank'])} waits in {_describe_call(first)} of {trace.comm_name(comm_id)}, "
@@ -230,7 +301,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
                     "seq": int(first["seq"]),
                     "op": Op(int(first["op"])).name,
                     "waiting_ranks": sorted(waiters),
-                    "waiting_seconds": round((end - int(first["t_call"])) / 1e9, 3),
+                    # since the waiter's GPU started the call when timed (its host may have called it far earlier)
+                    "waiting_seconds": round((end - int(max(first["t_call"], first["gpu_start"]))) / 1e9, 3),
                     "culprit_calls": len(own),
                 },
             )
@@ -243,6 +315,9 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         if started.any() and not started.all():
             culprits, confidence = sorted(rows["rank"][~started].tolist()), 0.9
             why = "its GPU work never started while its peers' did"
+        elif started.all():
+            culprits, confidence = sorted(rows["rank"].tolist()), 0.4
+            why = "every member's GPU work started and none ended; the traces cannot tell which one is stuck"
         else:
             culprits, confidence = sorted(rows["rank"].tolist()), 0.4
             how = "none returned" if completion_known else "none logged a call after it"

@@ -98,6 +98,37 @@ def take(records: np.ndarray, selector: np.ndarray) -> np.ndarray:
     return records.view(RAW_RECORD)[selector].view(RECORD_DTYPE)
 
 
+def gpu_in_flight(records: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+    """Mask of GPU-timed calls that returned on the host and whose GPU work has not ended: in flight on an
+    asynchronous GPU, whose host call returns at once. ``order``: each record's claim index (default: the
+    array order), since a stream runs its work in claim order.
+
+    A call is over once its GPU end is written (whatever the state says: the library may publish the end
+    just before the host return) or once a later call on the same stream, outside its NCCL group, started
+    on the GPU: that start came after this call's end. Without the second rule a lost end (its timing
+    event never read) would keep an old call in flight for ever, and a healthy job would look hung."""
+    timed = (records["flags"] & Flag.GPU_TIMED) != 0
+    pending = timed & (records["state"] == State.RETURNED) & (records["gpu_end_ns"] == 0)
+    if not pending.any():
+        return pending
+    order = np.arange(len(records), dtype=np.uint64) if order is None else order.astype(np.uint64, copy=False)
+    started = timed & ((records["gpu_start_ns"] > 0) | (records["gpu_end_ns"] > 0))
+    if not started.any():
+        return pending
+    streams, groups = records["stream"], records["group_id"]
+    for stream in np.unique(streams[pending]).tolist():  # a few streams per process
+        on = streams == stream
+        ranked = np.where(started & on, order + np.uint64(1), np.uint64(0))  # 0: not a started call there
+        latest = int(np.argmax(ranked))
+        if not ranked[latest]:
+            continue
+        rows = np.flatnonzero(pending & on)
+        group = groups[latest]
+        over = (order[rows] < order[latest]) & ((groups[rows] != group) | (groups[rows] == 0))
+        pending[rows[over]] = False
+    return pending
+
+
 HEADER_DTYPE = np.dtype(
     [
         ("magic", "S8"),

@@ -27,6 +27,7 @@ from rankwatch.analysis.ring import (
     RingError,
     RingReader,
     State,
+    gpu_in_flight,
     peek_header,
 )
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
@@ -100,12 +101,18 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
         if comm_id not in created:  # its creation fell out of a wrapped ring: its first call tells its place
             first = records[row]
             result.from_calls.append((comm_id, int(first["rank"]), int(first["nranks"])))
+    # A GPU-timed call is over when its GPU work ended: the host call of an asynchronous GPU returns at
+    # once, so one whose GPU work has not ended is still in flight (t_return 0), as on a synchronous one.
+    gpu_pending = gpu_in_flight(records)  # in claim order: a stream runs its work in that order
     if len(records) > 1 and (np.diff(records["t_call_ns"]) < 0).any():  # threads interleaved
-        records = records[np.argsort(records["t_call_ns"], kind="stable")]
+        by_call = np.argsort(records["t_call_ns"], kind="stable")
+        records, gpu_pending = records[by_call], gpu_pending[by_call]
     assert _output is not None
     out = _output[offset : offset + len(records)]
     out[:] = records.view(_RECORD_AS_CALL)
     out["rank"] = rank  # the header's word, as for the communicators
+    if gpu_pending.any():
+        out["t_return"][gpu_pending] = 0
     result.count = len(records)
     return result
 

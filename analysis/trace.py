@@ -29,7 +29,7 @@ CALL_DTYPE = np.dtype(
         ("comm_rank", "<i4"),
         ("comm_size", "<i4"),
         ("t_call", "<i8"),
-        ("t_return", "<i8"),  # 0: never returned
+        ("t_return", "<i8"),  # 0: never returned (GPU-timed: its GPU work never ended)
         ("gpu_start", "<i8"),
         ("gpu_end", "<i8"),
         ("group", "<u8"),

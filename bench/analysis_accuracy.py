@@ -1,8 +1,11 @@
 """Localisation accuracy of `rankwatch analyze` over fixed suites of runs with ground truth.
 
-    .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|all] [--repeat 3] [--seeds 20]
+    .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|async|all] [--repeat 3] [--seeds 20]
 
 ``simulate``: real `rankwatch simulate` runs (stand-in NCCL, tracer preloaded) on this machine.
+``async``: real runs on the asynchronous stand-in device (NCCL calls return at once, the GPU runs behind
+the host), GPU timing on and off, 8 or 16 processes in ten TP x PP layouts (TP and PP 1/2/4/8) taken in
+turn by seed, the culprit drawn by seed; see :func:`async_suite` for what counts as right.
 ``model``: the vectorised Megatron model (analysis/scenario.py), 256 ranks TP4 PP4 with clock skew
 +-2 ms and jitter, written as wrapped ring files, Megatrace logs or flight-recorder dumps; the culprit
 changes with the seed. Top-1 means the most likely finding has the right kind and names exactly the
@@ -12,11 +15,13 @@ culprit rank(s); false findings are other findings naming other ranks.
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.analyze import NOT_LOCALISABLE, analyze
 from rankwatch.analysis.trace import load_path
 from rankwatch.simulate import Faults, Simulation, run
 
@@ -90,14 +95,138 @@ def model_suite(seeds: int) -> None:
             print(f"{name:<32} {hits}/{seeds:<5} {false:>15} {time.monotonic() - started:>8.1f}", flush=True)
 
 
+# (world size, TP, PP): every TP and PP of 1/2/4/8 that 8 or 16 processes allow on this machine
+ASYNC_LAYOUTS = [(8, 1, 8), (8, 8, 1), (8, 2, 4), (8, 4, 2), (16, 1, 4), (16, 2, 8), (16, 4, 4), (16, 8, 2),
+                 (16, 4, 2), (16, 1, 2)]  # fmt: skip
+ASYNC_SCENARIOS = ["hang", "straggler 5%", "straggler 10%", "straggler 20%", "slow link", "healthy", "device stop",
+                   "stuck"]  # fmt: skip
+RANKS_PER_NODE = 4
+
+
+@dataclass
+class AsyncCase:
+    """One run of the asynchronous suite and the answer expected of it.
+
+    ``mode``: ``exact``, the most likely finding is ``kind`` naming exactly ``culprits``; ``group``, a
+    hang whose ranks hold the culprit and lie in one communicator with it smaller than the world (the
+    stand-in's stuck operation starts on its GPU like its peers': its members look alike); ``unnamed``,
+    host call times cannot single the culprit out, so nobody else may be named (naming the culprit is
+    fine); ``none``, a healthy run: no finding at all.
+    """
+
+    simulation: Simulation
+    kind: str | None
+    culprits: list[int]
+    mode: str
+
+
+def async_case(scenario: str, seed: int, gpu_timing: bool, steps: int = 20) -> AsyncCase:
+    import numpy as np
+
+    rng = np.random.default_rng([seed, ASYNC_SCENARIOS.index(scenario)])  # another culprit per scenario
+    layouts = ASYNC_LAYOUTS if scenario != "slow link" else [x for x in ASYNC_LAYOUTS if x[2] > 1]
+    world, tp, pp = layouts[seed % len(layouts)]
+    rank = int(rng.integers(world))
+    base = dict(world_size=world, tp=tp, pp=pp, ranks_per_node=RANKS_PER_NODE, device="async", gpu_timing=gpu_timing)
+    # at least 9 NCCL calls and 6 compute kernels a step: the fault points below fall inside 30 steps
+    hang_point, kernel = int(rng.integers(40, 200)), int(rng.integers(30, 150))
+    if scenario == "healthy":
+        return AsyncCase(Simulation(**base, steps=steps, compute_us=3000), None, [], "none")
+    if scenario.startswith("straggler"):
+        faults = Faults(slow_rank=rank, slowdown=int(scenario.split()[1].rstrip("%")) / 100)
+        simulation = Simulation(**base, steps=steps, compute_us=3000, faults=faults)
+        return AsyncCase(simulation, "straggler", [rank], "exact" if gpu_timing else "unnamed")
+    if scenario == "hang":
+        simulation = Simulation(**base, steps=30, compute_us=1000, faults=Faults(hang_rank=rank, hang_at=hang_point))
+        return AsyncCase(simulation, "hang", [rank], "exact")
+    if scenario == "stuck":
+        simulation = Simulation(**base, steps=30, compute_us=1000, faults=Faults(stuck_rank=rank, stuck_at=hang_point))
+        return AsyncCase(simulation, "hang", [rank], "group" if gpu_timing else "unnamed")
+    if scenario == "device stop":
+        faults = Faults(device_stop_rank=rank, device_stop_at_kernel=kernel)
+        simulation = Simulation(**base, steps=30, compute_us=1000, faults=faults)
+        return AsyncCase(simulation, "hang", [rank], "exact" if gpu_timing else "unnamed")
+    if scenario == "slow link":
+        stride = world // pp  # the next pipeline stage of a rank is this many ranks on
+        first = int(rng.integers(world - stride))
+        faults = Faults(slow_link=(first, first + stride), link_latency_us=3000)
+        simulation = Simulation(**base, steps=steps, compute_us=3000, faults=faults)
+        return AsyncCase(simulation, "slow_link", [first, first + stride], "exact" if gpu_timing else "unnamed")
+    raise ValueError(f"unknown scenario {scenario!r}")
+
+
+def allowed_ranks(case: AsyncCase, top: dict | None, trace) -> set[int]:
+    """The ranks a finding may name without being wrong."""
+    if case.mode != "group" or top is None or case.culprits[0] not in top["ranks"]:
+        return set(case.culprits)
+    named = set(top["ranks"])
+    groups = [set(c.members.values()) for c in trace.comms.values() if c.size < case.simulation.world_size]
+    shared = [group for group in groups if named <= group]
+    return min(shared, key=len) if shared else set(case.culprits)
+
+
+def judge(case: AsyncCase, document: dict, trace) -> tuple[bool, bool, bool, int, bool]:
+    """(right answer, culprit first, a wrong node named, false findings, "not localisable" said) of one run."""
+    findings = document["findings"]
+    top = findings[0] if findings else None
+    allowed = allowed_ranks(case, top, trace)
+    right_nodes = {case.simulation.node_of(rank) for rank in allowed}
+    wrong_node = any(set(f["nodes"]) - right_nodes for f in findings)
+    false = len(findings) if case.mode == "none" else sum(1 for f in findings if not set(f["ranks"]) <= allowed)
+    first = bool(top and top["kind"] == case.kind and sorted(top["ranks"]) == sorted(case.culprits))
+    if case.mode == "none":
+        right = not findings
+    elif case.mode == "exact":
+        right = first
+    elif case.mode == "group":
+        right = bool((top and top["kind"] == "hang" and allowed != set(case.culprits)) or first)
+    else:
+        right = false == 0
+    return right, first, wrong_node, false, NOT_LOCALISABLE in document["problems"]
+
+
+def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
+    print(f"{'scenario':<16} {'evidence':<10} {'right':>6} {'culprit 1st':>11} {'wrong node':>10} "
+          f"{'false findings':>14} {'not localisable':>15} {'seconds':>8}", flush=True)  # fmt: skip
+    for scenario in only or ASYNC_SCENARIOS:
+        for gpu_timing in (True, False):
+            right = first = wrong_nodes = false = unlocalisable = 0
+            started = time.monotonic()
+            for seed in range(seeds):
+                case = async_case(scenario, seed, gpu_timing, steps)
+                with tempfile.TemporaryDirectory() as out:
+                    run(case.simulation, Path(out), log=lambda _m: None)
+                    trace = load_path(out)
+                    document = analyze(trace)
+                    verdict = judge(case, document, trace)
+                right += verdict[0]
+                first += verdict[1]
+                wrong_nodes += verdict[2]
+                false += verdict[3]
+                unlocalisable += verdict[4]
+                if not verdict[0] or verdict[2] or verdict[3]:
+                    sim = case.simulation
+                    said = [(f["kind"], f["ranks"], f["nodes"]) for f in document["findings"]]
+                    print(f"  seed {seed} {sim.world_size} ranks TP{sim.tp} PP{sim.pp} culprits {case.culprits}: "
+                          f"{said}", file=sys.stderr, flush=True)  # fmt: skip
+            evidence = "GPU-timed" if gpu_timing else "host only"
+            print(f"{scenario:<16} {evidence:<10} {right:>3}/{seeds:<2} {first:>8}/{seeds:<2} {wrong_nodes:>10} "
+                  f"{false:>14} {unlocalisable:>15} {time.monotonic() - started:>8.1f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["simulate", "model", "all"], default="all")
+    parser.add_argument("--suite", choices=["simulate", "model", "async", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=3, help="runs per simulate scenario")
-    parser.add_argument("--seeds", type=int, default=20, help="runs per model scenario")
+    parser.add_argument("--seeds", type=int, default=20, help="runs per model (or async) scenario")
+    parser.add_argument("--only", nargs="*", default=None, help="async scenarios to run (default: all)")
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--async-steps", type=int, default=20, help="steps of the async healthy, straggler, link runs")
     parser.add_argument("--compute-us", type=int, default=3000)
     args = parser.parse_args()
+    if args.suite == "async":
+        async_suite(args.seeds, args.only, args.async_steps)
+        return
     print(f"{'scenario':<32} {'top-1':>7} {'false findings':>15} {'seconds':>8}")
     if args.suite in ("model", "all"):
         model_suite(args.seeds)
@@ -115,6 +244,8 @@ def main() -> None:
             hits += hit
             false += wrong
         print(f"{name:<32} {hits}/{args.repeat:<5} {false:>15} {time.monotonic() - started:>8.1f}", flush=True)
+    if args.suite == "all":
+        async_suite(args.seeds, args.only, args.async_steps)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ class Tracing:
     enabled: bool = True
     sensitivitySeconds: int = 300
     windowSeconds: int = 5
-    gpuTiming: bool = False
+    gpuTiming: bool = True
     flightRecorder: bool = True
     archive: Archive | None = None
     """Where an attempt's evidence is kept once its pods are gone; unset: not kept."""

@@ -223,7 +223,7 @@ def _uncordon(args: argparse.Namespace) -> int:
 
 def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
     """The stand-in GPU model and Megatron's batch_p2p_sync, for the Megatron-shaped driver."""
-    inherit = " (default: RANKWATCH_STANDIN_DEVICE, else sync)" if default is None else f" (default {default})"
+    inherit = " (default: RANKWATCH_STANDIN_DEVICE, else async)" if default is None else f" (default {default})"
     parser.add_argument(
         "--device",
         choices=("sync", "async"),
@@ -308,8 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--microbatches", type=int, default=2)
     simulate.add_argument("--compute-us", type=int, default=2000, help="compute time per chunk")
     simulate.add_argument("--ranks-per-node", type=int, default=8)
-    simulate.add_argument("--gpu-timing", action="store_true", help="GPU timing via the stand-in libcuda")
-    _add_device_arguments(simulate, default="sync")
+    simulate.add_argument(
+        "--gpu-timing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GPU start/end of each call via the stand-in libcuda (default on, as spec.tracing.gpuTiming)",
+    )
+    _add_device_arguments(simulate, default="async")
     simulate.add_argument("--slow-rank", type=int)
     simulate.add_argument("--slowdown", type=float, default=0.0, help="e.g. 0.2: compute 20%% slower")
     simulate.add_argument("--slow-from-call", type=int, default=0, help="the slowdown starts at this NCCL call")

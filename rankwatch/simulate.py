@@ -6,9 +6,11 @@ output directory, with ``simulation.json`` describing the run (layout, faults, r
 A run with a hang ends once every ring has been still for ``settle`` seconds; the processes are then
 killed, as an operator would after diagnosis.
 
-``device`` picks the stand-in GPU model (``RANKWATCH_STANDIN_DEVICE``): ``sync`` (the default for now)
-performs every kernel and collective inside the call that launches it; ``async`` runs them on
-per-stream executors behind the host, as a real GPU does (nccl_patch/standin/cuda_standin.c).
+``device`` picks the stand-in GPU model (``RANKWATCH_STANDIN_DEVICE``): ``async`` (the default of the
+``rankwatch simulate`` / ``simulate-pod`` commands) runs kernels and collectives on per-stream executors
+behind the host, as a real GPU does (nccl_patch/standin/cuda_standin.c); ``sync`` performs each inside
+the call that launches it, for comparison. The ``Simulation`` dataclass keeps ``sync`` as its default
+for the Python callers (tests, benches) written against the synchronous model.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class SimulationError(RuntimeError):
 
 DEVICE_MODELS = ("sync", "async")
 DEVICE_VARIABLE = "RANKWATCH_STANDIN_DEVICE"
+DEFAULT_POD_DEVICE = "async"
+"""A pod's stand-in GPU when neither --device nor RANKWATCH_STANDIN_DEVICE says: the GPU runs behind the host."""
 
 
 def _check_device(device: str) -> None:
@@ -276,7 +280,7 @@ class PodRun:
     microbatches: int = 2
     compute_us: int = 2000
     python: bool = False  # ranks are Python processes (``rankwatch.python_rank``), not the C driver
-    device: str | None = None  # None: RANKWATCH_STANDIN_DEVICE from the pod's environment (else sync)
+    device: str | None = None  # None: RANKWATCH_STANDIN_DEVICE from the pod's environment (else async)
     p2p_sync: bool = False
 
 
@@ -315,6 +319,8 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     if pod.device is not None:
         _check_device(pod.device)
         environ[DEVICE_VARIABLE] = pod.device
+    elif not environ.get(DEVICE_VARIABLE):
+        environ[DEVICE_VARIABLE] = DEFAULT_POD_DEVICE
     nproc = int(environ.get("NPROC_PER_NODE", "0") or 0)
     default_dir = f"/tmp/rankwatch-standin/{environ.get('MASTER_ADDR', 'local')}-{environ.get('MASTER_PORT', '0')}"
     rendezvous = Path(environ.get(RENDEZVOUS) or default_dir)

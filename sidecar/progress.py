@@ -99,6 +99,8 @@ class RankProgress:
         self.comm_size = np.empty(0, np.int32)
         self.last_entered = np.empty(0, np.uint64)  # NO_SEQ: none yet
         self.last_completed = np.empty(0, np.uint64)
+        self.last_done_ns = 0
+        """When this rank's work last completed: the latest GPU end of a GPU-timed call, else host return."""
 
     def _index(self, records: np.ndarray) -> np.ndarray:
         index = self.comms.index(records["comm_id"])
@@ -124,6 +126,9 @@ class RankProgress:
         t_call, t_return = finished["t_call_ns"], finished["t_return_ns"]
         failed = finished["state"] == State.FAILED
         gpu_start, gpu_end = finished["gpu_start_ns"], finished["gpu_end_ns"]
+        done = np.where(gpu_end > 0, gpu_end, t_return)[~failed]
+        if len(done):
+            self.last_done_ns = max(self.last_done_ns, int(done.max()))
         return (
             Entered(comm_e, op_e, seq_e, entered["count"], entered["t_call_ns"]),
             Finished(
@@ -141,9 +146,18 @@ class RankProgress:
         pending = self.tail.pending
         return pending[np.argsort(pending["t_call_ns"], kind="stable")]
 
+    def waiting_since_ns(self, t_call_ns: int) -> int:
+        """Since when a call in flight has been holding this rank up: its call, or the rank's last
+        completed work if later. An asynchronous GPU's host enqueues calls long before the GPU reaches
+        them; what stops on a hang is completion, so a call queued behind work that keeps completing
+        is not old."""
+        return max(t_call_ns, self.last_done_ns)
+
     def oldest_in_flight_age_s(self, now_ns: int) -> float | None:
         pending = self.tail.pending
-        return (now_ns - int(pending["t_call_ns"].min())) / 1e9 if len(pending) else None
+        if not len(pending):
+            return None
+        return (now_ns - self.waiting_since_ns(int(pending["t_call_ns"].min()))) / 1e9
 
     def silent_s(self, now_ns: int) -> float:
         return max(0.0, (now_ns - self.tail.last_activity_ns) / 1e9)
@@ -167,7 +181,9 @@ class RankProgress:
                     last_entered=self.seq_or_none(self.last_entered, index),
                     last_completed=self.seq_or_none(self.last_completed, index),
                     in_flight=len(mine),
-                    oldest_in_flight_s=None if oldest is None else (now_ns - int(oldest["t_call_ns"])) / 1e9,
+                    oldest_in_flight_s=None
+                    if oldest is None
+                    else (now_ns - self.waiting_since_ns(int(oldest["t_call_ns"]))) / 1e9,
                     oldest_in_flight_op=None if oldest is None else OP_NAMES.get(int(oldest["op"]), str(oldest["op"])),
                     oldest_in_flight_seq=None if oldest is None else int(oldest["seq"]),
                 )

@@ -21,7 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from rankwatch.analysis.ring import HEADER_DTYPE, RECORD_DTYPE, Flag, RingError, RingHeader, RingReader, State, take
+from rankwatch.analysis.ring import (
+    HEADER_DTYPE,
+    RECORD_DTYPE,
+    RingError,
+    RingHeader,
+    RingReader,
+    State,
+    gpu_in_flight,
+    take,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +44,12 @@ _SHARE_HINT = (
 _NO_CLAIMS = np.empty(0, np.uint64)
 
 
-def finished(records: np.ndarray) -> np.ndarray:
-    """Mask of records whose call is over: returned (and GPU work ended, when GPU-timed) or failed."""
+def finished(records: np.ndarray, claims: np.ndarray | None = None) -> np.ndarray:
+    """Mask of records whose call is over: returned (and GPU work ended, when GPU-timed) or failed.
+    ``claims``: the records' claim indices (default: array order), for the order of their streams."""
     state = records["state"]
-    gpu_pending = (state == State.RETURNED) & ((records["flags"] & Flag.GPU_TIMED) != 0)
-    return (state == State.FAILED) | (state == State.GPU_DONE) | ((state == State.RETURNED) & ~gpu_pending)
+    returned = (state == State.RETURNED) & ~gpu_in_flight(records, claims)
+    return (state == State.FAILED) | (state == State.GPU_DONE) | returned
 
 
 @dataclass(frozen=True)
@@ -170,7 +180,11 @@ class RingTail:
         retry_now[: len(retry)] = False  # written-to for a whole poll: the writer died inside it
         torn = int((~valid & ~retry_now).sum())
 
-        done = valid & finished(records)
+        if valid.all():
+            done = finished(records, claims)
+        else:  # a torn slot holds another call's fields: it must not order this ring's streams
+            done = np.zeros(len(records), bool)
+            done[valid] = finished(take(records, valid), claims[valid])
         seen_before = len(retry) + len(pending)
         if not len(retry) and valid[seen_before:].all():
             entered = records[seen_before:]  # the usual case: a view, no copy

@@ -190,7 +190,9 @@ class WindowBuilder:
                     first_completed=int(finished_seq.min()) if len(finished_seq) else None,
                     last_completed=int(finished_seq.max()) if len(finished_seq) else None,
                     in_flight=len(in_flight),
-                    oldest_in_flight_s=round((end_ns - int(in_flight.min())) / 1e9, 6) if len(in_flight) else None,
+                    oldest_in_flight_s=round((end_ns - progress.waiting_since_ns(int(in_flight.min()))) / 1e9, 6)
+                    if len(in_flight)
+                    else None,
                     calls={OP_NAMES[o]: int(n) for o, n in enumerate(by_op.tolist()) if n and o in OP_NAMES},
                     failed=int(finished.failed[f].sum()),
                     wait=quantiles(wait[wait >= 0]),

@@ -173,10 +173,14 @@ static void complete(gpu_slot* slot) {
               cu.elapsed(&end_ms, anchor_event, slot->end) == CUDA_SUCCESS;
   if (timed && atomic_load_explicit((_Atomic uint64_t*)&record->stamp, memory_order_acquire) == 2 * slot->index + 2) {
     record->gpu_start_ns = anchor_ns + (int64_t)((double)start_ms * 1e6);
-    record->gpu_end_ns = anchor_ns + (int64_t)((double)end_ms * 1e6);
-    uint8_t state = atomic_load_explicit((_Atomic uint8_t*)&record->state, memory_order_acquire);
-    if (state == RW_STATE_RETURNED)
-      atomic_store_explicit((_Atomic uint8_t*)&record->state, RW_STATE_GPU_DONE, memory_order_release);
+    /* The end may be ready before the host call has returned (the work ran at once): the host's return
+     * then finds the end written and moves the state on itself (rw_complete); sequentially consistent
+     * store and load on both sides, so at least one of the two sees the other's write. */
+    atomic_store_explicit((_Atomic int64_t*)&record->gpu_end_ns, anchor_ns + (int64_t)((double)end_ms * 1e6),
+                          memory_order_seq_cst);
+    uint8_t returned = RW_STATE_RETURNED;
+    atomic_compare_exchange_strong_explicit((_Atomic uint8_t*)&record->state, &returned, RW_STATE_GPU_DONE,
+                                            memory_order_seq_cst, memory_order_seq_cst);
   }
   atomic_store_explicit(&slot->state, FREE, memory_order_release);
 }

@@ -360,6 +360,17 @@ void rw_complete(uint64_t index, rw_record* record, ncclResult_t result, int64_t
   record->result = (int32_t)result;
   if (result == ncclInProgress) record->flags |= RW_FLAG_IN_PROGRESS;
   uint8_t state = (result == ncclSuccess || result == ncclInProgress) ? RW_STATE_RETURNED : RW_STATE_FAILED;
+  if (state == RW_STATE_RETURNED && (record->flags & RW_FLAG_GPU_TIMED)) {
+    /* The GPU poller may have written the end already (work that ran before the call returned) and seen
+     * the call not returned yet: then the GPU_DONE state is this side's to write (see gpu_timing.c). */
+    atomic_store_explicit((_Atomic uint8_t*)&record->state, state, memory_order_seq_cst);
+    if (atomic_load_explicit((_Atomic int64_t*)&record->gpu_end_ns, memory_order_seq_cst) != 0) {
+      uint8_t returned = RW_STATE_RETURNED;
+      atomic_compare_exchange_strong_explicit((_Atomic uint8_t*)&record->state, &returned, RW_STATE_GPU_DONE,
+                                              memory_order_seq_cst, memory_order_seq_cst);
+    }
+    return;
+  }
   atomic_store_explicit((_Atomic uint8_t*)&record->state, state, memory_order_release);
 }
 

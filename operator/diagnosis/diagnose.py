@@ -4,7 +4,8 @@
 
 Which sidecars. A small job (up to :data:`EVERY_POD_UP_TO` pods): every pod, the most evidence for
 the least thought. A larger one: the pods the summaries point at, at most :data:`MAX_PODS`:
-- straggler: the suspects and their tensor-parallel peers (the comparison the analysis needs);
+- straggler: the suspects and their tensor-parallel peers (the comparison the analysis needs; with
+  TP 1, the members of their communicators: an instance is compared only when all its members are in);
 - hang: the ranks that fell behind on a communicator (never entered the sequence number its other
   members wait in), the pods that reported a stall, and a few members waiting in each such
   communicator (the analysis follows their waits to the culprit); when every member entered (stuck
@@ -213,10 +214,10 @@ def pods_to_ask(state: JobState, suspicion: Suspicion, layout: Layout | None, po
     """Names of the pods whose dumps the analysis needs (see the module docstring)."""
     every = sorted(pod.name for pod in pods)
     wanted: list[int] = []  # ranks, most telling first
+    if len(every) <= EVERY_POD_UP_TO:
+        return every
     if suspicion.kind is FindingKind.STRAGGLER and suspicion.ranks:
         wanted = _straggler_peers(state, suspicion.ranks, layout)
-    elif len(every) <= EVERY_POD_UP_TO:
-        return every
     elif suspicion.kind is FindingKind.HANG:
         wanted = _hang_witnesses(state, suspicion)
     else:
@@ -235,10 +236,10 @@ def pods_to_ask(state: JobState, suspicion: Suspicion, layout: Layout | None, po
 
 def _straggler_peers(state: JobState, suspects: list[int], layout: Layout | None) -> list[int]:
     wanted = set(suspects)
-    if layout is not None:
+    if layout is not None and layout.tp > 1:
         coords = {layout.coords(rank)[1:] for rank in suspects if rank < layout.world_size}
         wanted |= {rank for rank in state.ranks if rank < layout.world_size and layout.coords(rank)[1:] in coords}
-    else:  # no layout: every rank sharing a communicator with a suspect
+    else:  # no layout, or no tensor-parallel peers (TP 1): every rank sharing a communicator with a suspect
         comms = {c for rank in suspects if rank in state.ranks for c in state.ranks[rank].comms}
         wanted |= {r.rank for r in state.ranks.values() if comms & set(r.comms)}
     return [*suspects, *sorted(wanted - set(suspects))]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.operator.diagnosis import metrics
-from rankwatch.protocol import StallReport, WindowSummary
+from rankwatch.protocol import CommWindow, StallReport, WindowSummary
 
 HISTORY_WINDOWS = 12
 """Wait quantiles kept per (rank, communicator): enough for a robust score over the last minute."""
@@ -55,6 +55,15 @@ def _dropped(what: str, count: int = 1) -> None:
     metrics.COLLECTOR_DROPPED.labels(what).inc(count)
 
 
+def collective_wait(comm: CommWindow) -> float | None:
+    """The p50 time a rank spent inside its collectives in a window: on the GPU when the ring has GPU
+    times (the host call of an asynchronous GPU returns at once, so its host wait is ~0 for every
+    rank; the GPU's start-to-end is where a straggler's peers wait for it), else on the host."""
+    if comm.gpu is not None:
+        return comm.gpu.p50
+    return comm.wait.p50 if comm.wait is not None else None
+
+
 @dataclass
 class CommState:
     """One rank's progress and waits on one communicator."""
@@ -67,7 +76,7 @@ class CommState:
     oldest_in_flight_s: float | None = None  # as of ``seen_at``
     seen_at: float = 0.0
     waits: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
-    """(received at, wait p50 in seconds, collective calls in the window) per window with calls."""
+    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with calls."""
 
 
 @dataclass
@@ -191,9 +200,10 @@ class JobState:
                     state.last_entered = max(comm.last_entered, state.last_entered or comm.last_entered)
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = comm.in_flight, comm.oldest_in_flight_s, now
                 collectives = sum(n for op, n in comm.calls.items() if op not in ("Send", "Recv"))
-                if comm.wait is not None and collectives:
-                    state.waits.append((now, comm.wait.p50, collectives))
-                    waits.append(comm.wait.p50)
+                wait = collective_wait(comm)
+                if wait is not None and collectives:
+                    state.waits.append((now, wait, collectives))
+                    waits.append(wait)
             if waits:
                 waits.sort()
                 middle = len(waits) // 2

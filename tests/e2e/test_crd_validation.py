@@ -87,7 +87,7 @@ def test_valid_manifest_gets_defaults(kubectl, crd, unwatched_namespace):
         "enabled": True,
         "sensitivitySeconds": 300,
         "windowSeconds": 5,
-        "gpuTiming": False,
+        "gpuTiming": True,
         "flightRecorder": True,
     }
     assert spec["remediation"] == {"cordon": True, "dryRun": False, "maxNodesPerJob": 2}

@@ -5,6 +5,7 @@ injected through the job template's env on one rank."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from typing import Any
@@ -21,12 +22,27 @@ HEALTHY_SECONDS = 180  # "several minutes" of a healthy job with jitter: no find
 DIAGNOSIS_KINDS = ("Hang", "StuckInCollective", "Straggler", "SlowLink", "FailSlow")
 
 
+STANDIN_DEVICE = os.environ.get("RANKWATCH_E2E_STANDIN_DEVICE", "async")
+"""The stand-in GPU model of the jobs: ``async`` (NCCL calls return at once, the collectives run on the
+device's streams, as on a real GPU); ``sync`` only for comparison."""
+
+
 def standin_job(
-    name: str, faults: dict[str, str] | None = None, gpu_timing: bool = False, remediation: dict | None = None
+    name: str,
+    faults: dict[str, str] | None = None,
+    gpu_timing: bool | None = None,
+    remediation: dict | None = None,
+    device: str | None = None,
 ) -> dict[str, Any]:
-    """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2; faults on the rank RANKWATCH_STANDIN_FAULT_RANK
-    names. Nodes are not cordoned unless ``remediation`` says so (the tests share four nodes)."""
-    env = [{"name": key, "value": value} for key, value in (faults or {}).items()]
+    """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2, on the ``STANDIN_DEVICE``; faults on the rank
+    RANKWATCH_STANDIN_FAULT_RANK names (``device`` overrides the device for one job). GPU timing as the CRD
+    defaults it (on) unless ``gpu_timing`` says.
+    Nodes are not cordoned unless ``remediation`` says so (the tests share four nodes)."""
+    env = [{"name": "RANKWATCH_STANDIN_DEVICE", "value": device or STANDIN_DEVICE}]
+    env += [{"name": key, "value": value} for key, value in (faults or {}).items()]
+    tracing: dict[str, Any] = {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW}
+    if gpu_timing is not None:
+        tracing["gpuTiming"] = gpu_timing
     return {
         "apiVersion": "rankwatch.io/v1alpha1",
         "kind": "TrainingJob",
@@ -48,7 +64,7 @@ def standin_job(
                     ]
                 }
             },
-            "tracing": {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW, "gpuTiming": gpu_timing},
+            "tracing": tracing,
             "remediation": remediation or {"cordon": False},
             # Diagnosis only: recovery's default restart after a hang would reset the conditions under test.
             "recovery": {"policy": "None"},
@@ -194,9 +210,39 @@ def test_rank_that_never_calls_makes_the_job_hung_naming_it(api, kubectl, namesp
     print(f"hang diagnosed {waited:.1f} s after onset (sensitivity {SENSITIVITY} s): {diagnosis['summary']}")
 
 
+def test_without_gpu_timing_the_rank_that_never_called_is_still_named(api, namespace, pod_runner, eventually):
+    """Host call times only: on the asynchronous device every call returns at once, the peers' hosts block
+    in a synchronisation, not in NCCL; who stopped calling is what still names the culprit."""
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    create_job(api, namespace, standin_job("hang-untimed", faults, gpu_timing=False))
+    wait_running(api, namespace, "hang-untimed", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "hang-untimed", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2], diagnosis
+    assert diagnosis["nodes"] == [node_of_pod(api, namespace, "hang-untimed-worker-0")]
+
+
+def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(api, namespace, pod_runner, eventually):
+    """Host call times of a run-ahead job cannot tell the slow GPU: the expected answer is "not
+    localisable" (no finding naming anyone else), never a wrong node."""
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    create_job(api, namespace, standin_job("slow-untimed", faults, gpu_timing=False))
+    wait_running(api, namespace, "slow-untimed", eventually)
+    eventually(
+        lambda: condition(get_job(api, namespace, "slow-untimed"), "Degraded").get("reason") == "TelemetryHealthy",
+        60,
+        what="telemetry flowing",
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        diagnosis = get_job(api, namespace, "slow-untimed")["status"].get("diagnosis")
+        assert diagnosis is None or set(diagnosis.get("ranks") or []) <= {5}, diagnosis
+        time.sleep(2)
+
+
 def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespace, pod_runner, eventually):
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "6", "RANKWATCH_STANDIN_STUCK_IN_CALL": "300"}
-    create_job(api, namespace, standin_job("stuck", faults, gpu_timing=True))
+    create_job(api, namespace, standin_job("stuck", faults))
     wait_running(api, namespace, "stuck", eventually)
     job = eventually(lambda: diagnosed(api, namespace, "stuck", "Hung"), 90, interval=1, what="Hung=True")
     diagnosis = job["status"]["diagnosis"]

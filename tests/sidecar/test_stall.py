@@ -63,3 +63,31 @@ async def test_hang_is_reported_within_the_sensitivity_and_megatrace_logs_name_t
     assert "HANG" in result.stdout and f"rank {culprit}" in result.stdout.split("HANG", 1)[1].splitlines()[0], (
         result.stdout
     )
+
+
+async def test_on_an_asynchronous_gpu_the_peers_collective_that_never_completes_is_the_stall(
+    tmp_path, collector, make_sidecar
+):
+    """The peers' hosts ran ahead and blocked in a synchronisation; their GPUs started the collective the
+    culprit never called and it never completes: that call, not a host wait, is what the report shows."""
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    sidecar = await make_sidecar(traces, collector.url, window_s=1.0, poll_s=0.25, sensitivity_s=SENSITIVITY)
+    stop = asyncio.Event()
+    running = asyncio.create_task(sidecar.run(stop))
+    culprit = 2
+    simulation = Simulation(
+        world_size=4, tp=4, steps=400, compute_us=1000, ranks_per_node=4, device="async", gpu_timing=True,
+        faults=Faults(hang_rank=culprit, hang_at=300), settle=SENSITIVITY + 3,
+    )  # fmt: skip
+    outcomes = await asyncio.to_thread(run, simulation, traces)
+    stop.set()
+    await running
+    assert collector.stalls, f"no stall report; answers {collector.answers}"
+    peer_ring = read_ring(next(o.ring for o in outcomes if o.rank == 0))
+    started = int(peer_ring.records["gpu_start_ns"].max())  # the GPU start of the call that never ends
+    received, _ = collector.stalls[0]
+    assert received - started / 1e9 <= SENSITIVITY + 2.0, "reported within sensitivity + 2 s of the hang"
+    kinds = {p.global_rank: p.stall for _, report in collector.stalls for p in report.positions if p.stall}
+    assert {rank for rank, kind in kinds.items() if kind == "in_flight"} == {0, 1, 3}, kinds
+    assert kinds[culprit] == "silent"

@@ -29,9 +29,11 @@ def window(
     in_flight_s: float | None = None,
     step_s: float = 0.02,
     run_delay_s: dict[int, float] | None = None,
+    gpu_timed: bool = False,
 ) -> None:
     """One summary per pod (4 ranks each) at time ``now``; ``run_delay_s``: seconds each rank waited for a
-    CPU in the window."""
+    CPU in the window. ``gpu_timed``: ``waits`` are GPU start-to-end and the host calls return at once
+    (an asynchronous GPU), as the sidecar summarises GPU-timed rings."""
     for pod in range(2):
         ranks = []
         for rank in range(pod * 4, pod * 4 + 4):
@@ -48,9 +50,11 @@ def window(
                     oldest_in_flight_s=in_flight_s,
                     calls={"AllReduce": 10},
                     failed=0,
-                    wait=Quantiles(10, waits[rank], waits[rank], waits[rank], 0.01),
+                    wait=Quantiles(10, 2e-6, 2e-6, 3e-6, 5e-6)
+                    if gpu_timed
+                    else Quantiles(10, waits[rank], waits[rank], waits[rank], 0.01),
                     gap=None,
-                    gpu=None,
+                    gpu=Quantiles(10, waits[rank], waits[rank], waits[rank], 0.01) if gpu_timed else None,
                 )
                 for comm, (comm_rank, size) in comm_ids(rank).items()
             ]
@@ -104,6 +108,16 @@ def test_rank_waiting_far_less_than_its_tp_peers_is_the_straggler():
     (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now)
     assert suspicion.kind == "straggler" and suspicion.ranks == [5]
     assert "rank 5" in suspicion.summary
+
+
+def test_straggler_on_an_asynchronous_gpu_is_found_from_gpu_times_when_host_waits_are_nil():
+    # every host call returns at once (2 µs for all): the GPU's start-to-end is where its peers wait
+    state, now = run(6, slow=5, gpu_timed=True)
+    (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now)
+    assert suspicion.kind == "straggler" and suspicion.ranks == [5]
+    for seed in range(20):
+        state, now = run(30, seed=seed, gpu_timed=True)
+        assert detect(state, THRESHOLDS, LAYOUT, now) == [], f"seed {seed}"
 
 
 def test_straggler_needs_several_windows_of_evidence():

@@ -67,6 +67,20 @@ def test_a_straggler_asks_its_tensor_parallel_peers_and_a_slowdown_a_spread_of_t
     assert pod_of(200) in chosen and 8 <= len(chosen) <= MAX_PODS and len(chosen) < PODS
 
 
+def test_a_straggler_without_tensor_parallel_peers_asks_the_members_of_its_communicators():
+    # TP 1: the straggler's only peers are its data-parallel ones, on other pods; the analysis compares a
+    # collective only when all its members' records are in (half a communicator named nobody, 2026-11-26)
+    state, layout = JobState("ns", "dp"), Layout(tp=1, pp=1, world_size=32 * PER_POD)
+    for rank in range(layout.world_size):
+        comms = {"world": CommState(layout.world_size, last_entered=100, last_completed=99)}
+        state.ranks[rank] = RankState(rank, pod_of(rank), f"node-{rank // PER_POD}", comms=comms)
+    pods = PODS_LIST[:32]
+    chosen = pods_to_ask(state, Suspicion(FindingKind.STRAGGLER, [77], "late"), layout, pods)
+    assert chosen == sorted(pod.name for pod in pods)
+    small = pods_to_ask(job(), Suspicion(FindingKind.STRAGGLER, [5], "late"), LAYOUT, PODS_LIST[:2])
+    assert small == [pod.name for pod in PODS_LIST[:2]]  # a small job: every pod, as for every suspicion
+
+
 def test_records_per_ring_shrink_with_the_job_to_stay_within_the_dump_budget():
     state = job()
     few = records_limit(state, [pod_of(0)], 5.0, 96 << 20)
