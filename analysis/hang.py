@@ -17,6 +17,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.ring import Op
+from rankwatch.analysis.sync_points import not_culprits
 from rankwatch.analysis.trace import P2P_OPS, Communicator, Trace
 
 
@@ -174,7 +175,17 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         # no call in flight (the hosts block in a synchronisation instead). Who stopped calling is
         # what survives: judged as call times alone are.
         findings = _detect(trace, stall_seconds, end, completion_known=False)
+        findings = _pinned_on_their_ranks(trace, findings)
     return findings
+
+
+def _pinned_on_their_ranks(trace: Trace, findings: list[Finding]) -> list[Finding]:
+    """Of the hangs found from who stopped calling on a GPU that runs behind its host, those whose
+    ranks' stop is their own: a host blocked in a synchronisation stopped for its GPU, which waits for
+    someone the call times do not show (sync_points.py)."""
+    named = sorted({rank for finding in findings for rank in finding.ranks})
+    waiting = not_culprits(trace, named)
+    return [finding for finding in findings if waiting.isdisjoint(finding.ranks)]
 
 
 def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool) -> list[Finding]:

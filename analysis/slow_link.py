@@ -23,7 +23,7 @@ MIN_TRANSFERS = 5
 MAX_CLOCK_ERROR_NS = 100_000  # what node clock alignment leaves
 
 
-def _keys(comm: np.ndarray, sender: np.ndarray, receiver: np.ndarray, seq: np.ndarray) -> np.ndarray:
+def transfer_keys(comm: np.ndarray, sender: np.ndarray, receiver: np.ndarray, seq: np.ndarray) -> np.ndarray:
     """One 64-bit key per transfer: communicator, sender and receiver (ranks in it), sequence."""
     hashed = comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     hashed ^= sender.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
@@ -64,8 +64,8 @@ def detect_slow_links(
         return []
     comm, me, peer, seq = columns["comm"], columns["comm_rank"], columns["peer"], columns["seq"]
     # the n-th Send i->j of a communicator meets the n-th Recv j<-i: no global rank needed to match
-    send_keys = _keys(comm[sends], me[sends], peer[sends], seq[sends])
-    recv_keys = _keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
+    send_keys = transfer_keys(comm[sends], me[sends], peer[sends], seq[sends])
+    recv_keys = transfer_keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
     s_index, r_index = _match(send_keys, recv_keys)
     if not len(s_index):
         return []
