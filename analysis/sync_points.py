@@ -61,12 +61,11 @@ def matched(trace: Trace) -> np.ndarray:
     out = np.ones(len(calls), bool)
     p2p = np.isin(calls["op"], P2P_OPS)
     collective = np.flatnonzero(~p2p)
-    instance = (calls["comm"][collective].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ calls["seq"][
-        collective
-    ].astype(np.uint64)
-    keys, index, entered = np.unique(instance, return_inverse=True, return_counts=True)
-    sizes = np.array([trace.comms[int(c)].size if int(c) in trace.comms else 0 for c in calls["comm"][collective]])
-    out[collective] = entered[index.reshape(-1)] >= sizes
+    comm, seq = calls["comm"][collective], calls["seq"][collective]
+    _, index, entered = np.unique(transfer_keys(comm, comm * 0, comm * 0, seq), return_inverse=True, return_counts=True)
+    comm_ids, comm_index = np.unique(comm, return_inverse=True)
+    sizes = np.array([trace.comms[int(c)].size if int(c) in trace.comms else 0 for c in comm_ids.tolist()])
+    out[collective] = entered[index.reshape(-1)] >= sizes[comm_index.reshape(-1)]
     rows = np.flatnonzero(p2p)
     send = calls["op"][rows] == Op.SEND
     me, peer = calls["comm_rank"][rows], calls["peer"][rows]
