@@ -15,7 +15,7 @@ import numpy as np
 
 from rankwatch.analysis.clocks import aligned, node_offsets
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.instances import grouped_median
+from rankwatch.analysis.instances import grouped_median, grouped_quantile
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
 
@@ -44,6 +44,16 @@ def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np
     return first[valid], second[valid] - len(send_keys)
 
 
+def _noise_floor(transfer: np.ndarray, pair_index: np.ndarray, pairs: int) -> tuple[np.ndarray, float]:
+    """(each pair's lower quartile, the pairs' typical 90th percentile): a slow link is slow in most
+    of its transfers, so its lower quartile lies above what most pairs reach in their slowest tenth
+    (GPU times of a shared machine jitter; a load spike slows some transfers of every pair)."""
+    values = transfer.astype(np.float64)
+    lower = grouped_quantile(values, pair_index, pairs, 0.25)
+    upper = grouped_quantile(values, pair_index, pairs, 0.9)
+    return lower, float(np.nanmedian(upper))
+
+
 def detect_slow_links(
     trace: Trace, min_score: float = 6.0, min_excess_ns: float = 200_000, since_ns: int | None = None
 ) -> list[Finding]:
@@ -57,7 +67,10 @@ def detect_slow_links(
         return []
     columns = {name: calls[name][p2p] for name in ("op", "comm", "comm_rank", "peer", "seq", "rank")}
     shift = aligned(trace, node_offsets(trace), columns["rank"])
-    t_call, t_return = calls["t_call"][p2p] - shift, calls["t_return"][p2p] - shift
+    # GPU-timed calls are timed on the GPU: an asynchronous GPU's host returns before the transfer ran
+    gpu = (calls["gpu_start"][p2p] > 0) & (calls["gpu_end"][p2p] > 0)
+    t_call = np.where(gpu, calls["gpu_start"][p2p], calls["t_call"][p2p]) - shift
+    t_return = np.where(gpu, calls["gpu_end"][p2p], calls["t_return"][p2p]) - shift
     send = columns["op"] == Op.SEND
     sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
     if not len(sends) or not len(recvs):
@@ -75,6 +88,7 @@ def detect_slow_links(
     # number their sends and receives from different origins): such a pair tells nothing.
     overlapping = transfer > -MAX_CLOCK_ERROR_NS
     s, r, transfer = s[overlapping], r[overlapping], transfer[overlapping]
+    gpu_timed = bool(len(s)) and bool(np.mean(gpu[s] & gpu[r]) >= 0.5)
     rank = columns["rank"]
     pair_key = rank[s].astype(np.int64) << 32 | rank[r].astype(np.int64)
     unique_keys, pair_index = np.unique(pair_key, return_inverse=True)
@@ -88,11 +102,14 @@ def detect_slow_links(
         return []  # nothing to compare a pair with
     typical = float(np.median(medians[usable]))
     spread = 1.4826 * float(np.median(np.abs(medians[usable] - typical))) + 1e3
+    floor = _noise_floor(transfer, pair_index, len(unique_keys)) if gpu_timed else None
     findings: dict[frozenset[int], Finding] = {}  # a link is both directions of one pair
     for position in np.flatnonzero(usable):
         excess = medians[position] - typical
         if excess < min_excess_ns or excess / spread < min_score:
             continue
+        if floor is not None and not floor[0][position] >= max(floor[1], typical + min_excess_ns):
+            continue  # a few slow transfers (a busy moment), not a slow link
         sender, receiver = (int(x) for x in unique_pairs[position])
         comm_id = int(comm[s[np.argmax(pair_index == position)]])
         link = frozenset((sender, receiver))
