@@ -10,7 +10,8 @@ shares a collective communicator with, smaller than the world), whose extra time
 NCCL. When a stage has fewer than three ranks, all ranks are the reference.
 
 The noise floor comes from the run: the spread of every rank's share around its reference, and each
-of five sub-windows must agree (a load spike in one part of the run is not a straggler).
+of five sub-windows must agree (a load spike in one part of the run is not a straggler). A run whose
+ranks spread by more than 10% (a short or disturbed window) is not judged.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not 
 NOISE_FACTOR = 5.0  # ... nor one within this many times the run's own spread
 MIN_AGREEING = 4  # sub-windows in which it must compute more than its reference
 MIN_CALLS = 20  # GPU-timed calls a rank needs to be judged
+MAX_FLOOR = 0.10  # a run whose ranks spread more than this around their peers is too noisy to judge
 
 
 def _timed_calls(trace: Trace) -> dict[int, np.ndarray]:
@@ -97,6 +99,8 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
     excess = total / reference - 1
     noise = 1.4826 * float(np.median(np.abs(excess - np.median(excess))))
     floor = max(MIN_EXCESS, NOISE_FACTOR * noise)
+    if floor > MAX_FLOOR:
+        return []
     agreeing = (shares > per_window_reference).sum(axis=1)
     flagged = [i for i in np.argsort(-excess) if excess[i] >= floor and agreeing[i] >= MIN_AGREEING]
     # more than one slow GPU per eight is the job's structure (or a shared cause), not a straggler
