@@ -9,9 +9,10 @@ slow GPU computes a larger share of the time than its peers of the same pipeline
 shares a collective communicator with, smaller than the world), whose extra time is spent waiting in
 NCCL. When a stage has fewer than three ranks, all ranks are the reference.
 
-The noise floor comes from the run: the spread of every rank's share around its reference, and each
-of five sub-windows must agree (a load spike in one part of the run is not a straggler). A run whose
-ranks spread by more than 10% (a short or disturbed window) is not judged.
+The noise floor comes from the run: four times the spread of every rank's share around its
+reference, at least 2.5%; and in three of five sub-windows the rank must compute more than its peers
+(a load spike in one part of the run is not a straggler). A run whose floor exceeds 10% (a short or
+disturbed window) is not judged.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from rankwatch.analysis.trace import P2P_OPS, Trace
 
 WINDOWS = 5  # sub-windows of the shared time window, each judged on its own
 MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not reported ...
-NOISE_FACTOR = 5.0  # ... nor one within this many times the run's own spread
-MIN_AGREEING = 4  # sub-windows in which it must compute more than its reference
+NOISE_FACTOR = 4.0  # ... nor one within this many times the run's own spread
+MIN_AGREEING = 3  # sub-windows in which it must compute more than its reference
 MIN_CALLS = 20  # GPU-timed calls a rank needs to be judged
 MAX_FLOOR = 0.10  # a run whose ranks spread more than this around their peers is too noisy to judge
 
