@@ -9,10 +9,10 @@ slow GPU computes a larger share of the time than its peers of the same pipeline
 shares a collective communicator with, smaller than the world), whose extra time is spent waiting in
 NCCL. When a stage has fewer than three ranks, all ranks are the reference.
 
-The noise floor comes from the run: four times the spread of every rank's share around its
-reference, at least 2.5%; and in three of five sub-windows the rank must compute more than its peers
-(a load spike in one part of the run is not a straggler). A run whose floor exceeds 10% (a short or
-disturbed window) is not judged.
+A rank's excess is the median over three sub-windows of its share against its reference's (a window
+in which a busy host starved some GPUs is outvoted). The noise floor comes from the run: three times
+the spread of the ranks' excess, at least 2.5%; and in two of the three sub-windows the rank must
+compute more than its peers. A run whose floor exceeds 10% (a short or disturbed window) is not judged.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import numpy as np
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.trace import P2P_OPS, Trace
 
-WINDOWS = 5  # sub-windows of the shared time window, each judged on its own
+WINDOWS = 3  # sub-windows of the shared time window, each judged on its own
 MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not reported ...
-NOISE_FACTOR = 4.0  # ... nor one within this many times the run's own spread
-MIN_AGREEING = 3  # sub-windows in which it must compute more than its reference
+NOISE_FACTOR = 3.0  # ... nor one within this many times the run's own spread
+MIN_AGREEING = 2  # sub-windows in which it must compute more than its reference
 MIN_CALLS = 20  # GPU-timed calls a rank needs to be judged
 MAX_FLOOR = 0.10  # a run whose ranks spread more than this around their peers is too noisy to judge
 
@@ -95,9 +95,10 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
         group = group if len(group) >= 3 else list(range(len(ranks)))
         reference[i] = np.median(total[group])
         per_window_reference[i] = np.median(shares[group], axis=0)
-    if not (reference > 0).all():
+    if not (reference > 0).all() or not (per_window_reference > 0).all():
         return []
-    excess = total / reference - 1
+    # the median of the sub-windows' excess: a window in which a busy host starved some GPUs is outvoted
+    excess = np.median(shares / per_window_reference - 1, axis=1)
     noise = 1.4826 * float(np.median(np.abs(excess - np.median(excess))))
     floor = max(MIN_EXCESS, NOISE_FACTOR * noise)
     if floor > MAX_FLOOR:
