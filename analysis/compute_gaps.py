@@ -7,7 +7,8 @@ end of one NCCL operation and the GPU start of the next the GPU computes (on an 
 host is ahead, so the stream is never idle waiting for it). Over a time window every rank shares, a
 slow GPU computes a larger share of the time than its peers of the same pipeline stage (the ranks it
 shares a collective communicator with, smaller than the world), whose extra time is spent waiting in
-NCCL. When a stage has fewer than three ranks, all ranks are the reference.
+NCCL. When a stage has fewer than three ranks, all ranks are the reference. Only without tensor
+parallelism: TP peers' waits are the better evidence there.
 
 A rank's excess is the median over three sub-windows of its share against its reference's (a window
 in which a busy host starved some GPUs is outvoted). The noise floor comes from the run: three times
@@ -73,9 +74,34 @@ def stage_peers(trace: Trace) -> dict[int, set[int]]:
     return peers
 
 
+def without_tensor_parallelism(trace: Trace) -> bool:
+    """True when most ranks have no collective peers doing the same work as often as they exchange with
+    their pipeline partners: their busiest collective communicator holds only themselves, or is called
+    less often than their sends and receives (data parallelism's once-a-step all-reduce). Tensor
+    parallelism's all-reduces (several per layer) and pure data parallelism leave the waits inside
+    those collectives as the better evidence (straggler.py): a GPU computing more there without
+    delaying its peers is slack."""
+    calls = trace.calls
+    alone = judged = 0
+    for rank in trace.ranks:
+        rows = trace.rows_of(rank)
+        p2p = np.isin(calls["op"][rows], P2P_OPS)
+        own = calls["comm"][rows][~p2p]
+        if not len(own):
+            continue
+        judged += 1
+        comm_ids, counts = np.unique(own, return_counts=True)
+        busiest = int(comm_ids[np.argmax(counts)])
+        size = trace.comms[busiest].size if busiest in trace.comms else 1
+        alone += size < 2 or int(counts.max()) < int(p2p.sum())
+    return alone * 2 > judged
+
+
 def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:
     """Ranks whose GPU computes a larger share of the run than their stage's peers (GPU-timed traces
     only); ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
+    if not without_tensor_parallelism(trace):
+        return []
     timed = _timed_calls(trace)
     if len(timed) < 3:
         return []
