@@ -44,14 +44,24 @@ def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np
     return first[valid], second[valid] - len(send_keys)
 
 
-def _noise_floor(transfer: np.ndarray, pair_index: np.ndarray, pairs: int) -> tuple[np.ndarray, float]:
-    """(each pair's lower quartile, the pairs' typical 90th percentile): a slow link is slow in most
-    of its transfers, so its lower quartile lies above what most pairs reach in their slowest tenth
-    (GPU times of a shared machine jitter; a load spike slows some transfers of every pair)."""
+def _steadily_slow(
+    transfer: np.ndarray, when: np.ndarray, pair_index: np.ndarray, pairs: int, typical: float, min_excess_ns: float
+) -> np.ndarray:
+    """Per pair, whether it is slow in most of its transfers and all through the run: its lower
+    quartile above twice what most pairs reach in their slowest tenth (and ``min_excess_ns`` above
+    the typical pair), and its median in each third of its transfers above that floor too. GPU
+    times of a shared machine jitter and a busy moment slows some transfers of every pair; a slow
+    link is slow in every one. ``when``: each transfer's time, to split a pair's transfers in thirds."""
     values = transfer.astype(np.float64)
-    lower = grouped_quantile(values, pair_index, pairs, 0.25)
-    upper = grouped_quantile(values, pair_index, pairs, 0.9)
-    return lower, float(np.nanmedian(upper))
+    upper = float(np.nanmedian(grouped_quantile(values, pair_index, pairs, 0.9)))
+    floor = max(2 * upper, typical + min_excess_ns)
+    steady = grouped_quantile(values, pair_index, pairs, 0.25) >= floor
+    order = np.lexsort((when, pair_index))
+    bounds = np.searchsorted(pair_index[order], np.arange(pairs + 1))
+    for pair in np.flatnonzero(steady):
+        own = values[order[bounds[pair] : bounds[pair + 1]]]
+        steady[pair] = all(np.median(part) >= floor for part in np.array_split(own, 3) if len(part))
+    return steady
 
 
 def detect_slow_links(
@@ -102,13 +112,15 @@ def detect_slow_links(
         return []  # nothing to compare a pair with
     typical = float(np.median(medians[usable]))
     spread = 1.4826 * float(np.median(np.abs(medians[usable] - typical))) + 1e3
-    floor = _noise_floor(transfer, pair_index, len(unique_keys)) if gpu_timed else None
+    steady = None
+    if gpu_timed:
+        steady = _steadily_slow(transfer, t_call[s], pair_index, len(unique_keys), typical, min_excess_ns)
     findings: dict[frozenset[int], Finding] = {}  # a link is both directions of one pair
     for position in np.flatnonzero(usable):
         excess = medians[position] - typical
         if excess < min_excess_ns or excess / spread < min_score:
             continue
-        if floor is not None and not floor[0][position] >= max(floor[1], typical + min_excess_ns):
+        if steady is not None and not steady[position]:
             continue  # a few slow transfers (a busy moment), not a slow link
         sender, receiver = (int(x) for x in unique_pairs[position])
         comm_id = int(comm[s[np.argmax(pair_index == position)]])

@@ -52,10 +52,10 @@ def test_host_only_stopped_device_names_nobody_and_says_so(tmp_path):
 def test_gpu_timed_straggler_without_tensor_parallelism_is_named_and_a_healthy_run_is_not(tmp_path):
     # TP1 PP8: no collective with peers doing the same work; the slow GPU computes a larger share of the
     # run between its NCCL operations than the other stages
-    _, slow = simulate(tmp_path / "slow", True, 8, 1, 8, Faults(slow_rank=4, slowdown=0.2), steps=20, compute_us=3000)
+    _, slow = simulate(tmp_path / "slow", True, 8, 1, 8, Faults(slow_rank=4, slowdown=0.2), steps=40, compute_us=3000)
     assert named(slow) == [("straggler", [4])], slow["findings"]
     assert slow["findings"][0]["evidence"]["compute_share"] > slow["findings"][0]["evidence"]["peer_compute_share"]
-    _, healthy = simulate(tmp_path / "healthy", True, 8, 1, 8, steps=20, compute_us=3000)
+    _, healthy = simulate(tmp_path / "healthy", True, 8, 1, 8, steps=40, compute_us=3000)
     assert healthy["findings"] == [], healthy["findings"]
 
 
