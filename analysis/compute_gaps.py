@@ -18,6 +18,8 @@ compute more than its peers. A run whose floor exceeds 10% (a short or disturbed
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 from rankwatch.analysis.findings import Finding
@@ -126,7 +128,9 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
     # the median of the sub-windows' excess: a window in which a busy host starved some GPUs is outvoted
     excess = np.median(shares / per_window_reference - 1, axis=1)
     noise = 1.4826 * float(np.median(np.abs(excess - np.median(excess))))
-    floor = max(MIN_EXCESS, NOISE_FACTOR * noise)
+    # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~1%
+    tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.01 / len(ranks)))
+    floor = max(MIN_EXCESS, tail * noise)
     if floor > MAX_FLOOR:
         return []
     agreeing = (shares > per_window_reference).sum(axis=1)
