@@ -250,7 +250,28 @@ def _pinned_on_their_ranks(trace: Trace, findings: list[Finding]) -> list[Findin
     someone the call times do not show (sync_points.py)."""
     named = sorted({rank for finding in findings for rank in finding.ranks})
     waiting = not_culprits(trace, named)
-    return [finding for finding in findings if waiting.isdisjoint(finding.ranks)]
+    kept = [finding for finding in findings if waiting.isdisjoint(finding.ranks)]
+    if findings and not kept:
+        return [_unlocalised_hang(findings)]
+    return kept
+
+
+def _unlocalised_hang(dropped: list[Finding]) -> Finding:
+    """A hang whose stopped ranks all blocked in a synchronisation: reported, naming nobody."""
+    stopped = sorted({rank for finding in dropped for rank in finding.ranks})
+    return Finding(
+        kind="hang",
+        ranks=[],
+        nodes=[],
+        communicator=None,
+        confidence=0.3,
+        summary=(
+            f"the job stopped: rank(s) {', '.join(map(str, stopped))} stopped calling NCCL while others went on, "
+            "but each stopped where its host waits for its GPU (a synchronisation); which GPU holds the job up "
+            "is not localisable from call times; enable GPU timing"
+        ),
+        evidence={"stopped_at_sync": stopped},
+    )
 
 
 def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool) -> list[Finding]:
