@@ -186,7 +186,14 @@ def judge(case: AsyncCase, document: dict, trace) -> tuple[bool, bool, bool, int
         right = bool((top and top["kind"] == "hang" and allowed != set(case.culprits)) or first)
     else:
         right = false == 0
-    return right, first, wrong_node, false, NOT_LOCALISABLE in document["problems"]
+    return right, first, wrong_node, false, said_not_localisable(document)
+
+
+def said_not_localisable(document: dict) -> bool:
+    """The report says call times cannot localise the fault: as a problem line, or as a finding
+    (a hang) that names nobody for that reason."""
+    unnamed = any(not f["ranks"] and "not localisable" in f["summary"] for f in document["findings"])
+    return NOT_LOCALISABLE in document["problems"] or unnamed
 
 
 def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
@@ -279,7 +286,7 @@ def scale_suite(seeds: int, only: list[str] | None = None) -> None:
                 first += is_first
                 wrong_nodes += wrong
                 false += extra
-                unlocalisable += NOT_LOCALISABLE in document["problems"]
+                unlocalisable += said_not_localisable(document)
                 if not ok or wrong or extra:
                     said = [(f["kind"], f["ranks"]) for f in findings]
                     print(f"  seed {seed} {model.world_size} ranks TP{model.tp} PP{model.pp} culprits {culprits}: "
