@@ -11,6 +11,7 @@ import numpy as np
 
 from rankwatch.analysis.cause import attribute
 from rankwatch.analysis.chrome_trace import write_chrome_trace
+from rankwatch.analysis.compute_gaps import detect_compute_stragglers
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
 from rankwatch.analysis.hang import detect_hangs
@@ -89,7 +90,10 @@ def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1
         if trace.has_returns and returned_at_once(trace):
             problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
-        findings += links + detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
+        stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
+        if not stragglers:  # no TP peers to compare waits with (TP=1): the GPUs' compute time
+            stragglers = detect_compute_stragglers(trace, explained=endpoints)
+        findings += links + stragglers
         if test_type != "parallel":
             findings += fail_slow_with_culprits(trace, endpoints)
     findings = windowed_stragglers(trace, findings, problems)

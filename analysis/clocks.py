@@ -25,7 +25,9 @@ def node_offsets(trace: Trace) -> dict[str, float]:
     rows = rows[np.isin(calls["op"][rows], COLLECTIVE_OPS)]
     if not len(rows):
         return {}
-    seq, returned, rank = calls["seq"][rows], calls["t_return"][rows].astype(np.float64), calls["rank"][rows]
+    # a collective ends together on every GPU; an asynchronous GPU's host returns long before
+    ended = np.where(calls["gpu_end"][rows] > 0, calls["gpu_end"][rows], calls["t_return"][rows])
+    seq, returned, rank = calls["seq"][rows], ended.astype(np.float64), calls["rank"][rows]
     instances, index, sizes = np.unique(seq, return_inverse=True, return_counts=True)
     complete = (sizes == largest.size)[index]
     if not complete.any():

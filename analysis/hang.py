@@ -17,6 +17,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.ring import Op
+from rankwatch.analysis.sync_points import not_culprits
 from rankwatch.analysis.trace import P2P_OPS, Communicator, Trace
 
 
@@ -178,6 +179,71 @@ def _follow_unrecorded_partners(
                 unknown_peer.add(rank)
 
 
+def _p2p_match(trace: Trace, row: np.void, peer: int, queued: np.ndarray, completion_known: bool) -> str:
+    """Where the peer of a stalled send/receive is with its matching call: ``missing`` (never made),
+    ``queued`` (made, but behind its own earlier GPU work: not reached), ``in flight`` (started on its
+    GPU and not finished either: the pair is stuck together) or ``done``."""
+    calls = trace.calls
+    rows = trace.rows_of(peer)
+    own = calls[rows]
+    matching = Op.RECV if int(row["op"]) == Op.SEND else Op.SEND
+    mine = (own["comm"] == row["comm"]) & (own["op"] == matching) & (own["peer"] == row["comm_rank"])
+    if not np.any(own["seq"][mine] >= row["seq"]):
+        return "missing"
+    exact = np.flatnonzero(mine & (own["seq"] == row["seq"]))
+    if not len(exact):
+        return "done"
+    at = rows.start + int(exact[0])
+    if queued[at]:
+        return "queued"
+    started = calls["gpu_start"][at] > 0 and calls["gpu_start"][trace.rows_of(int(row["rank"]))].any()
+    if completion_known and calls["t_return"][at] == 0 and started:
+        return "in flight"
+    return "done"
+
+
+def _stuck_pair_culprits(
+    waits_for: dict[int, set[int]], stuck_pairs: set[frozenset[int]]
+) -> tuple[set[int], list[frozenset[int]]]:
+    """Of each send/receive pair stuck together, the side the other ranks' waits lead to when nobody
+    waits on the other side; else the pair, undecided (both sides hold others up)."""
+    culprits, undecided = set(), []
+    for pair in sorted(stuck_pairs, key=sorted):
+        behind = _roots_behind(waits_for, set(pair))
+        holding = [rank for rank in pair if behind.get(rank)]
+        if len(holding) == 1:
+            culprits.add(holding[0])
+        else:
+            undecided.append(pair)
+    return culprits, undecided
+
+
+def _stuck_pair_finding(trace: Trace, pair: frozenset[int], stalled: np.ndarray) -> Finding:
+    """One finding for a send/receive whose two sides both started on their GPUs and never ended."""
+    ranks = sorted(pair)
+    rows = stalled[np.isin(stalled["rank"], ranks) & np.isin(stalled["op"], P2P_OPS)]
+    comm_id = int(rows[0]["comm"]) if len(rows) else 0
+    return Finding(
+        kind="hang",
+        ranks=ranks,
+        nodes=sorted({trace.node_of(r) for r in ranks}),
+        communicator=comm_label(comm_id),
+        confidence=0.4,
+        summary=(
+            f"a send/receive between {' and '.join(trace.label(r) for r in ranks)} never completed: both "
+            "sides' GPU work started and neither ended, and both hold up other ranks; the traces cannot "
+            "tell which side is stuck"
+        ),
+        evidence={"seq": int(rows[0]["seq"]) if len(rows) else None, "members_inside": ranks, "stuck": True},
+    )
+
+
+def _unless_across_nodes(trace: Trace, members: list[int]) -> list[int]:
+    """``members`` when they share one node, else none: naming a whole group that spans nodes would
+    cordon the healthy nodes with the stuck one."""
+    return members if len({trace.node_of(rank) for rank in members}) == 1 else []
+
+
 def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = None) -> list[Finding]:
     """``now_ns``: the time the trace is judged at (default: the wall clock, so a live ring's
     in-flight calls are young and a dump of a dead job's calls are old)."""
@@ -192,7 +258,38 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
         # no call in flight (the hosts block in a synchronisation instead). Who stopped calling is
         # what survives: judged as call times alone are.
         findings = _detect(trace, stall_seconds, end, completion_known=False)
+        findings = _pinned_on_their_ranks(trace, findings)
     return findings
+
+
+def _pinned_on_their_ranks(trace: Trace, findings: list[Finding]) -> list[Finding]:
+    """Of the hangs found from who stopped calling on a GPU that runs behind its host, those whose
+    ranks' stop is their own: a host blocked in a synchronisation stopped for its GPU, which waits for
+    someone the call times do not show (sync_points.py)."""
+    named = sorted({rank for finding in findings for rank in finding.ranks})
+    waiting = not_culprits(trace, named)
+    kept = [finding for finding in findings if waiting.isdisjoint(finding.ranks)]
+    if findings and not kept:
+        return [_unlocalised_hang(findings)]
+    return kept
+
+
+def _unlocalised_hang(dropped: list[Finding]) -> Finding:
+    """A hang whose stopped ranks all blocked in a synchronisation: reported, naming nobody."""
+    stopped = sorted({rank for finding in dropped for rank in finding.ranks})
+    return Finding(
+        kind="hang",
+        ranks=[],
+        nodes=[],
+        communicator=None,
+        confidence=0.3,
+        summary=(
+            f"the job stopped: rank(s) {', '.join(map(str, stopped))} stopped calling NCCL while others went on, "
+            "but each stopped where its host waits for its GPU (a synchronisation); which GPU holds the job up "
+            "is not localisable from call times; enable GPU timing"
+        ),
+        evidence={"stopped_at_sync": stopped},
+    )
 
 
 def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool) -> list[Finding]:
@@ -224,6 +321,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     waits_for: dict[int, set[int]] = {}  # waiting rank -> ranks it waits for
     unknown_peer: set[int] = set()
     stuck: dict[tuple[int, int], np.ndarray] = {}  # collectives everyone entered and nobody left
+    stuck_pairs: set[frozenset[int]] = set()  # sends/receives both sides started and neither left
     for row in stalled:
         rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
         comm = trace.comms.get(comm_id)
@@ -236,11 +334,11 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
                 else:
                     unknown_peer.add(rank)  # waits for someone the trace does not name
                 continue
-            matching = Op.RECV if int(row["op"]) == Op.SEND else Op.SEND
-            peer_calls = calls[trace.rows_of(peer)]
-            peer_calls = peer_calls[(peer_calls["comm"] == comm_id) & (peer_calls["op"] == matching)]
-            if not np.any(peer_calls["seq"][peer_calls["peer"] == row["comm_rank"]] >= seq):
+            state = _p2p_match(trace, row, peer, queued, completion_known)
+            if state in ("missing", "queued"):
                 waits_for.setdefault(rank, set()).add(peer)
+            elif state == "in flight":
+                stuck_pairs.add(frozenset((rank, peer)))
             continue
         key = (comm_id, seq)
         if key not in missing_in:
@@ -259,6 +357,8 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         for rank in targets
         if rank not in waits_for and (not completion_known or (rank not in unknown_peer and rank not in waiting))
     }  # (a rank inside a collective everyone entered is reported as stuck below)
+    pair_culprits, undecided_pairs = _stuck_pair_culprits(waits_for, stuck_pairs)
+    stopped |= pair_culprits
     roots = _roots_behind(waits_for, stopped)
     if not completion_known:
         _merge_stopped_together(trace, stalled, roots, members_of, stuck)
@@ -308,6 +408,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             )
         )
 
+    findings += [_stuck_pair_finding(trace, pair, stalled) for pair in undecided_pairs if pair.isdisjoint(roots)]
     for (comm_id, seq), rows in stuck.items():
         if any(int(r) in roots for r in rows["rank"]):
             continue
@@ -316,8 +417,10 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             culprits, confidence = sorted(rows["rank"][~started].tolist()), 0.9
             why = "its GPU work never started while its peers' did"
         elif started.all():
-            culprits, confidence = sorted(rows["rank"].tolist()), 0.4
+            culprits, confidence = _unless_across_nodes(trace, sorted(rows["rank"].tolist())), 0.4
             why = "every member's GPU work started and none ended; the traces cannot tell which one is stuck"
+            if not culprits:
+                why += ": not localisable, nobody named (its members span several nodes)"
         else:
             culprits, confidence = sorted(rows["rank"].tolist()), 0.4
             how = "none returned" if completion_known else "none logged a call after it"
@@ -331,7 +434,8 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
                 confidence=confidence,
                 summary=(
                     f"{_describe_call(rows[0])} of {trace.comm_name(comm_id)} never completed: "
-                    f"{'; '.join(trace.label(r) for r in culprits)} stuck inside it ({why})"
+                    f"{'; '.join(trace.label(r) for r in culprits) or f'one of its {len(rows)} members'} stuck "
+                    f"inside it ({why})"
                 ),
                 evidence={"seq": seq, "members_inside": sorted(rows["rank"].tolist()), "stuck": True},
             )

@@ -100,3 +100,16 @@ def grouped_median(values: np.ndarray, groups: np.ndarray, count: int) -> np.nda
     lo, hi = bounds[have], bounds[have + 1] - 1
     out[have] = (values[(lo + hi) // 2] + values[(lo + hi + 1) // 2]) / 2
     return out
+
+
+def grouped_quantile(values: np.ndarray, groups: np.ndarray, count: int, q: float) -> np.ndarray:
+    """The ``q`` quantile (nearest rank, rounded down) of ``values`` per group 0..count-1 (NaN for an
+    empty group), with one sort."""
+    order = np.lexsort((values, groups))
+    groups, values = groups[order], values[order]
+    bounds = np.searchsorted(groups, np.arange(count + 1))
+    out = np.full(count, np.nan)
+    have = np.flatnonzero(np.diff(bounds) > 0)
+    lo, hi = bounds[have], bounds[have + 1] - 1
+    out[have] = values[lo + np.floor(q * (hi - lo)).astype(np.int64)]
+    return out

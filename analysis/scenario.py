@@ -24,6 +24,8 @@ from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
 START_NS = 1_790_000_000 * 10**9
 LAUNCH_NS = 5_000  # host call to GPU kernel start
+HOST_CALL_NS = 20_000  # a run-ahead host's time from one NCCL call to the next (its launches between)
+RETURN_NS = 3_000  # a run-ahead NCCL call's time on the host
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class Scenario:
     stuck_rank: int | None = None
     stuck_at_call: int = 0  # the rank's n-th NCCL call never completes
     seed: int = 0
+    # the host runs ahead of its GPU (real NCCL): calls return at once and the host blocks only at the
+    # step's end (the loss); GPU start/end keep the lock-step model's times (stragglers, links, healthy)
+    run_ahead: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ def generate(s: Scenario) -> SyntheticRun:
         link[pp_c[a], tp_c[a] + s.tp * dp_c[a]] = s.link_latency_us * 1e3
 
     ready = np.zeros(world)  # true time each rank is free, ns since the start
+    host = np.zeros(world)  # a run-ahead host's clock, ns since the start
     stopped = np.zeros(world, bool)  # stopped outside NCCL (hang)
     blocked = np.zeros(world, bool)  # inside a call that never returns
     group_counter = [0]
@@ -142,6 +148,10 @@ def generate(s: Scenario) -> SyntheticRun:
         """Call, return (0: never) and GPU times; the ranks that returned are free again."""
         exit_ns = done + rng.uniform(0, 2_000, world)
         result = {"t_call": arrival, "t_return": np.where(ok, exit_ns, 0)}
+        if s.run_ahead:  # launched ahead of the GPU, returned at once
+            called = np.minimum(host + HOST_CALL_NS * rng.uniform(0.5, 1.5, world), arrival)
+            result = {"t_call": called, "t_return": called + RETURN_NS}
+            host[:] = called + RETURN_NS
         if s.gpu_timing:
             result |= {"gpu_start": arrival + LAUNCH_NS, "gpu_end": np.where(ok, done, 0)}
         ready[:] = np.where(ok, exit_ns, ready)
@@ -215,6 +225,7 @@ def generate(s: Scenario) -> SyntheticRun:
         if dp > 1:
             collective("dp", Op.ALLREDUCE, 1 << 24, step)
         collective("world", Op.ALLREDUCE, 1, step)
+        host[:] = np.maximum(host, ready)  # the loss's .item(): the host waits for its GPU
 
     trace = _to_trace(s, recorder, skew, kinds, used, layout)
     world_id = int(kinds["world"][0][0])

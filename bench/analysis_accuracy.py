@@ -1,11 +1,15 @@
 """Localisation accuracy of `rankwatch analyze` over fixed suites of runs with ground truth.
 
-    .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|async|all] [--repeat 3] [--seeds 20]
+    .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|async|scale|all] [--repeat 3] [--seeds 20]
 
 ``simulate``: real `rankwatch simulate` runs (stand-in NCCL, tracer preloaded) on this machine.
 ``async``: real runs on the asynchronous stand-in device (NCCL calls return at once, the GPU runs behind
 the host), GPU timing on and off, 8 or 16 processes in ten TP x PP layouts (TP and PP 1/2/4/8) taken in
 turn by seed, the culprit drawn by seed; see :func:`async_suite` for what counts as right.
+``scale``: a scale mode, the same model with its hosts running ahead of their GPUs (calls return at once,
+the host waits at each step's end), 64 to 1,024 ranks in ten TP x PP layouts (TP and PP 1/2/4/8), GPU
+timing on and off, for stragglers, slow links and healthy runs (no hangs: the model does not run hosts
+ahead into a hang); a model, not real processes: the async suite stays the judge.
 ``model``: the vectorised Megatron model (analysis/scenario.py), 256 ranks TP4 PP4 with clock skew
 +-2 ms and jitter, written as wrapped ring files, Megatrace logs or flight-recorder dumps; the culprit
 changes with the seed. Top-1 means the most likely finding has the right kind and names exactly the
@@ -182,7 +186,14 @@ def judge(case: AsyncCase, document: dict, trace) -> tuple[bool, bool, bool, int
         right = bool((top and top["kind"] == "hang" and allowed != set(case.culprits)) or first)
     else:
         right = false == 0
-    return right, first, wrong_node, false, NOT_LOCALISABLE in document["problems"]
+    return right, first, wrong_node, false, said_not_localisable(document)
+
+
+def said_not_localisable(document: dict) -> bool:
+    """The report says call times cannot localise the fault: as a problem line, or as a finding
+    (a hang) that names nobody for that reason."""
+    unnamed = any(not f["ranks"] and "not localisable" in f["summary"] for f in document["findings"])
+    return NOT_LOCALISABLE in document["problems"] or unnamed
 
 
 def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
@@ -214,9 +225,80 @@ def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> N
                   f"{false:>14} {unlocalisable:>15} {time.monotonic() - started:>8.1f}", flush=True)  # fmt: skip
 
 
+# scale mode: the vectorised model (analysis/scenario.py) with its hosts running ahead of their GPUs,
+# 64 to 1,024 ranks; every TP and PP of 1/2/4/8 appears; 8 ranks per node
+SCALE_LAYOUTS = [(64, 1, 8), (64, 8, 1), (128, 2, 4), (128, 4, 2), (256, 1, 4), (256, 8, 8), (512, 4, 4),
+                 (512, 2, 8), (1024, 8, 2), (1024, 1, 2)]  # fmt: skip
+SCALE_SCENARIOS = ["straggler 5%", "straggler 10%", "straggler 20%", "slow link", "healthy"]
+
+
+def scale_case(scenario: str, seed: int, gpu_timing: bool):
+    """(model scenario, expected kind, culprits) of one scale-mode run."""
+    import numpy as np
+
+    from rankwatch.analysis.scenario import Scenario
+
+    rng = np.random.default_rng([seed, SCALE_SCENARIOS.index(scenario), 13])
+    layouts = SCALE_LAYOUTS if scenario != "slow link" else [x for x in SCALE_LAYOUTS if x[2] > 1]
+    world, tp, pp = layouts[seed % len(layouts)]
+    base = dict(world_size=world, tp=tp, pp=pp, clock_skew_us=2000, jitter=0.03, seed=seed, run_ahead=True,
+                gpu_timing=gpu_timing, ranks_per_node=8, compute_us=1000)  # fmt: skip
+    rank = int(rng.integers(world))
+    if scenario.startswith("straggler"):
+        slowdown = int(scenario.split()[1].rstrip("%")) / 100
+        return Scenario(**base, stragglers=((rank, slowdown),)), "straggler", [rank]
+    if scenario == "slow link":
+        stride = world // pp
+        first = int(rng.integers(world - stride))
+        return (
+            Scenario(**base, slow_link=(first, first + stride), link_latency_us=300),
+            "slow_link",
+            [first, first + stride],
+        )
+    return Scenario(**base), None, []
+
+
+def scale_suite(seeds: int, only: list[str] | None = None) -> None:
+    """Scale mode (a model, not real processes): GPU-timed runs must name the culprit first; host-only
+    runs must name nobody else (call times of a run-ahead host cannot localise a slowdown)."""
+    from rankwatch.analysis.scenario import generate
+
+    print(f"{'scale (model)':<16} {'evidence':<10} {'right':>6} {'culprit 1st':>11} {'wrong node':>10} "
+          f"{'false findings':>14} {'not localisable':>15} {'seconds':>8}", flush=True)  # fmt: skip
+    for scenario in only or SCALE_SCENARIOS:
+        for gpu_timing in (True, False):
+            right = first = wrong_nodes = false = unlocalisable = 0
+            started = time.monotonic()
+            for seed in range(seeds):
+                model, kind, culprits = scale_case(scenario, seed, gpu_timing)
+                synthetic = generate(model)
+                document = analyze(synthetic.trace)
+                findings = document["findings"]
+                top = findings[0] if findings else None
+                nodes = {synthetic.trace.node_of(rank) for rank in culprits}
+                is_first = bool(top and top["kind"] == kind and sorted(top["ranks"]) == culprits)
+                wrong = any(set(f["nodes"]) - nodes for f in findings)
+                extra = (
+                    len(findings) if kind is None else sum(1 for f in findings if not set(f["ranks"]) <= set(culprits))
+                )
+                ok = not findings if kind is None else (is_first if gpu_timing else extra == 0)
+                right += ok
+                first += is_first
+                wrong_nodes += wrong
+                false += extra
+                unlocalisable += said_not_localisable(document)
+                if not ok or wrong or extra:
+                    said = [(f["kind"], f["ranks"]) for f in findings]
+                    print(f"  seed {seed} {model.world_size} ranks TP{model.tp} PP{model.pp} culprits {culprits}: "
+                          f"{said}", file=sys.stderr, flush=True)  # fmt: skip
+            evidence = "GPU-timed" if gpu_timing else "host only"
+            print(f"{scenario:<16} {evidence:<10} {right:>3}/{seeds:<2} {first:>8}/{seeds:<2} {wrong_nodes:>10} "
+                  f"{false:>14} {unlocalisable:>15} {time.monotonic() - started:>8.1f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["simulate", "model", "async", "all"], default="all")
+    parser.add_argument("--suite", choices=["simulate", "model", "async", "scale", "all"], default="all")
     parser.add_argument("--repeat", type=int, default=3, help="runs per simulate scenario")
     parser.add_argument("--seeds", type=int, default=20, help="runs per model (or async) scenario")
     parser.add_argument("--only", nargs="*", default=None, help="async scenarios to run (default: all)")
@@ -226,6 +308,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.suite == "async":
         async_suite(args.seeds, args.only, args.async_steps)
+        return
+    if args.suite == "scale":
+        scale_suite(args.seeds, args.only)
         return
     print(f"{'scenario':<32} {'top-1':>7} {'false findings':>15} {'seconds':>8}")
     if args.suite in ("model", "all"):
