@@ -53,6 +53,7 @@ class _Trigger:
 @dataclass(eq=False)
 class _Connection:
     lost: bool = False
+    serving: asyncio.Task | None = None
     tasks: list[asyncio.Task] = field(default_factory=list)
 
 
@@ -141,9 +142,10 @@ class ApiRelay:
 
     async def _close(self) -> None:
         self._server.close()
-        for connection in list(self._connections):
-            for task in connection.tasks:
-                task.cancel()
+        tasks = [task for connection in self._connections for task in (connection.serving, *connection.tasks) if task]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _carry(self, connection: _Connection) -> None:
         """Wait while the link is cut; forever for a lost connection."""
@@ -153,7 +155,7 @@ class ApiRelay:
             await self._linked.wait()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(lost=self._lossy and not self._linked.is_set())
+        connection = _Connection(lost=self._lossy and not self._linked.is_set(), serving=asyncio.current_task())
         self._connections.add(connection)
         try:
             await self._carry(connection)

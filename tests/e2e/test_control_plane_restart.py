@@ -1,16 +1,19 @@
 """The control plane fails under a running operator (a real process, talking to the API server through
-a relay that sees each of its requests, paging a local Feishu) while it handles a hung rank:
+a relay that sees each of its requests, paging a local Feishu) while it handles a hung rank. The fault
+strikes at the very moment the operator sends a request, before the API server sees it: when the
+diagnosis asks for the job's pods, when it posts the Hang Event, when the cordon patches the node.
 
-- during the diagnosis: the kube-apiserver (connections refused) or etcd (the API server holds or
-  fails requests) stops for 5 s the moment the operator starts diagnosing, or the operator is cut off
-  from the API server for 10 s then;
-- during the cordon's own writes: the API server restarts, or the link is cut, at the very moment the
-  operator sends the node's cordon patch (or the diagnosis' Event), before the API server sees it;
-- longer than the operator's API timeout: the link is cut, losing the connections open then (the
-  operator's calls on them are never answered), for three times the timeout.
+- the kube-apiserver restarts at each of the three (the request's connection drops, new ones are
+  refused, for DOWN_S plus its start-up);
+- etcd restarts at the pod list and at the node patch (the API server holds or fails the request);
+- a partition between the operator and the API server (nothing refused or reset, bytes held) for
+  HOLD_S at the pod list and at the Event, shorter than the operator's API timeout (the held requests
+  go through), then at the node patch for three API timeouts and lossy: the connections open then are
+  never answered, so only the timeout gets the operator going again (without it the cordon waits
+  forever).
 
 Each time the operator rides it out: the hang is written once, one Warning Event, the node cordoned
-once and no other, one page, and the operator is still running.
+once (one cordon Event) and no other node, one page, and the operator is still running.
 """
 
 from __future__ import annotations
@@ -36,18 +39,18 @@ from test_diagnosis import WINDOW, create_job, diagnosed, events, node_marks, no
 
 pytestmark = pytest.mark.e2e
 
-DOWN_S = 5.0  # how long a component stays away
-PARTITION_S = 10.0  # how long the operator cannot reach the API server
-SHORT_API_TIMEOUT_S = 4.0  # RANKWATCH_API_TIMEOUT_SECONDS where a partition is to outlast it
+DOWN_S = 2.0  # how long a restarted component stays away (then: its start-up, a few seconds)
+API_TIMEOUT_S = 4.0  # the operator's RANKWATCH_API_TIMEOUT_SECONDS (30 by default): a partition outlasts it
+HOLD_S = 3.0  # a partition the operator's calls outlast
+# The requests a fault strikes at (method, path, body): the diagnosis' list of the job's pods (not a
+# watch: kopf's have no job name in the selector), its Event, the cordon (and taint) of the node.
+DIAGNOSIS_PODS = (
+    "GET",
+    r"^/api/v1/namespaces/[^/]+/pods\?(?!.*watch=)labelSelector=rankwatch\.io%2Fjob-name%3Dhung",
+    None,
+)
 NODE_PATCH = ("PATCH", r"^/api/v1/nodes/[^/?]+(\?|$)", None)  # the cordon (and taint) of a node
 HANG_EVENT = ("POST", r"^/api/v1/namespaces/[^/]+/events(\?|$)", rb'"reason": ?"Hang"')  # the diagnosis' Event
-
-
-def wait_for_line(log: Path, start: str, end: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(f"] {start}" in line and line.endswith(end) for line in log.read_text(errors="replace").splitlines()):
-        assert time.monotonic() < deadline, f"no line {start}...{end} in the operator's log"
-        time.sleep(0.1)
 
 
 def _refuses(port: int) -> bool:
@@ -71,17 +74,19 @@ class Scene:
     node: str = ""
     restarted: threading.Thread | None = None
     """The restart an action started (the test waits for it)."""
+    began: float = 0.0
+
+    def note(self, text: str) -> None:
+        """A line of the test's timeline, in seconds since the job was created."""
+        print(f"[{time.monotonic() - self.began:6.1f} s] {text}", flush=True)
 
     def start_job(self) -> None:
         faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+        self.began = time.monotonic()
         create_job(self.api, self.namespace, standin_job(self.name, faults, remediation={"cordon": True}))
         wait_running(self.api, self.namespace, self.name, self.eventually)
         self.node = node_of_pod(self.api, self.namespace, f"{self.name}-worker-0")
-
-    def wait_for_diagnosing(self) -> None:
-        """Until the detector's suspicion is logged: the diagnosis then asks the API for the job's pods,
-        and its report, status, Event and cordon are written through the API."""
-        wait_for_line(self.log, f"TrainingJob {self.namespace}/{self.name}: ", "; diagnosing", 90)
+        self.note("the job runs")
 
     def restart(self, component: str) -> Callable[[], None]:
         """An action for :meth:`ApiRelay.when`: ``component`` stops for DOWN_S and comes back; returns
@@ -90,17 +95,23 @@ class Scene:
         port = state["ports"][component]
 
         def act() -> None:
-            thread = threading.Thread(target=self.cluster.restart_component, args=(component, DOWN_S, print))
+            self.wait_restarted()  # one restart at a time
+            thread = threading.Thread(target=self.cluster.restart_component, args=(component, DOWN_S, self.note))
             thread.start()
             self.eventually(lambda: _refuses(port), 30, interval=0.02, what=f"{component} stopped")
             self.restarted = thread
 
         return act
 
+    def wait_restarted(self) -> None:
+        if self.restarted is not None:
+            self.restarted.join(120)
+
     def cut(self, seconds: float, lossy: bool = False) -> Callable[[], None]:
         """An action for :meth:`ApiRelay.when`: the link is cut for ``seconds`` from now, on a timer."""
 
         def act() -> None:
+            self.note(f"link cut for {seconds:.0f} s{' (lossy)' if lossy else ''}")
             self.relay.cut(lossy)
             threading.Timer(seconds, self.relay.heal).start()
 
@@ -118,6 +129,7 @@ class Scene:
             return written if written.get("remediation") and written.get("alertedTime") else None
 
         written = self.eventually(followed_up, 120, interval=0.5, what="the cordon and the page recorded")
+        self.note("diagnosis, cordon and page recorded")
         recovered_s = time.monotonic() - since
         assert written["remediation"] == f"cordoned and tainted {self.node}", written["remediation"]
         self.eventually(lambda: self.feishu.pages("TrainingJobHang"), 30, what="the page")
@@ -157,16 +169,8 @@ def cluster(kubeconfig):
 
 
 @pytest.fixture
-def api_timeout() -> float:
-    """The operator's RANKWATCH_API_TIMEOUT_SECONDS: its default, unless a test parametrizes it."""
-    from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
-
-    return DEFAULT_REQUEST_TIMEOUT_S
-
-
-@pytest.fixture
 def scene(
-    api, kubeconfig, cluster, unwatched_namespace, processes, eventually, tmp_path, monkeypatch, api_timeout
+    api, kubeconfig, cluster, unwatched_namespace, processes, eventually, tmp_path, monkeypatch
 ) -> Iterator[Scene]:
     """The operator (a real process) for one namespace, its API calls through the relay, paging the
     local Feishu; the pod runner."""
@@ -193,7 +197,7 @@ def scene(
     (tmp_path / "alerting.yaml").write_text(yaml.safe_dump(alerting))
     monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")  # the tests share four nodes
     monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "1")
-    monkeypatch.setenv("RANKWATCH_API_TIMEOUT_SECONDS", str(api_timeout))
+    monkeypatch.setenv("RANKWATCH_API_TIMEOUT_SECONDS", str(API_TIMEOUT_S))
     monkeypatch.setenv("RANKWATCH_ALERTING_CONFIG", str(tmp_path / "alerting.yaml"))
     monkeypatch.setenv("POD_NAMESPACE", namespace)  # where the alerting Secrets are
     port = processes.free_port()
@@ -204,8 +208,7 @@ def scene(
     try:
         yield scene
     finally:
-        if scene.restarted is not None:
-            scene.restarted.join(120)
+        scene.wait_restarted()
         uncordon_job(api, namespace, scene.name, via="test")
         processes.stop(runner)
         processes.stop(operator)
@@ -214,50 +217,36 @@ def scene(
         print(log.read_text(errors="replace")[-3000:])
 
 
-@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"], ids=["apiserver", "etcd"])
-def test_a_control_plane_restart_during_the_diagnosis_repeats_and_loses_nothing(scene, component):
-    scene.start_job()
-    scene.wait_for_diagnosing()
-    ready_s = scene.cluster.restart_component(component, DOWN_S, log=lambda m: print(f"[cluster] {m}", flush=True))
-    scene.assert_handled_once(time.monotonic(), f"{component} restarted while diagnosing (ready {ready_s:.1f} s)")
-
-
-def test_a_partition_during_the_diagnosis_repeats_and_loses_nothing(scene):
-    scene.start_job()
-    scene.wait_for_diagnosing()
-    scene.cut(PARTITION_S)()
-    time.sleep(PARTITION_S)
-    scene.assert_handled_once(time.monotonic(), f"partitioned {PARTITION_S:.0f} s while diagnosing")
+STRIKES = {"the pod list": DIAGNOSIS_PODS, "the Hang Event": HANG_EVENT, "the node patch": NODE_PATCH}
 
 
 @pytest.mark.parametrize(
-    "fault, write",
-    [("kube-apiserver", NODE_PATCH), ("etcd", NODE_PATCH), ("partition", NODE_PATCH), ("kube-apiserver", HANG_EVENT)],
-    ids=["apiserver-at-the-cordon", "etcd-at-the-cordon", "partition-at-the-cordon", "apiserver-at-the-event"],
+    "component, strikes",
+    [("kube-apiserver", list(STRIKES)), ("etcd", ["the pod list", "the node patch"])],
+    ids=["apiserver", "etcd"],
 )
-def test_a_fault_at_the_cordon_writes_repeats_and_loses_nothing(scene, fault, write):
-    action = scene.cut(PARTITION_S) if fault == "partition" else scene.restart(fault)
-    fired = scene.relay.when(*write, action)
+def test_control_plane_restarts_at_the_diagnosis_and_cordon_writes_repeat_and_lose_nothing(scene, component, strikes):
+    fired = {what: scene.relay.when(*STRIKES[what], scene.restart(component)) for what in strikes}
     scene.start_job()
-    scene.eventually(fired.is_set, 120, interval=0.2, what=f"the operator's {write[0]} {write[1]}")
-    began = time.monotonic()
-    if fault == "partition":
-        time.sleep(PARTITION_S)
-    else:
-        scene.restarted.join(120)
-    scene.assert_handled_once(
-        time.monotonic(), f"{fault} at the operator's {write[0]} (fault {time.monotonic() - began:.1f} s)"
+    for what, struck in fired.items():
+        scene.eventually(struck.is_set, 120, interval=0.2, what=f"the operator's request: {what}")
+    scene.wait_restarted()
+    scene.assert_handled_once(time.monotonic(), f"{component} restarted at {', '.join(strikes)}")
+
+
+def test_partitions_at_the_diagnosis_and_cordon_writes_even_past_the_api_timeout_lose_nothing(scene):
+    lossy_s = 3 * API_TIMEOUT_S
+    fired = [
+        scene.relay.when(*DIAGNOSIS_PODS, scene.cut(HOLD_S)),
+        scene.relay.when(*HANG_EVENT, scene.cut(HOLD_S)),
+        scene.relay.when(*NODE_PATCH, scene.cut(lossy_s, lossy=True)),
+    ]
+    scene.start_job()
+    for struck, what in zip(fired, STRIKES, strict=True):
+        scene.eventually(struck.is_set, 120, interval=0.2, what=f"the operator's request: {what}")
+    time.sleep(lossy_s)
+    recovered_s = scene.assert_handled_once(
+        time.monotonic(),
+        f"partitioned {HOLD_S:.0f} s at the pod list and the Event, {lossy_s:.0f} s (lossy) at the node patch",
     )
-
-
-@pytest.mark.parametrize("api_timeout", [SHORT_API_TIMEOUT_S])
-def test_a_partition_longer_than_the_api_timeout_is_ridden_out(scene, api_timeout):
-    """The link cut the moment the cordon's node patch is sent, for three API timeouts, losing every
-    connection open then: without a timeout the patch (and kopf's watches) would wait forever."""
-    lasting = 3 * api_timeout
-    fired = scene.relay.when(*NODE_PATCH, scene.cut(lasting, lossy=True))
-    scene.start_job()
-    scene.eventually(fired.is_set, 120, interval=0.2, what="the cordon's node patch")
-    time.sleep(lasting)
-    recovered_s = scene.assert_handled_once(time.monotonic(), f"lossy partition of {lasting:.0f} s at the cordon")
-    assert recovered_s < 10 * api_timeout, "the calls cut off were retried soon after the partition healed"
+    assert recovered_s < 10 * API_TIMEOUT_S, "the calls cut off were retried soon after the partition healed"
