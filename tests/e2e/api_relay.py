@@ -1,12 +1,13 @@
 """A relay between the operator and the local API server that sees each request, for failure tests.
 
 It terminates TLS with the API server's own serving certificate (the operator's kubeconfig needs only
-a new address) and opens TLS to the API server with the operator's client certificate (the API server
-sees the same identity). So it reads each request's method and path, and a test can act at the very
-moment a given request is made, before the API server sees it: restart the API server or etcd, or cut
-the link. Cutting is a network partition: nothing is refused or reset, bytes are held; a lossy cut
-also loses the connections open during it (they never carry another byte and are never closed, as
-after a partition that outlived the peers' connection state), so only new connections work after it.
+a new address) and opens TLS to the API server with the operator's client certificate, or passes its
+bearer token on in the request heads (the API server sees the same identity). So it reads each
+request's method and path, and a test can act at the very moment a given request is made, before the
+API server sees it: restart the API server or etcd, or cut the link. Cutting is a network partition:
+nothing is refused or reset, bytes are held; a lossy cut also loses the connections open during it
+(they never carry another byte and are never closed, as after a partition that outlived the peers'
+connection state), so only new connections work after it.
 """
 
 from __future__ import annotations
@@ -64,13 +65,14 @@ class ApiRelay:
         server = urlsplit(config["clusters"][0]["cluster"]["server"])
         self.upstream = (server.hostname or "127.0.0.1", server.port or 443)
         user = config["users"][0]["user"]
-        workdir.mkdir(parents=True, exist_ok=True)
-        cert, key = workdir / "relay-client.crt", workdir / "relay-client.key"
-        cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
-        key.write_bytes(base64.b64decode(user["client-key-data"]))
-        key.chmod(0o600)
         self._upstream_tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        self._upstream_tls.load_cert_chain(str(cert), str(key))
+        if "client-certificate-data" in user:  # a bearer token needs nothing: the request heads carry it
+            workdir.mkdir(parents=True, exist_ok=True)
+            cert, key = workdir / "relay-client.crt", workdir / "relay-client.key"
+            cert.write_bytes(base64.b64decode(user["client-certificate-data"]))
+            key.write_bytes(base64.b64decode(user["client-key-data"]))
+            key.chmod(0o600)
+            self._upstream_tls.load_cert_chain(str(cert), str(key))
         self._upstream_tls.set_alpn_protocols(["http/1.1"])
         self._serving_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._serving_tls.load_cert_chain(str(pki / "apiserver.crt"), str(pki / "apiserver.key"))
