@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e e2e-rbac bench image-rootfs cluster-binaries tools monitoring torch-env cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e e2e-rbac bench bench-fuzz image-rootfs cluster-binaries tools monitoring torch-env cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ bench: native $(INSTALLED)
 	$(BIN)/python bench/cluster_startup.py
 	$(BIN)/python bench/sidecar_cpu.py
 	$(BIN)/python bench/operator_cpu.py
+
+# The fuzzing of tests/fuzz run longer with fresh randomness (`make test` runs it bounded, a fixed seed,
+# ~15 s): 20,000 inputs per parser, some minutes; FUZZ_EXAMPLES=N to change.
+FUZZ_EXAMPLES ?= 20000
+bench-fuzz: native $(INSTALLED)
+	$(BIN)/python bench/fuzz_parsers.py --examples $(FUZZ_EXAMPLES)
 
 # The image's root filesystem built from the Dockerfile without a Docker engine (Debian bookworm via
 # mmdebstrap standing in for the Python base image, each stage in a chroot) and checked: rankwatch

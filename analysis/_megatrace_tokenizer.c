@@ -10,7 +10,8 @@
  * '-'); operation names are matched on (length, first, fourth or last, last letter) | 0x20 against
  * the table the caller passes. Error precedence is the numpy tokeniser's too: a line with a wrong
  * token count, else one with a wrong letter, else a bad number (the caller then names the line
- * with its line-by-line check), else an unknown operation, else a bad groupHash.
+ * with its line-by-line check), else a rank beyond 2^31 - 1 (an NCCL rank is a C int: refused,
+ * never wrapped), else an unknown operation, else a bad groupHash.
  *
  * Columns come back as bytearrays the caller wraps with numpy.frombuffer (no copy). The GIL is
  * released while a buffer is tokenised, deduplicated or copied into records, so several files
@@ -29,7 +30,11 @@
 #define MAX_TOKENS 16
 #define STREAM_MIX 0x9E3779B97F4A7C15ULL /* must match megatrace.py (older format: comm from stream) */
 
-enum { TOKENS_OK = 0, BAD_LINE = 1, BAD_NUMBER = 2, BAD_OP = 3 };
+enum { TOKENS_OK = 0, BAD_LINE = 1, BAD_NUMBER = 2, BAD_OP = 3, BAD_RANK = 4 };
+
+/* NCCL ranks are C ints: a larger one is refused with its line, never wrapped into a wrong rank. */
+#define MAX_RANK 0x7FFFFFFFULL
+#define MAX_RANK_DIGITS 10
 
 static unsigned char SEPARATOR[256];
 static signed char HEX[256];
@@ -46,7 +51,7 @@ typedef struct {
     uint8_t *op;
     Py_ssize_t rows;
     /* first problems */
-    Py_ssize_t bad_count_at, bad_letter_at, bad_op_start, bad_op_end;
+    Py_ssize_t bad_count_at, bad_letter_at, bad_op_start, bad_op_end, bad_rank_start, bad_rank_end;
     int bad_number, bad_hash, out_of_memory;
     /* older-format streams that only Python's int(x, 16) can judge: (row, start, end) triples */
     Py_ssize_t *odd;
@@ -127,7 +132,11 @@ static int line(Tokens *t, const Py_ssize_t *ts, const Py_ssize_t *te, int n) {
     Py_ssize_t row = t->rows++;
     int bad = 0;
     uint64_t rank = digits(b, b + ts[4], b + te[4] - 1, &bad);
-    int32_t rank32 = (int32_t)(uint32_t)rank; /* int64 then int32 in numpy: the low 32 bits */
+    if ((rank > MAX_RANK || te[4] - 1 - ts[4] > MAX_RANK_DIGITS) && t->bad_rank_start < 0) {
+        t->bad_rank_start = ts[4];
+        t->bad_rank_end = te[4] - 1;
+    }
+    int32_t rank32 = (int32_t)(uint32_t)rank; /* only kept when every rank fits (else BAD_RANK) */
     Py_ssize_t length = te[2] - ts[2];
     uint64_t sec = 0, nsec = 0;
     if (length < 10) {
@@ -268,7 +277,8 @@ PyDoc_STRVAR(tokenize_doc,
              "Columns (bytearrays: int32, int64, uint64, uint64, uint8, uint64) of every line of a Megatrace log\n"
              "(the first `size` bytes of data, a reusable read buffer), "
              "in file order. status 0: fine; 1: the line whose first token is at byte `start` is malformed;\n"
-             "2: a number is not one (check line by line); 3: unknown operation name at data[start:end].\n"
+             "2: a number is not one (check line by line); 3: unknown operation name at data[start:end];\n"
+             "4: the rank at data[start:end] does not fit in 32 bits (an NCCL rank is a C int).\n"
              "odd: (row, start, end) of older-format stream pointers that only int(x, 16) can judge.\n"
              "op_keys (int64) and op_codes (uint8) are the operation table, keys as in megatrace._op_key.");
 
@@ -291,7 +301,7 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
     t.op_keys = keys.buf;
     t.op_codes = codes.buf;
     t.n_ops = codes.len;
-    t.bad_count_at = t.bad_letter_at = t.bad_op_start = t.bad_op_end = -1;
+    t.bad_count_at = t.bad_letter_at = t.bad_op_start = t.bad_op_end = t.bad_rank_start = t.bad_rank_end = -1;
 
     /* Rows are kept lines of 13 or 15 tokens: 25 bytes at least. The columns are allocated for that
      * many (pages never written are never mapped), then shrunk: cheaper than counting lines first. */
@@ -328,6 +338,10 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
         start = t.bad_letter_at;
     } else if (t.bad_number) {
         status = BAD_NUMBER;
+    } else if (t.bad_rank_start >= 0) {
+        status = BAD_RANK;
+        start = t.bad_rank_start;
+        stop = t.bad_rank_end;
     } else if (t.bad_op_start >= 0) {
         status = BAD_OP;
         start = t.bad_op_start;

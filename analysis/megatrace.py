@@ -113,7 +113,8 @@ _SORTED_CODES = np.array([_OP_KEYS[key] for key in _SORTED_KEYS.tolist()], dtype
 
 
 _STREAM_MIX = 0x9E3779B97F4A7C15  # older format: comm = stream pointer * this ^ rank (C: STREAM_MIX)
-_BAD_LINE, _BAD_NUMBER, _BAD_OP = 1, 2, 3  # statuses of _native.tokenize
+_BAD_LINE, _BAD_NUMBER, _BAD_OP, _BAD_RANK = 1, 2, 3, 4  # statuses of _native.tokenize
+MAX_RANK = (1 << 31) - 1  # NCCL ranks are C ints: a larger one is refused with its line, never wrapped
 
 
 def tokenizer() -> str:
@@ -162,6 +163,14 @@ def _unknown_op(path: Path, data: bytes, start: int, end: int) -> MegatraceError
     return MegatraceError(f"{path}:{number}: unknown operation {name!r}")
 
 
+def _rank_too_large(path: Path, data: bytes, start: int, end: int) -> MegatraceError:
+    number = data.count(b"\n", 0, start) + 1
+    rank = data[start:end].decode(errors="replace")
+    return MegatraceError(
+        f"{path}:{number}: rank {rank[:40]} does not fit in 32 bits (an NCCL rank is at most {MAX_RANK})"
+    )
+
+
 def _tokenize(path: Path, data: bytes) -> _Columns:
     """The numpy tokeniser: whole-buffer passes (no per-line Python); any malformed line names itself.
     data ends with a newline."""
@@ -189,13 +198,18 @@ def _tokenize(path: Path, data: bytes) -> _Columns:
 
     try:
         s, e = field(4)
-        rank = _digits(buf, s, e - 1).astype(np.int64).astype(np.int32)
+        wide_rank = _digits(buf, s, e - 1)
+        too_large = (wide_rank > np.uint64(MAX_RANK)) | (e - 1 - s > len(str(MAX_RANK)))  # 20 digits may wrap
+        rank = wide_rank.astype(np.int32)
         s, e = field(2)  # [sec.nsec] with nine nanosecond digits
         t_call = (_digits(buf, s + 1, e - 11) * np.uint64(10**9) + _digits(buf, e - 10, e - 1)).astype(np.int64)
         count = _digits(buf, *field(8))
         seq = _digits(buf, *field(12)) + np.uint64(1)  # opCount counts from 0; seq from 1
     except ValueError:
         _parse_slowly(path, data)
+    if too_large.any():
+        line = int(np.argmax(too_large))
+        raise _rank_too_large(path, data, int(field(4)[0][line]), int(field(4)[1][line]) - 1)
     s, e = field(6)
     length = e - s
     keys = _op_key(length, buf[s], buf[s + np.minimum(3, length - 1)], buf[e - 1])
@@ -254,6 +268,8 @@ def _tokenize_native(path: Path, data: bytes | bytearray, size: int) -> _Columns
             raise _bad_line(path, _ended(text), start)
         if status == _BAD_OP:
             raise _unknown_op(path, text, start, end)
+        if status == _BAD_RANK:
+            raise _rank_too_large(path, text, start, end)
         _parse_slowly(path, _ended(text))
     if odd:  # older-format stream pointers the C code leaves to int(x, 16), like the numpy tokeniser
         rank, comm = np.frombuffer(columns[0], np.int32), np.frombuffer(columns[5], np.uint64)

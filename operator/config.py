@@ -19,6 +19,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from rankwatch import __version__
+from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
 from rankwatch.operator.diagnosis.collector import CollectorSettings
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
@@ -110,6 +111,10 @@ class OperatorConfig:
     """At most this many per-rank series (``rankwatch_rank_wait_seconds``) per job on /metrics."""
     node_alerts: NodeAlertSources = field(default_factory=NodeAlertSources)
     """Where a diagnosis reads the firing alerts of the nodes it names (none: it does not)."""
+    api_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_S
+    """Longest one Kubernetes API call may take (the operator's client and kopf's); a call cut off
+    fails and is retried, so a partition that holds a connection open cannot hang a diagnosis or a
+    cordon. A watch that carries nothing for its 300 s plus this long is opened again."""
 
     @classmethod
     def from_env(
@@ -194,6 +199,7 @@ class OperatorConfig:
             leader=leader,
             metrics_ranks_per_job=env.get("RANKWATCH_METRICS_RANKS_PER_JOB", cls.metrics_ranks_per_job, _at_least(1)),
             node_alerts=node_alerts,
+            api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
         )
         if env.problems:
             raise ConfigError(env.problems)

@@ -32,6 +32,8 @@ from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 from rankwatch.operator.watch import Watch
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
+WATCH_SECONDS = 300
+"""The API server ends each of kopf's watches after this long; kopf opens it again."""
 
 
 @kopf.on.startup()
@@ -43,11 +45,16 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # Handler log lines stay in the operator's log; Events are posted explicitly, for people.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "rankwatch-operator"
-    settings.watching.server_timeout = 300
     if "config" not in memo:  # `kopf run -m rankwatch.operator.handlers` (the e2e tests' in-process operator)
         memo.config = OperatorConfig.from_env(standalone=True)
-        memo.kube = api_client()
+        memo.kube = api_client(request_timeout=memo.config.api_timeout_seconds)
         memo.leading = lambda: True
+    # No call of kopf's may wait forever on a connection a partition holds open (see api_timeout_seconds).
+    timeout = memo.config.api_timeout_seconds
+    settings.networking.request_timeout = settings.networking.connect_timeout = timeout
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + timeout
+    settings.watching.connect_timeout = timeout
     memo.status_sync = StatusSync(memo.kube, memo.config)
     memo.watch = Watch(memo.config, memo.kube, memo.leading)
     await memo.watch.start()

@@ -41,7 +41,7 @@ def run(config: OperatorConfig) -> int:
 
 async def _run(config: OperatorConfig) -> int:
     loop = asyncio.get_running_loop()
-    kube = api_client()
+    kube = api_client(request_timeout=config.api_timeout_seconds)
     readiness = Readiness()
     probes = ProbeServer(*config.probe_listen, readiness) if config.probe_listen else None
     if probes:

@@ -227,7 +227,9 @@ def write_diagnosis(
 
 def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagnosis: dict[str, Any]) -> None:
     """The Warning Event of the diagnosis in ``status.diagnosis``, named after it: a second post (a new
-    leader finishing the follow-ups) finds the first and adds nothing. Failures are logged."""
+    leader finishing the follow-ups) finds the first and adds nothing. A refusal (4xx) is logged; an
+    API server that is away (no answer, a timeout, 5xx, 429) raises, so the follow-ups stay pending and
+    whoever finishes them posts the Event first: it is not lost to a control-plane restart."""
     metadata = job["metadata"]
     target = events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
     cause = f"cause {diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}" if diagnosis.get("cause") else ""
@@ -245,6 +247,8 @@ def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any],
             now=datetime.datetime.now(datetime.UTC),
         )
     except ApiException as error:
+        if error.status is None or error.status >= 500 or error.status == 429:
+            raise
         log.warning("Event %s on TrainingJob %s/%s not posted: HTTP %s", diagnosis["kind"], metadata["namespace"],
                     metadata["name"], error.status)  # fmt: skip
 

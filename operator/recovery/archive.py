@@ -33,9 +33,9 @@ class S3Credentials:
     session_token: str | None = field(default=None, repr=False)
 
 
-def read_credentials(namespace: str, secret_name: str) -> S3Credentials:
+def read_credentials(kube: kubernetes.client.ApiClient, namespace: str, secret_name: str) -> S3Credentials:
     try:
-        secret = kubernetes.client.CoreV1Api().read_namespaced_secret(secret_name, namespace)
+        secret = kubernetes.client.CoreV1Api(kube).read_namespaced_secret(secret_name, namespace)
     except ApiException as error:
         raise ArchiveFailed(
             f"Secret {namespace}/{secret_name} (spec.tracing.archive.s3.secretRef) not readable: HTTP {error.status}"

@@ -92,19 +92,20 @@ class EndedAttempt:
         )
 
 
-def attempt_pods(namespace: str, name: str, attempt: int | None = None) -> list[dict[str, Any]]:
+def attempt_pods(
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, attempt: int | None = None
+) -> list[dict[str, Any]]:
     """The job's worker pods (of one attempt when given), as plain dicts."""
     selector = f"{api.JOB_NAME_LABEL}={name}"
     if attempt is not None:
         selector += f",{api.ATTEMPT_LABEL}={attempt}"
-    client = kubernetes.client.ApiClient()
-    pods = kubernetes.client.CoreV1Api().list_namespaced_pod(namespace, label_selector=selector).items
-    return [client.sanitize_for_serialization(pod) for pod in pods]
+    pods = kubernetes.client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=selector).items
+    return [kube.sanitize_for_serialization(pod) for pod in pods]
 
 
-def end_pods(namespace: str, pods: list[dict[str, Any]]) -> list[str]:
+def end_pods(kube: kubernetes.client.ApiClient, namespace: str, pods: list[dict[str, Any]]) -> list[str]:
     """Delete ``pods`` (already-gone ones are fine); returns the names asked to end."""
-    core = kubernetes.client.CoreV1Api()
+    core = kubernetes.client.CoreV1Api(kube)
     ended = []
     for pod in pods:
         name = pod["metadata"]["name"]
@@ -119,10 +120,10 @@ def end_pods(namespace: str, pods: list[dict[str, Any]]) -> list[str]:
     return ended
 
 
-def nodes_to_avoid(nodes: list[str]) -> list[str]:
+def nodes_to_avoid(kube: kubernetes.client.ApiClient, nodes: list[str]) -> list[str]:
     """The suspect nodes that scheduling does not already exclude (not cordoned: dry run, breaker
     open, opt-out, per-job limit): the next attempt gets a node anti-affinity for these."""
-    core = kubernetes.client.CoreV1Api()
+    core = kubernetes.client.CoreV1Api(kube)
     avoid = []
     for node in nodes:
         try:
@@ -134,8 +135,8 @@ def nodes_to_avoid(nodes: list[str]) -> list[str]:
     return avoid
 
 
-def _clear_suspect_annotations(namespace: str, name: str) -> None:
-    kubernetes.client.CustomObjectsApi().patch_namespaced_custom_object(
+def _clear_suspect_annotations(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
+    kubernetes.client.CustomObjectsApi(kube).patch_namespaced_custom_object(
         api.GROUP, api.VERSION, namespace, api.PLURAL, name,
         {"metadata": {"annotations": {SUSPECT_NODES_ANNOTATION: None, SUSPECT_RANKS_ANNOTATION: None}}},
     )  # fmt: skip
@@ -160,6 +161,7 @@ def _finding_closed(status: Mapping[str, Any], why: str, moment: str, generation
 
 
 def write_restart(
+    kube: kubernetes.client.ApiClient,
     namespace: str,
     name: str,
     expected_key: str,
@@ -203,15 +205,22 @@ def write_restart(
         )
         return fields
 
-    written = update_status(namespace, name, change)
+    written = update_status(namespace, name, change, kube=kube)
     if written is None:
         return None
     job, _ = written
-    _clear_suspect_annotations(namespace, name)
+    _clear_suspect_annotations(kube, namespace, name)
     return job
 
 
-def write_failed(namespace: str, name: str, expected_key: str, ended: EndedAttempt, limit_note: str) -> dict | None:
+def write_failed(
+    kube: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    expected_key: str,
+    ended: EndedAttempt,
+    limit_note: str,
+) -> dict | None:
     """maxRestarts reached: Failed, naming the culprits of every attempt."""
     stamp = now_text()
 
@@ -236,11 +245,13 @@ def write_failed(namespace: str, name: str, expected_key: str, ended: EndedAttem
             "handledDiagnosis": diagnosis_key(status.get("diagnosis") or {}),
         }
 
-    written = update_status(namespace, name, change)
+    written = update_status(namespace, name, change, kube=kube)
     return written[0] if written else None
 
 
-def write_handled(namespace: str, name: str, expected_key: str) -> dict[str, Any] | None:
+def write_handled(
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, expected_key: str
+) -> dict[str, Any] | None:
     """Dry run / policy None: remember that this finding was dealt with (said and archived)."""
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -249,11 +260,11 @@ def write_handled(namespace: str, name: str, expected_key: str) -> dict[str, Any
             return None
         return {"handledDiagnosis": expected_key}
 
-    written = update_status(namespace, name, change)
+    written = update_status(namespace, name, change, kube=kube)
     return written[0] if written else None
 
 
-def write_archived(namespace: str, name: str, entry: dict[str, Any]) -> None:
+def write_archived(kube: kubernetes.client.ApiClient, namespace: str, name: str, entry: dict[str, Any]) -> None:
     """Append to ``status.archives`` (every archive kept, by attempt)."""
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -262,7 +273,7 @@ def write_archived(namespace: str, name: str, entry: dict[str, Any]) -> None:
             return None
         return {"archives": [*archives, entry][-MAX_ATTEMPTS_LISTED:]}
 
-    update_status(namespace, name, change)
+    update_status(namespace, name, change, kube=kube)
 
 
 def _still(status: Mapping[str, Any], expected_key: str, attempt: int) -> bool:

@@ -55,9 +55,9 @@ class Kept:
     problems: tuple[str, ...]
 
 
-def _read_job(namespace: str, name: str) -> dict[str, Any] | None:
+def _read_job(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
     try:
-        return kubernetes.client.CustomObjectsApi().get_namespaced_custom_object(
+        return kubernetes.client.CustomObjectsApi(kube).get_namespaced_custom_object(
             api.GROUP, api.VERSION, namespace, api.PLURAL, name
         )
     except ApiException as error:
@@ -66,23 +66,23 @@ def _read_job(namespace: str, name: str) -> dict[str, Any] | None:
         raise
 
 
-def _report(namespace: str, name: str | None) -> dict[str, str] | None:
+def _report(kube: kubernetes.client.ApiClient, namespace: str, name: str | None) -> dict[str, str] | None:
     if not name:
         return None
     try:
-        return kubernetes.client.CoreV1Api().read_namespaced_config_map(name, namespace).data or {}
+        return kubernetes.client.CoreV1Api(kube).read_namespaced_config_map(name, namespace).data or {}
     except ApiException as error:
         if error.status == 404:
             return None
         raise
 
 
-def _slowdown(namespace: str, status: dict[str, Any]) -> float | None:
+def _slowdown(kube: kubernetes.client.ApiClient, namespace: str, status: dict[str, Any]) -> float | None:
     """The active straggler / fail-slow finding's measured slowdown, from its report."""
     diagnosis = status.get("diagnosis") or {}
     if diagnosis.get("kind") not in SLOWDOWN_KINDS:
         return None
-    report = _report(namespace, diagnosis.get("report")) or {}
+    report = _report(kube, namespace, diagnosis.get("report")) or {}
     try:
         findings = json.loads(report.get("report.json") or "{}").get("findings") or []
     except ValueError:
@@ -167,7 +167,7 @@ class Recovery:
 
     # -- one look at a job ---------------------------------------------------------------------------------
     async def reconcile(self, namespace: str, name: str) -> None:
-        job = await asyncio.to_thread(_read_job, namespace, name)
+        job = await asyncio.to_thread(_read_job, self.kube, namespace, name)
         if job is None:
             self.forget(namespace, name)
             return
@@ -180,7 +180,9 @@ class Recovery:
             return  # not created yet
         await self._finish_restart(job, spec, status)
         slowdown = (
-            await asyncio.to_thread(_slowdown, namespace, status) if spec.recovery.restartOn.slowdownAbove else None
+            await asyncio.to_thread(_slowdown, self.kube, namespace, status)
+            if spec.recovery.restartOn.slowdownAbove
+            else None
         )
         attempt = children.current_attempt(status)
         # An attempt recovery ended (maxRestarts) was archived then; one that ended by itself is archived once.
@@ -220,9 +222,9 @@ class Recovery:
             self._wake_at(namespace, name, parse_time(status["restartAfter"]))
             return
         attempt = children.current_attempt(status)
-        existing = await asyncio.to_thread(attempts.attempt_pods, namespace, name)
+        existing = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name)
         ended = [pod for pod in existing if int(pod["metadata"]["labels"].get(api.ATTEMPT_LABEL, "0")) < attempt]
-        await asyncio.to_thread(attempts.end_pods, namespace, ended)  # a crash between status and delete
+        await asyncio.to_thread(attempts.end_pods, self.kube, namespace, ended)  # a crash between status and delete
         names = {pod["metadata"]["name"] for pod in existing}
         if len(existing) - len(ended) >= spec.replicas:
             return  # every worker of this attempt exists (waiting to be scheduled, perhaps)
@@ -244,11 +246,13 @@ class Recovery:
         try:
             pods = [
                 SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port, self.config.pods.sidecar_endpoint_hosts)
-                for pod in await asyncio.to_thread(attempts.attempt_pods, namespace, name, attempt)
+                for pod in await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, attempt)
                 if not pod["metadata"].get("deletionTimestamp")
             ]
             token = await self.tokens(namespace, name)
-            report = await asyncio.to_thread(_report, namespace, (status.get("diagnosis") or {}).get("report"))
+            report = await asyncio.to_thread(
+                _report, self.kube, namespace, (status.get("diagnosis") or {}).get("report")
+            )
             layout = _layout(spec)
             manifest = evidence.Manifest(
                 namespace, name, metadata["uid"], attempt, reason, moment, diagnosis=dict(status.get("diagnosis") or {})
@@ -258,7 +262,9 @@ class Recovery:
             with tempfile.TemporaryDirectory(prefix="rankwatch-evidence-") as temporary:
                 directory = Path(temporary)
                 await evidence.collect(directory, manifest, pods, token, layout, report, spec.world_size)
-                credentials = await asyncio.to_thread(archive.read_credentials, namespace, target.s3.secretRef)
+                credentials = await asyncio.to_thread(
+                    archive.read_credentials, self.kube, namespace, target.s3.secretRef
+                )
                 prefix = archive.key_prefix(target.s3, namespace, name, metadata["uid"], attempt, moment, reason)
                 path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
             kept = Kept(path, tuple(manifest.problems))
@@ -269,7 +275,7 @@ class Recovery:
         entry = {"attempt": attempt, "reason": reason, "time": moment, "path": kept.path}
         if kept.problems:
             entry["problems"] = list(kept.problems)[:10]
-        await asyncio.to_thread(attempts.write_archived, namespace, name, entry)
+        await asyncio.to_thread(attempts.write_archived, self.kube, namespace, name, entry)
         if kept.path:
             log.info("TrainingJob %s/%s: attempt %d evidence kept at %s in %.1f s", namespace, name, attempt,
                      kept.path, time.monotonic() - started)  # fmt: skip
@@ -290,7 +296,7 @@ class Recovery:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         key = diagnosis_key(job["status"].get("diagnosis") or {})
         kept = await self._keep(job, spec, verdict.reason)
-        written = await asyncio.to_thread(attempts.write_handled, namespace, name, key)
+        written = await asyncio.to_thread(attempts.write_handled, self.kube, namespace, name, key)
         if written is not None:
             where = f"; evidence: {kept.path}" if kept.path else ""
             await asyncio.to_thread(events.post_job_event, job, "Normal", "RestartSkipped", verdict.message + where)
@@ -303,16 +309,24 @@ class Recovery:
         ended = attempts.EndedAttempt.of(status, verdict.reason, attempts.now_text())
         ended = attempts.EndedAttempt(**{**ended.__dict__, "archive": kept.path, "archiveProblems": kept.problems})
         # A worker that failed is not evidence against its node (its code may be the cause): no avoiding.
-        avoid = [] if worker_failed else await asyncio.to_thread(attempts.nodes_to_avoid, ended.nodes)
+        avoid = [] if worker_failed else await asyncio.to_thread(attempts.nodes_to_avoid, self.kube, ended.nodes)
         written = await asyncio.to_thread(
-            attempts.write_restart, namespace, name, key, ended, avoid, spec.recovery.backoffSeconds, verdict.reason
+            attempts.write_restart,
+            self.kube,
+            namespace,
+            name,
+            key,
+            ended,
+            avoid,
+            spec.recovery.backoffSeconds,
+            verdict.reason,
         )
         if written is None:
             return  # handled elsewhere meanwhile
-        old = await asyncio.to_thread(attempts.attempt_pods, namespace, name, ended.attempt)
+        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, ended.attempt)
         if self.new_attempt is not None:
             self.new_attempt(namespace, name, {pod["metadata"]["name"] for pod in old})
-        await asyncio.to_thread(attempts.end_pods, namespace, old)
+        await asyncio.to_thread(attempts.end_pods, self.kube, namespace, old)
         cordoned = [] if worker_failed else sorted(set(ended.nodes) - set(avoid))
         away = []
         if cordoned:
@@ -336,12 +350,14 @@ class Recovery:
         kept = await self._keep(job, spec, verdict.reason)
         ended = attempts.EndedAttempt.of(status, verdict.reason, attempts.now_text())
         ended = attempts.EndedAttempt(**{**ended.__dict__, "archive": kept.path, "archiveProblems": kept.problems})
-        written = await asyncio.to_thread(attempts.write_failed, namespace, name, key, ended, verdict.message)
+        written = await asyncio.to_thread(
+            attempts.write_failed, self.kube, namespace, name, key, ended, verdict.message
+        )
         if written is None:
             return
-        old = await asyncio.to_thread(attempts.attempt_pods, namespace, name, ended.attempt)
-        await asyncio.to_thread(attempts.end_pods, namespace, old)  # a hung attempt keeps no GPUs
-        fresh = await asyncio.to_thread(_read_job, namespace, name)
+        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, ended.attempt)
+        await asyncio.to_thread(attempts.end_pods, self.kube, namespace, old)  # a hung attempt keeps no GPUs
+        fresh = await asyncio.to_thread(_read_job, self.kube, namespace, name)
         message = (fresh or written).get("status", {}).get("message", verdict.message)
         log.warning("TrainingJob %s/%s failed: %s", namespace, name, message)
         await asyncio.to_thread(events.post_job_event, written, "Warning", "RestartLimitReached", message)

@@ -14,12 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 import kopf
-import kubernetes
 
 from rankwatch.operator.remediation import cordon, node_marks
 
 
 @kopf.on.event("nodes", annotations={node_marks.UNCORDON_REQUEST: "true"})
-async def uncordon_requested(name: str, logger: kopf.Logger, **_: Any) -> None:
-    result = await cordon.uncordon_async(kubernetes.client.ApiClient(), name, via="annotation")
+async def uncordon_requested(name: str, logger: kopf.Logger, memo: kopf.Memo, **_: Any) -> None:
+    result = await cordon.uncordon_async(memo.kube, name, via="annotation")
     logger.info("uncordon requested by annotation: %s", result.message)

@@ -1,30 +1,161 @@
-"""The control plane fails under a running operator: the local cluster's kube-apiserver (connections
-refused) or etcd (the API server holds or fails requests) is stopped for 5 s the moment the operator
-starts diagnosing a hang, then started again; or the operator is cut off from the API server for 10 s
-at that moment. The operator (a real process) rides it out: the hang is written once, one Warning
-Event, one node cordoned, and the operator is still running."""
+"""The control plane fails under a running operator (a real process, talking to the API server through
+a relay that sees each of its requests, paging a local Feishu) while it handles a hung rank. The fault
+strikes at the very moment the operator sends a request, before the API server sees it: when the
+diagnosis asks for the job's pods, when it posts the Hang Event, when the cordon patches the node.
+
+- the kube-apiserver restarts at each of the three (the request's connection drops, new ones are
+  refused, for DOWN_S plus its start-up);
+- etcd restarts at the pod list and at the node patch (the API server holds or fails the request);
+- a partition between the operator and the API server (nothing refused or reset, bytes held) for
+  HOLD_S at the pod list and at the Event, shorter than the operator's API timeout (the held requests
+  go through), then at the node patch for three API timeouts and lossy: the connections open then are
+  never answered, so only the timeout gets the operator going again (without it the cordon waits
+  forever).
+
+Each time the operator rides it out: the hang is written once, one Warning Event, the node cordoned
+once (one cordon Event) and no other node, one page, and the operator is still running.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
+from api_relay import ApiRelay
+from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
 from test_diagnosis import WINDOW, create_job, diagnosed, events, node_marks, node_of_pod, standin_job, wait_running
 
 pytestmark = pytest.mark.e2e
 
-DOWN_S = 5.0  # how long the component stays away
-PARTITION_S = 10.0  # how long the operator cannot reach the API server
+DOWN_S = 2.0  # how long a restarted component stays away (then: its start-up, a few seconds)
+API_TIMEOUT_S = 4.0  # the operator's RANKWATCH_API_TIMEOUT_SECONDS (30 by default): a partition outlasts it
+HOLD_S = 3.0  # a partition the operator's calls outlast
+# The requests a fault strikes at (method, path, body): the diagnosis' list of the job's pods (not a
+# watch: kopf's have no job name in the selector), its Event, the cordon (and taint) of the node.
+DIAGNOSIS_PODS = (
+    "GET",
+    r"^/api/v1/namespaces/[^/]+/pods\?(?!.*watch=)labelSelector=rankwatch\.io%2Fjob-name%3Dhung",
+    None,
+)
+NODE_PATCH = ("PATCH", r"^/api/v1/nodes/[^/?]+(\?|$)", None)  # the cordon (and taint) of a node
+HANG_EVENT = ("POST", r"^/api/v1/namespaces/[^/]+/events(\?|$)", rb'"reason": ?"Hang"')  # the diagnosis' Event
+
+
+def _refuses(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+@dataclass
+class Scene:
+    """The operator through the relay, and (once :meth:`start_job` ran) a job whose rank 2 hangs."""
+
+    api: kubernetes.client.ApiClient
+    cluster: Any  # LocalCluster
+    relay: ApiRelay
+    feishu: Feishu
+    namespace: str
+    operator: Any  # subprocess.Popen
+    log: Path
+    eventually: Callable[..., Any]
+    name: str = "hung"
+    node: str = ""
+    restarted: threading.Thread | None = None
+    """The restart an action started (the test waits for it)."""
+    began: float = 0.0
+
+    def note(self, text: str) -> None:
+        """A line of the test's timeline, in seconds since the job was created."""
+        print(f"[{time.monotonic() - self.began:6.1f} s] {text}", flush=True)
+
+    def start_job(self) -> None:
+        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+        self.began = time.monotonic()
+        create_job(self.api, self.namespace, standin_job(self.name, faults, remediation={"cordon": True}))
+        wait_running(self.api, self.namespace, self.name, self.eventually)
+        self.node = node_of_pod(self.api, self.namespace, f"{self.name}-worker-0")
+        self.note("the job runs")
+
+    def restart(self, component: str) -> Callable[[], None]:
+        """An action for :meth:`ApiRelay.when`: ``component`` stops for DOWN_S and comes back; returns
+        once it is stopped (its port refuses), so the request that triggered it finds it away."""
+        state = yaml.safe_load(self.cluster.state_path.read_text())
+        port = state["ports"][component]
+
+        def act() -> None:
+            self.wait_restarted()  # one restart at a time
+            thread = threading.Thread(target=self.cluster.restart_component, args=(component, DOWN_S, self.note))
+            thread.start()
+            self.eventually(lambda: _refuses(port), 30, interval=0.02, what=f"{component} stopped")
+            self.restarted = thread
+
+        return act
+
+    def wait_restarted(self) -> None:
+        if self.restarted is not None:
+            self.restarted.join(120)
+
+    def cut(self, seconds: float, lossy: bool = False) -> Callable[[], None]:
+        """An action for :meth:`ApiRelay.when`: the link is cut for ``seconds`` from now, on a timer."""
+
+        def act() -> None:
+            self.note(f"link cut for {seconds:.0f} s{' (lossy)' if lossy else ''}")
+            self.relay.cut(lossy)
+            threading.Timer(seconds, self.relay.heal).start()
+
+        return act
+
+    def assert_handled_once(self, since: float, what: str) -> float:
+        """The hang written once, one Warning Event, this node cordoned once and no other, one page."""
+        job = self.eventually(lambda: diagnosed(self.api, self.namespace, self.name, "Hung"), 120, interval=0.5,
+                              what="Hung=True")  # fmt: skip
+        diagnosis = job["status"]["diagnosis"]
+        assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2] and diagnosis["nodes"] == [self.node]
+
+        def followed_up() -> dict | None:
+            written = diagnosed(self.api, self.namespace, self.name, "Hung")["status"]["diagnosis"]
+            return written if written.get("remediation") and written.get("alertedTime") else None
+
+        written = self.eventually(followed_up, 120, interval=0.5, what="the cordon and the page recorded")
+        self.note("diagnosis, cordon and page recorded")
+        recovered_s = time.monotonic() - since
+        assert written["remediation"] == f"cordoned and tainted {self.node}", written["remediation"]
+        self.eventually(lambda: self.feishu.pages("TrainingJobHang"), 30, what="the page")
+        time.sleep(3 * WINDOW)  # time enough for a duplicate to show
+        unschedulable, _, marks = node_marks(self.api, self.node)
+        assert unschedulable and marks.get("rankwatch.io/cordon-job") == f"{self.namespace}/{self.name}", marks
+        core = kubernetes.client.CoreV1Api(self.api)
+        others = [n.metadata.name for n in core.list_node().items if n.metadata.name != self.node]
+        job_ref = f"{self.namespace}/{self.name}"
+        assert not [n for n in others if node_marks(self.api, n)[2].get("rankwatch.io/cordon-job") == job_ref]
+        hangs = [e for e in events(self.api, self.namespace, self.name) if e.reason == "Hang"]
+        assert len(hangs) == 1 and hangs[0].type == "Warning" and (hangs[0].count or 1) == 1, hangs
+        cordons = [
+            e
+            for e in core.list_namespaced_event("default").items
+            if e.involved_object.name == self.node
+            and e.reason == "CordonedByRankwatch"
+            and f"TrainingJob {job_ref} " in e.message
+        ]
+        assert len(cordons) == 1, [e.message for e in cordons]
+        assert len(self.feishu.pages("TrainingJobHang")) == 1, self.feishu.pages("TrainingJobHang")
+        latest = diagnosed(self.api, self.namespace, self.name, "Hung")["status"]["diagnosis"]
+        assert latest["time"] == diagnosis["time"], "one diagnosis"
+        assert self.operator.poll() is None, "the operator did not survive"
+        print(f"{what}: hang written, cordoned and paged once, {recovered_s:.1f} s after the fault ended")
+        return recovered_s
 
 
 @pytest.fixture
@@ -37,157 +168,85 @@ def cluster(kubeconfig):
     return LocalCluster(Path(root))
 
 
-def wait_for_line(log: Path, start: str, end: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not any(f"] {start}" in line and line.endswith(end) for line in log.read_text(errors="replace").splitlines()):
-        assert time.monotonic() < deadline, f"no line {start}...{end} in the operator's log"
-        time.sleep(0.1)
-
-
-@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"], ids=["apiserver", "etcd"])
-def test_the_operator_recovers_from_a_control_plane_restart_without_duplicates(
-    api, kubeconfig, cluster, unwatched_namespace, processes, eventually, tmp_path, monkeypatch, component
-):
+@pytest.fixture
+def scene(
+    api, kubeconfig, cluster, unwatched_namespace, processes, eventually, tmp_path, monkeypatch
+) -> Iterator[Scene]:
+    """The operator (a real process) for one namespace, its API calls through the relay, paging the
+    local Feishu; the pod runner."""
     from rankwatch.operator.remediation.cordon import uncordon_job
 
-    namespace, name = unwatched_namespace, "hung"
+    namespace = unwatched_namespace
+    feishu = Feishu()
+    relay = ApiRelay(Path(kubeconfig), cluster.pki, tmp_path / "relay")
+    core = kubernetes.client.CoreV1Api(api)
+    secret = {"webhook-url": feishu.fake.bot_url(BOT_TOKEN), "signing-secret": SIGNING_SECRET, "token": "intake"}
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "rankwatch-feishu"}, "stringData": secret})
+
+    def ref(key: str) -> dict[str, Any]:
+        return {"secretKeyRef": {"name": "rankwatch-feishu", "key": key}}
+
+    alerting = {
+        "receivers": [
+            {"name": "feishu", "feishu": {"webhook_url": ref("webhook-url"), "secret": ref("signing-secret")}}
+        ],
+        "route": {"receiver": "feishu", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "4h"},
+        "store": {"path": str(tmp_path / "alerts")},
+        "intake": {"bearer_token": ref("token")},
+    }
+    (tmp_path / "alerting.yaml").write_text(yaml.safe_dump(alerting))
     monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")  # the tests share four nodes
     monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "1")
+    monkeypatch.setenv("RANKWATCH_API_TIMEOUT_SECONDS", str(API_TIMEOUT_S))
+    monkeypatch.setenv("RANKWATCH_ALERTING_CONFIG", str(tmp_path / "alerting.yaml"))
+    monkeypatch.setenv("POD_NAMESPACE", namespace)  # where the alerting Secrets are
     port = processes.free_port()
     log = tmp_path / "operator.log"
-    operator = processes.operator(kubeconfig, namespace, log, port)
+    operator = processes.operator(str(relay.kubeconfig(tmp_path / "operator-kubeconfig")), namespace, log, port)
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+    scene = Scene(api, cluster, relay, feishu, namespace, operator, log, eventually)
     try:
-        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
-        create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True}))
-        wait_running(api, namespace, name, eventually)
-        node = node_of_pod(api, namespace, f"{name}-worker-0")
-        # The detector's suspicion is logged just before the diagnosis asks the API for the job's pods, and
-        # the diagnosis, its Event and the cordon are written through the API.
-        wait_for_line(log, f"TrainingJob {namespace}/{name}: ", "; diagnosing", 90)
-        ready_s = cluster.restart_component(component, DOWN_S, log=lambda m: print(f"[cluster] {m}", flush=True))
-        back = time.monotonic()
-
-        job = eventually(lambda: diagnosed(api, namespace, name, "Hung"), 90, interval=0.5, what="Hung=True")
-        diagnosis = job["status"]["diagnosis"]
-        assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2] and diagnosis["nodes"] == [node]
-        recorded = eventually(
-            lambda: diagnosed(api, namespace, name, "Hung")["status"]["diagnosis"].get("remediation"),
-            60,
-            what="the cordon recorded",
-        )
-        recovered_s = time.monotonic() - back
-        assert recorded == f"cordoned and tainted {node}"
-        time.sleep(3 * WINDOW)  # time enough for a duplicate to show
-        unschedulable, _, marks = node_marks(api, node)
-        assert unschedulable and marks.get("rankwatch.io/cordon-job") == f"{namespace}/{name}", marks
-        others = [
-            n.metadata.name for n in kubernetes.client.CoreV1Api(api).list_node().items if n.metadata.name != node
-        ]
-        assert not [n for n in others if node_marks(api, n)[2].get("rankwatch.io/cordon-job") == f"{namespace}/{name}"]
-        hangs = [e for e in events(api, namespace, name) if e.reason == "Hang"]
-        assert len(hangs) == 1 and hangs[0].type == "Warning" and (hangs[0].count or 1) == 1, hangs
-        assert diagnosed(api, namespace, name, "Hung")["status"]["diagnosis"]["time"] == diagnosis["time"]
-        assert operator.poll() is None, "the operator did not survive the restart"
-        print(
-            f"{component} restarted while diagnosing (down {DOWN_S:.0f} s, API ready {ready_s:.1f} s after its start): "
-            f"hang written and cordoned {recovered_s:.1f} s after the API answered again"
-        )
+        yield scene
     finally:
-        uncordon_job(api, namespace, name, via="test")
+        scene.wait_restarted()
+        uncordon_job(api, namespace, scene.name, via="test")
         processes.stop(runner)
         processes.stop(operator)
+        relay.close()
+        feishu.stop()
         print(log.read_text(errors="replace")[-3000:])
 
 
-class Partition:
-    """A loopback TCP relay between the operator and the API server that can stop carrying bytes, as a
-    network partition does: nothing is refused or reset, bytes are held until the link is healed."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.link = threading.Event()
-        self.link.set()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
-
-    def _connect(self, client: socket.socket) -> None:
-        self.link.wait()
-        upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-        for source, target in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
-
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                self.link.wait()
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, target):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.link.set()
-        self.server.close()
+STRIKES = {"the pod list": DIAGNOSIS_PODS, "the Hang Event": HANG_EVENT, "the node patch": NODE_PATCH}
 
 
-def test_the_operator_recovers_from_a_partition_from_the_api_server(
-    api, kubeconfig, cluster, unwatched_namespace, processes, eventually, tmp_path, monkeypatch
-):
-    from rankwatch.operator.remediation.cordon import uncordon_job
+@pytest.mark.parametrize(
+    "component, strikes",
+    [("kube-apiserver", list(STRIKES)), ("etcd", ["the pod list", "the node patch"])],
+    ids=["apiserver", "etcd"],
+)
+def test_control_plane_restarts_at_the_diagnosis_and_cordon_writes_repeat_and_lose_nothing(scene, component, strikes):
+    fired = {what: scene.relay.when(*STRIKES[what], scene.restart(component)) for what in strikes}
+    scene.start_job()
+    for what, struck in fired.items():
+        scene.eventually(struck.is_set, 120, interval=0.2, what=f"the operator's request: {what}")
+    scene.wait_restarted()
+    scene.assert_handled_once(time.monotonic(), f"{component} restarted at {', '.join(strikes)}")
 
-    namespace, name = unwatched_namespace, "hung"
-    monkeypatch.setenv("RANKWATCH_CORDON_COOLDOWN_SECONDS", "0")
-    monkeypatch.setenv("RANKWATCH_BREAKER_MAX_SHARE", "1")
-    config = yaml.safe_load(Path(kubeconfig).read_text())
-    upstream = int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
-    partition = Partition(upstream)
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{partition.port}"
-    through_relay = tmp_path / "operator-kubeconfig"
-    through_relay.write_text(yaml.safe_dump(config))
-    port = processes.free_port()
-    log = tmp_path / "operator.log"
-    operator = processes.operator(str(through_relay), namespace, log, port)
-    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
-    try:
-        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
-        create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True}))
-        wait_running(api, namespace, name, eventually)
-        node = node_of_pod(api, namespace, f"{name}-worker-0")
-        wait_for_line(log, f"TrainingJob {namespace}/{name}: ", "; diagnosing", 90)
-        partition.link.clear()
-        time.sleep(PARTITION_S)
-        partition.link.set()
-        healed = time.monotonic()
-        job = eventually(lambda: diagnosed(api, namespace, name, "Hung"), 90, interval=0.5, what="Hung=True")
-        assert job["status"]["diagnosis"]["kind"] == "Hang" and job["status"]["diagnosis"]["nodes"] == [node]
-        eventually(
-            lambda: diagnosed(api, namespace, name, "Hung")["status"]["diagnosis"].get("remediation"),
-            60,
-            what="the cordon recorded",
-        )
-        recovered_s = time.monotonic() - healed
-        time.sleep(3 * WINDOW)
-        assert node_marks(api, node)[0], "the suspect node is cordoned"
-        hangs = [e for e in events(api, namespace, name) if e.reason == "Hang"]
-        assert len(hangs) == 1 and (hangs[0].count or 1) == 1, hangs
-        assert operator.poll() is None, "the operator did not survive the partition"
-        print(f"partitioned {PARTITION_S:.0f} s while diagnosing: hang written and cordoned {recovered_s:.1f} s after")
-    finally:
-        uncordon_job(api, namespace, name, via="test")
-        processes.stop(runner)
-        processes.stop(operator)
-        partition.close()
-        print(log.read_text(errors="replace")[-3000:])
+
+def test_partitions_at_the_diagnosis_and_cordon_writes_even_past_the_api_timeout_lose_nothing(scene):
+    lossy_s = 3 * API_TIMEOUT_S
+    fired = [
+        scene.relay.when(*DIAGNOSIS_PODS, scene.cut(HOLD_S)),
+        scene.relay.when(*HANG_EVENT, scene.cut(HOLD_S)),
+        scene.relay.when(*NODE_PATCH, scene.cut(lossy_s, lossy=True)),
+    ]
+    scene.start_job()
+    for struck, what in zip(fired, STRIKES, strict=True):
+        scene.eventually(struck.is_set, 120, interval=0.2, what=f"the operator's request: {what}")
+    time.sleep(lossy_s)
+    recovered_s = scene.assert_handled_once(
+        time.monotonic(),
+        f"partitioned {HOLD_S:.0f} s at the pod list and the Event, {lossy_s:.0f} s (lossy) at the node patch",
+    )
+    assert recovered_s < 10 * API_TIMEOUT_S, "the calls cut off were retried soon after the partition healed"

@@ -6,7 +6,6 @@ does not even listen for summaries."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -14,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,37 +26,16 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Feishu
+sys.path.insert(0, str(Path(__file__).parent))
 
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
-from fake_feishu import FakeFeishu
+from local_feishu import Feishu
 
 pytestmark = pytest.mark.e2e
 
 CHART = Path(__file__).parents[2] / "helm" / "rankwatch"
 JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 TAKEOVER_S = 15.0
-
-
-class Feishu:
-    """The local Feishu on a loop of its own (the test is synchronous)."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        self.fake = FakeFeishu()
-        self._run(self.fake.start())
-        self.fake.add_bot(BOT_TOKEN, SIGNING_SECRET)
-
-    def _run(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
-
-    def pages(self, alertname: str) -> list[str]:
-        titles = [card["header"]["title"]["content"] for card in self.fake.cards()]
-        return [title for title in titles if alertname in title and not title.startswith("[Resolved]")]
-
-    def stop(self) -> None:
-        self._run(self.fake.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 class Replicas:

@@ -26,7 +26,7 @@ from rankwatch.alerting import mapping_resolver
 from rankwatch.alerting.config import ConfigError, load_config, parse_config
 from rankwatch.analysis.flight_recorder import read_dumps
 from rankwatch.analysis.megatrace import read_logs
-from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, RingError, RingReader
+from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, MAX_GLOBAL_RANK, RECORD_DTYPE, RingError, RingReader
 from rankwatch.analysis.ring_loader import load_rings
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
@@ -220,6 +220,7 @@ def read_megatrace(logs: list[bytes], directory: Path) -> None:
         (directory / f"rank_{rank}.log").write_bytes(data)
     trace = read_logs(directory)
     assert len(trace.calls) <= sum(data.count(b"\n") + 1 for data in logs)
+    assert ((trace.calls["rank"] >= 0) & (trace.calls["rank"] <= MAX_GLOBAL_RANK)).all(), "a rank wrapped"
 
 
 def _flight_recorder_dump(rank: int) -> dict[str, Any]:

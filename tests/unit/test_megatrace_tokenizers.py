@@ -158,3 +158,31 @@ def test_many_files_keep_their_order_of_problems_and_ranks(tmp_path):
     assert [Path(p.split(":")[0]).name for p in trace.problems] == ["rank_10.log", "rank_3.log"]
     assert list(trace.ranks) == [0, 1, 11, 2, 4, 5, 6, 7, 8, 9]  # file name order
     assert (np.diff(trace.calls["rank"]) >= 0).all() and len(trace.calls) == 200
+
+
+@pytest.mark.parametrize(
+    "rank",
+    ["2147483648", "3000000000", "4294967295", "4294967296", "4294967297", "18446744073709551617", "9" * 40],
+)
+def test_a_rank_beyond_32_bits_is_refused_with_its_line_never_wrapped(tmp_path, monkeypatch, rank):
+    """A rank id NCCL cannot have (above 2^31 - 1) used to wrap to a negative or a small rank (4294967297
+    read as rank 1, the analysis then blamed rank 1): both tokenisers now name the file and line."""
+    bad = _lines(0, range(3)).splitlines(keepends=True)
+    bad[1] = bad[1].replace(b"Rank 0", f"Rank {rank}".encode())
+    _write(tmp_path, {"rank_0.log": b"".join(bad), "rank_1.log": _lines(1, range(5))})
+    c_result, numpy_result = _both(tmp_path, monkeypatch)
+    assert c_result == numpy_result
+    trace = read_logs(tmp_path)
+    assert trace.ranks.keys() == {1} and set(trace.calls["rank"].tolist()) == {1}
+    assert trace.problems == [
+        f"{tmp_path / 'rank_0.log'}:2: rank {rank[:40]} does not fit in 32 bits (an NCCL rank is at most 2147483647)"
+    ]
+
+
+def test_the_largest_32_bit_rank_is_read_as_itself_then_left_out_of_the_analysis(tmp_path):
+    _write(tmp_path, {"rank_0.log": _lines(2**31 - 1, range(3)), "rank_1.log": _lines(1, range(5))})
+    trace = read_logs(tmp_path)
+    assert trace.problems == [
+        f"{tmp_path / 'rank_0.log'}: rank 2147483647 is beyond the highest analysed ({megatrace.MAX_GLOBAL_RANK}); "
+        "skipped"
+    ]

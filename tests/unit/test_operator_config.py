@@ -18,6 +18,7 @@ def test_defaults_build_and_every_section_is_filled():
     assert config.safeguards.breaker.max_share == 0.10 and config.leader.enabled
     assert config.leader.lease_namespace == "default" and config.leader.identity
     assert config.alerting.config_path is None and config.probe_listen is None
+    assert config.api_timeout_seconds == 30.0
 
 
 def test_settings_are_read_into_their_sections(tmp_path):
@@ -35,6 +36,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
             "RANKWATCH_ALERTING_CONFIG": str(alerting),
             "POD_NAMESPACE": "rankwatch-system",
             "POD_NAME": "rankwatch-operator-7d9-x2",
+            "RANKWATCH_API_TIMEOUT_SECONDS": "7.5",
         },
         namespaces=("team-*",),
     )
@@ -46,7 +48,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
     assert config.leader.lease_namespace == "rankwatch-system" and config.leader.identity.startswith(
         "rankwatch-operator-7d9-x2_"
     )
-    assert config.namespaces == ("team-*",)
+    assert config.namespaces == ("team-*",) and config.api_timeout_seconds == 7.5
 
 
 def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_path):
@@ -61,6 +63,7 @@ def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_pat
                 "RANKWATCH_DIAGNOSIS_CONCURRENCY": "0",
                 "RANKWATCH_ALERTING_CONFIG": str(tmp_path / "missing.yaml"),
                 "RANKWATCH_STATUS_DEBOUNCE_SECONDS": "-1",
+                "RANKWATCH_API_TIMEOUT_SECONDS": "0",
             }
         )
     problems = caught.value.problems
@@ -75,6 +78,7 @@ def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_pat
         f"RANKWATCH_ALERTING_CONFIG='{tmp_path / 'missing.yaml'}': no such file (the alerting config is mounted "
         "from a ConfigMap)",
         "RANKWATCH_STATUS_DEBOUNCE_SECONDS='-1': must not be negative",
+        "RANKWATCH_API_TIMEOUT_SECONDS='0': must be greater than 0",
     ]
 
 
