@@ -21,7 +21,7 @@ Since 2026-11-26 the collector checks bodies in worker processes (``CollectorSet
 ``--parse-workers``): CPU and memory are the child's with its workers.
 
     python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
-                                   [--parse-workers 1]
+                                   [--parse-workers 1] [--default-gc]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import gzip
 import itertools
 import multiprocessing
@@ -76,10 +77,17 @@ def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> 
 
 
 def serve(
-    ports: multiprocessing.Queue, jobs: int, world: int, window_s: float, passes: multiprocessing.Queue, workers: int
+    ports: multiprocessing.Queue,
+    jobs: int,
+    world: int,
+    window_s: float,
+    passes: multiprocessing.Queue,
+    workers: int,
+    tune_collection: bool,
 ) -> None:
     """The child: collector + detector on one event loop."""
     from rankwatch.analysis.topology import Layout
+    from rankwatch.operator import garbage_collection
     from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
     from rankwatch.operator.diagnosis.detector import Thresholds, detect
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
@@ -101,17 +109,31 @@ def serve(
         ports.put(collector.port)
         layout = Layout(TP, layout_of(world), world)
         thresholds = Thresholds(300, window_s)
+        collecting = [0.0, 0.0, 0]  # the garbage collector's seconds, full collections, since the last pass
+
+        def timed(phase: str, info: dict) -> None:
+            if phase == "start":
+                collecting[1] = time.perf_counter()
+            else:
+                collecting[0] += time.perf_counter() - collecting[1]
+                collecting[2] += info["generation"] == 2
+
+        gc.callbacks.append(timed)
+        if tune_collection:  # as the operator does
+            garbage_collection.tune()
         while True:  # the monitor: the detector over every job once per window
             await asyncio.sleep(window_s)
-            started, slowest, found = time.perf_counter(), 0.0, 0
+            spent, slowest, found = 0.0, 0.0, 0
             for name in sorted(names):
                 state = store.peek(NAMESPACE, name)
                 if state is not None and state.summaries:
-                    one = time.perf_counter()
+                    one = time.thread_time()  # the detector's CPU, not the summaries served in between
                     found += len(detect(state, thresholds, layout, time.monotonic()))
-                    slowest = max(slowest, time.perf_counter() - one)
+                    spent += time.thread_time() - one
+                    slowest = max(slowest, time.thread_time() - one)
                     await asyncio.sleep(0)  # as the monitor does: summaries are served between jobs
-            passes.put((time.perf_counter() - started, slowest, found))
+            passes.put((spent, slowest, found, collecting[0], collecting[2]))
+            collecting[0], collecting[2] = 0.0, 0
 
     asyncio.run(main())
 
@@ -223,7 +245,7 @@ def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
             f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
 
 
-def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int) -> dict[str, float]:
+def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int, tune: bool) -> dict[str, float]:
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
     built = time.monotonic()
@@ -237,7 +259,7 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
 
     context = multiprocessing.get_context("spawn")
     ports, passes = context.Queue(), context.Queue()
-    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes, workers))
+    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes, workers, tune))
     child.start()
     try:
         port = ports.get(timeout=60)
@@ -277,13 +299,16 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
         "cpu_share_worst": max(per_window) / window_s,
         "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
         "cpu_ms_per_summary": 1e3 * sum(per_window) / (pods * window_count),
+        "loop_ms_per_summary": 1e3 * sum(loop_per_window) / (pods * window_count),
         "rss_idle_mib": idle_rss,
         "rss_mib": rss,
         "peak_rss_mib": peak,
-        "detect_ms": 1e3 * statistics.mean(total for total, _, _ in detector[-3:]) if detector else float("nan"),
-        "detect_ms_max": 1e3 * max(total for total, _, _ in detector) if detector else float("nan"),
-        "detect_job_ms_max": 1e3 * max(one for _, one, _ in detector) if detector else float("nan"),
-        "suspicions": sum(found for _, _, found in detector),
+        "detect_ms": 1e3 * statistics.mean(total for total, _, _, _, _ in detector[-3:]) if detector else float("nan"),
+        "detect_ms_max": 1e3 * max(total for total, _, _, _, _ in detector) if detector else float("nan"),
+        "detect_job_ms_max": 1e3 * max(one for _, one, _, _, _ in detector) if detector else float("nan"),
+        "gc_ms": 1e3 * statistics.mean(collected for _, _, _, collected, _ in detector) if detector else float("nan"),
+        "full_gc": sum(full for *_, full in detector) / len(detector) if detector else float("nan"),
+        "suspicions": sum(found for _, _, found, _, _ in detector),
     }
     print(
         f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
@@ -299,25 +324,43 @@ def main() -> None:
     parser.add_argument("--steps", default="4000,16000,64000", help="total ranks of each step")
     parser.add_argument("--windows", type=int, default=13, help="windows per step (the state keeps 12)")
     parser.add_argument("--window-seconds", type=float, default=5.0)
+    parser.add_argument("--default-gc", action="store_true", help="Python's GC thresholds, not the operator's")
     parser.add_argument("--parse-workers", type=int, default=1, help="the collector's parsing processes (0: none)")
     args = parser.parse_args()
     steps = [int(ranks) for ranks in args.steps.split(",")]
-    rows = [step(args.jobs, ranks, args.windows, args.window_seconds, args.parse_workers) for ranks in steps]
-    print(f"\n{'ranks':>6} {'pods':>5} {'acc/s':>6} {'offered':>7} {'refused':>7} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'CPU%':>5} {'steady':>6} {'worst':>5} {'loop%':>5} {'ms/sum':>6} {'RSS MiB':>7} {'peak':>6} {'det ms':>7} "
-          f"{'det max':>7} {'1 job':>6}")  # fmt: skip
+    tune = not args.default_gc
+    rows = [step(args.jobs, ranks, args.windows, args.window_seconds, args.parse_workers, tune) for ranks in steps]
+    columns = [  # header, figure, format, scale
+        ("ranks", "ranks", ">6.0f", 1),
+        ("pods", "pods", ">5.0f", 1),
+        ("acc/s", "accepted_per_s", ">6.0f", 1),
+        ("offered", "offered_per_s", ">7.0f", 1),
+        ("refused", "refused", ">7.0f", 1),
+        ("p50 ms", "p50_ms", ">7.1f", 1),
+        ("p99 ms", "p99_ms", ">7.1f", 1),
+        ("CPU%", "cpu_share", ">5.0f", 100),
+        ("steady", "cpu_share_steady", ">6.0f", 100),
+        ("worst", "cpu_share_worst", ">5.0f", 100),
+        ("loop%", "loop_cpu_share", ">5.0f", 100),
+        ("ms/sum", "cpu_ms_per_summary", ">6.2f", 1),
+        ("loop", "loop_ms_per_summary", ">5.2f", 1),
+        ("RSS MiB", "rss_mib", ">7.0f", 1),
+        ("peak", "peak_rss_mib", ">6.0f", 1),
+        ("det ms", "detect_ms", ">7.1f", 1),
+        ("det max", "detect_ms_max", ">7.1f", 1),
+        ("1 job", "detect_job_ms_max", ">6.1f", 1),
+        ("GC ms", "gc_ms", ">6.0f", 1),
+        ("full", "full_gc", ">4.1f", 1),
+    ]
+    print("\n" + " ".join(f"{header:>{len(format(0, spec))}}" for header, _, spec, _ in columns))
     for row in rows:
-        print(f"{row['ranks']:>6} {row['pods']:>5} {row['accepted_per_s']:>6.0f} {row['offered_per_s']:>7.0f} "
-              f"{row['refused']:>7} {row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f} {100 * row['cpu_share']:>5.0f} "
-              f"{100 * row['cpu_share_steady']:>6.0f} {100 * row['cpu_share_worst']:>5.0f} "
-              f"{100 * row['loop_cpu_share']:>5.0f} "
-              f"{row['cpu_ms_per_summary']:>6.2f} {row['rss_mib']:>7.0f} {row['peak_rss_mib']:>6.0f} "
-              f"{row['detect_ms']:>7.1f} {row['detect_ms_max']:>7.1f} {row['detect_job_ms_max']:>6.1f}")  # fmt: skip
+        print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
     print(
         "CPU%: the child's CPU with its parsing workers as a share of one core, mean over all windows / over the "
-        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary; "
-        "det ms: the detector over all jobs in one pass (mean of the last "
-        "3, max), 1 job: the slowest single job"
+        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary (loop: "
+        "the loop's process alone); det ms: the detector's CPU over all jobs in one pass (mean of the last "
+        "3, max), 1 job: the slowest single job; GC ms: the loop process's garbage "
+        "collection per window (full: full collections per window)"
     )
 
 
