@@ -231,6 +231,7 @@ def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
     mine = [body for job, body in bodies if job == bodies[0][0]]
+    protocol.parse_summary(protocol.decode_body(mine[0], protocol.CONTENT_ENCODING))  # the parser is built once
     started = time.perf_counter()
     raws = [protocol.decode_body(body, protocol.CONTENT_ENCODING) for body in mine]
     decoded = time.perf_counter()

@@ -209,6 +209,7 @@ class Collector:
 
     async def start(self) -> None:
         http_logging.quiet_client_errors()
+        await self.parser.start()
         # lingering_time: after refusing a body, read and drop the rest of it for at most this long.
         self._runner = web.AppRunner(
             self.app, access_log=None, keepalive_timeout=self.settings.idle_timeout_s, lingering_time=LINGER_S

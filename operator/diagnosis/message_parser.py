@@ -76,6 +76,13 @@ class MessageParser:
         self._waiting: list[tuple[Body, asyncio.Future[Parsed]]] = []
         self._batches_out = 0
 
+    async def start(self) -> None:
+        """Start the workers and wait until they answer (a few seconds on a busy machine), so the
+        first bodies do not wait for them."""
+        if self.workers > 0:
+            pool = self._workers()
+            await asyncio.gather(*(asyncio.wrap_future(pool.submit(parse_batch, [])) for _ in range(self.workers)))
+
     async def parse(self, raw: bytes, content_encoding: str | None, kind: str) -> Parsed:
         if self.workers <= 0:
             if len(raw) > INLINE_MAX_BYTES:

@@ -345,7 +345,10 @@ async def test_concurrent_summaries_are_checked_in_worker_processes_in_batches_a
     await server.start()
     url = f"http://127.0.0.1:{server.port}"
     try:
-        bodies = [protocol.encode(summary(pod=f"llama-worker-{i % 2}", window=i + 1)) for i in range(120)]
+        # One start time for all: bodies sent at once arrive in any order, and an earlier start after a later
+        # one would be refused as replayed.
+        windows = [replace(summary(pod=f"llama-worker-{i % 2}", window=i + 1), start_ns=1000) for i in range(120)]
+        bodies = [protocol.encode(window) for window in windows]
         document = json.loads(gzip.decompress(bodies[60]))
         document["ranks"][0]["alive"] = "yes"
         bodies[60] = gzip.compress(json.dumps(document).encode())
