@@ -142,8 +142,9 @@ def test_the_fast_parser_builds_the_same_messages_as_the_checks():
     parsed = protocol.parse_summary(json.dumps(data).encode())
     assert parsed.ranks[0].step_time_s == 1.0 and type(parsed.ranks[0].step_time_s) is float
     assert parsed.ranks[0].last_call_ns == 2**70
-    assert dataclasses.replace(parsed.ranks[0], step_time_s=0.1, last_call_ns=summary().ranks[0].last_call_ns) == (
-        summary().ranks[0]
+    assert (
+        dataclasses.replace(parsed.ranks[0], step_time_s=0.1, last_call_ns=summary().ranks[0].last_call_ns)
+        == (summary().ranks[0])
     )
 
 
