@@ -109,21 +109,28 @@ class MessageParser:
             if not batch:
                 continue
             bodies = [body for body, _ in batch]
+            pool = self._workers()
             try:
-                submitted = self._workers().submit(parse_batch, bodies)
+                submitted = pool.submit(parse_batch, bodies)
             except BrokenProcessPool as error:  # found broken before any batch of ours came back
-                self._restart(error)
-                submitted = self._workers().submit(parse_batch, bodies)
+                self._restart(pool, error)
+                pool = self._workers()
+                submitted = pool.submit(parse_batch, bodies)
             self._batches_out += 1
             done = asyncio.wrap_future(submitted)
-            done.add_done_callback(lambda future, batch=batch: self._answer(future, batch))
+            done.add_done_callback(lambda future, batch=batch, pool=pool: self._answer(future, batch, pool))
 
-    def _answer(self, future: asyncio.Future[list[Parsed]], batch: list[tuple[Body, asyncio.Future[Parsed]]]) -> None:
+    def _answer(
+        self,
+        future: asyncio.Future[list[Parsed]],
+        batch: list[tuple[Body, asyncio.Future[Parsed]]],
+        pool: concurrent.futures.ProcessPoolExecutor,
+    ) -> None:
         self._batches_out -= 1
         error = None if future.cancelled() else future.exception()
         if future.cancelled() or error is not None:
             if isinstance(error, BrokenProcessPool):
-                self._restart(error)
+                self._restart(pool, error)
             else:
                 log.error("collector: parsing a batch of messages failed: %r", error)
             busy = Refusal(503, "the collector could not parse the message now; retry")
@@ -136,9 +143,10 @@ class MessageParser:
                     answer.set_result(parsed)
         self._send()
 
-    def _restart(self, error: BaseException) -> None:
-        """A worker died (OOM-killed?): the pool is unusable; new workers start with the next batch."""
-        if self._pool is not None:
+    def _restart(self, pool: concurrent.futures.ProcessPoolExecutor, error: BaseException) -> None:
+        """A worker of ``pool`` died (OOM-killed?): it is unusable; new workers start with the next batch
+        (unless a batch of an earlier pool failed late: the current one is kept)."""
+        if self._pool is pool:
             log.error("collector: a message parsing worker died (%s); starting new ones", error)
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
