@@ -10,15 +10,18 @@ cheap to send back; the summary's dataclasses cost as much to unpickle as to par
 Bodies are sent in batches: while a batch is in a worker, the bodies that arrive wait and go together
 as the next one, so the loop's cost per body stays small under load while a lone body is sent at once.
 A body is parsed once its bytes are held against the collector's in-flight budget, so what waits here
-is bounded by that budget. Workers start from a fork server (never a fork of the operator's threads).
+is bounded by that budget. Workers are spawned (never a fork of the operator's threads) and die with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ctypes
 import logging
 import multiprocessing
+import os
+import signal
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -153,7 +156,23 @@ class MessageParser:
 
     def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload([__name__])
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.workers, mp_context=context)
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_end_with,
+                initargs=(os.getpid(),),
+            )
         return self._pool
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with(parent: int) -> None:
+    """In a worker: be killed when the operator's process ends, however it ends (a SIGKILLed operator
+    would otherwise leave its workers waiting for work forever)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        log.warning("parsing worker: prctl(PR_SET_PDEATHSIG) failed (errno %d)", ctypes.get_errno())
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os._exit(0)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -398,3 +403,35 @@ async def test_without_parsing_workers_the_loop_checks_the_bodies():
         assert server.parser._pool is None, "no process started"
     finally:
         await server.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_parsing_workers_end_with_a_killed_collector_process():
+    """An operator killed outright (SIGKILL, OOM) leaves no parsing worker behind waiting for work."""
+    script = Path(__file__).parent.parent / "hostile" / "collector_process.py"
+    env = {**os.environ, "HOSTILE_TOKEN": TOKEN}
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert process.stdout.readline().startswith(b"port "), "the collector started (its workers answered)"
+        workers = [pid for pid in _children(process.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert workers, "the collector runs a parsing worker"
+    finally:
+        process.kill()
+        process.wait(10)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"parsing workers {alive} outlived the collector"
