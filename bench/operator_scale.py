@@ -17,18 +17,25 @@ sidecars would hold 8,000 connections).
 Not here: the operator's watches and API traffic (the pods of this bench exist nowhere), so neither
 the time for jobs to reach Running nor API requests per second.
 
+Since 2026-11-26 the collector checks bodies in worker processes (``CollectorSettings.parse_workers``,
+``--parse-workers``): CPU and memory are the child's with its workers.
+
     python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
+                                   [--parse-workers 1] [--default-gc]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import gzip
 import itertools
 import multiprocessing
 import os
 import random
+import signal
 import statistics
 import time
 
@@ -69,9 +76,18 @@ def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> 
     return bodies
 
 
-def serve(ports: multiprocessing.Queue, jobs: int, world: int, window_s: float, passes: multiprocessing.Queue) -> None:
+def serve(
+    ports: multiprocessing.Queue,
+    jobs: int,
+    world: int,
+    window_s: float,
+    passes: multiprocessing.Queue,
+    workers: int,
+    tune_collection: bool,
+) -> None:
     """The child: collector + detector on one event loop."""
     from rankwatch.analysis.topology import Layout
+    from rankwatch.operator import garbage_collection
     from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
     from rankwatch.operator.diagnosis.detector import Thresholds, detect
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
@@ -87,23 +103,76 @@ def serve(ports: multiprocessing.Queue, jobs: int, world: int, window_s: float, 
 
     async def main() -> None:
         store = JobStore()
-        collector = Collector(store, tokens, CollectorSettings(host="127.0.0.1", port=0), jobs=followed)
+        settings = CollectorSettings(host="127.0.0.1", port=0, parse_workers=workers)
+        collector = Collector(store, tokens, settings, jobs=followed)
         await collector.start()
         ports.put(collector.port)
         layout = Layout(TP, layout_of(world), world)
         thresholds = Thresholds(300, window_s)
+        collecting = [0.0, 0.0, 0]  # the garbage collector's seconds, full collections, since the last pass
+
+        def timed(phase: str, info: dict) -> None:
+            if phase == "start":
+                collecting[1] = time.perf_counter()
+            else:
+                collecting[0] += time.perf_counter() - collecting[1]
+                collecting[2] += info["generation"] == 2
+
+        gc.callbacks.append(timed)
+        if tune_collection:  # as the operator does
+            garbage_collection.tune()
         while True:  # the monitor: the detector over every job once per window
             await asyncio.sleep(window_s)
-            started, slowest, found = time.perf_counter(), 0.0, 0
+            spent, slowest, found = 0.0, 0.0, 0
             for name in sorted(names):
                 state = store.peek(NAMESPACE, name)
                 if state is not None and state.summaries:
-                    one = time.perf_counter()
+                    one = time.thread_time()  # the detector's CPU, not the summaries served in between
                     found += len(detect(state, thresholds, layout, time.monotonic()))
-                    slowest = max(slowest, time.perf_counter() - one)
-            passes.put((time.perf_counter() - started, slowest, found))
+                    spent += time.thread_time() - one
+                    slowest = max(slowest, time.thread_time() - one)
+                    await asyncio.sleep(0)  # as the monitor does: summaries are served between jobs
+            passes.put((spent, slowest, found, collecting[0], collecting[2]))
+            collecting[0], collecting[2] = 0.0, 0
 
     asyncio.run(main())
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the collector's message-parsing workers and their fork server)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree += frontier
+    return tree
+
+
+def tree_cpu_seconds(pid: int) -> tuple[float, float]:
+    """(CPU seconds of ``pid`` alone: the event loop, CPU seconds of it and its descendants)."""
+    total = 0.0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(member)
+    return cpu_seconds(pid), total
+
+
+def tree_rss_mib(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of ``pid`` and its descendants together, in MiB (the sum of each
+    one's peak: an upper bound)."""
+    current = peak = 0.0
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError):
+            one, one_peak = peak_rss_mib(member)
+            current, peak = current + one, peak + one_peak
+    return current, peak
 
 
 def peak_rss_mib(pid: int) -> tuple[float, float]:
@@ -118,13 +187,13 @@ def peak_rss_mib(pid: int) -> tuple[float, float]:
 
 async def send(
     port: int, windows: list[list[tuple[str, bytes]]], window_s: float, pid: int
-) -> tuple[list[float], dict[int, int], list[float], list[float]]:
+) -> tuple[list[float], dict[int, int], list[float], list[tuple[float, float]]]:
     """POST every window's bodies spread over 80% of the window; latencies, statuses, the send time of
-    each window and the child's CPU seconds at each window's start (and at the end)."""
+    each window and the child's CPU seconds (its loop, with its workers) at each window's start (and at the end)."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     durations: list[float] = []
-    cpu_marks = [cpu_seconds(pid)]
+    cpu_marks = [tree_cpu_seconds(pid)]
     connector = aiohttp.TCPConnector(limit=512)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
 
@@ -152,7 +221,7 @@ async def send(
             await asyncio.gather(*(post(job, body, started + i * spacing) for i, (job, body) in enumerate(bodies)))
             durations.append(time.monotonic() - started)
             await asyncio.sleep(max(0.0, window_s - (time.monotonic() - started)))
-            cpu_marks.append(cpu_seconds(pid))
+            cpu_marks.append(tree_cpu_seconds(pid))
     return latencies, statuses, durations, cpu_marks
 
 
@@ -162,6 +231,7 @@ def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
     mine = [body for job, body in bodies if job == bodies[0][0]]
+    protocol.parse_summary(protocol.decode_body(mine[0], protocol.CONTENT_ENCODING))  # the parser is built once
     started = time.perf_counter()
     raws = [protocol.decode_body(body, protocol.CONTENT_ENCODING) for body in mine]
     decoded = time.perf_counter()
@@ -176,7 +246,7 @@ def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
             f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
 
 
-def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str, float]:
+def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int, tune: bool) -> dict[str, float]:
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
     built = time.monotonic()
@@ -190,24 +260,28 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str,
 
     context = multiprocessing.get_context("spawn")
     ports, passes = context.Queue(), context.Queue()
-    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes), daemon=True)
+    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes, workers, tune))
     child.start()
     try:
         port = ports.get(timeout=60)
         time.sleep(1.0)
-        _, idle_rss = peak_rss_mib(child.pid)
+        _, idle_rss = tree_rss_mib(child.pid)
         wall = time.monotonic()
         latencies, statuses, durations, cpu_marks = asyncio.run(send(port, windows, window_s, child.pid))
         elapsed = time.monotonic() - wall
         time.sleep(window_s)  # one more detector pass over the full state
-        rss, peak = peak_rss_mib(child.pid)
+        rss, peak = tree_rss_mib(child.pid)
     finally:
-        child.terminate()
+        members = process_tree(child.pid)
+        for member in reversed(members):  # the parsing workers and their fork server, then the child
+            with contextlib.suppress(OSError):
+                os.kill(member, signal.SIGTERM)
         child.join(10)
     detector = []
     while not passes.empty():
         detector.append(passes.get())
-    per_window = [after - before for before, after in itertools.pairwise(cpu_marks)]
+    per_window = [after[1] - before[1] for before, after in itertools.pairwise(cpu_marks)]
+    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(cpu_marks)]
     steady = per_window[len(per_window) // 2 :]
     accepted = statuses.get(202, 0) + statuses.get(200, 0)
     ordered = sorted(latencies)
@@ -224,14 +298,18 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float) -> dict[str,
         "cpu_share": statistics.mean(per_window) / window_s,
         "cpu_share_steady": statistics.mean(steady) / window_s,
         "cpu_share_worst": max(per_window) / window_s,
+        "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
         "cpu_ms_per_summary": 1e3 * sum(per_window) / (pods * window_count),
+        "loop_ms_per_summary": 1e3 * sum(loop_per_window) / (pods * window_count),
         "rss_idle_mib": idle_rss,
         "rss_mib": rss,
         "peak_rss_mib": peak,
-        "detect_ms": 1e3 * statistics.mean(total for total, _, _ in detector[-3:]) if detector else float("nan"),
-        "detect_ms_max": 1e3 * max(total for total, _, _ in detector) if detector else float("nan"),
-        "detect_job_ms_max": 1e3 * max(one for _, one, _ in detector) if detector else float("nan"),
-        "suspicions": sum(found for _, _, found in detector),
+        "detect_ms": 1e3 * statistics.mean(total for total, _, _, _, _ in detector[-3:]) if detector else float("nan"),
+        "detect_ms_max": 1e3 * max(total for total, _, _, _, _ in detector) if detector else float("nan"),
+        "detect_job_ms_max": 1e3 * max(one for _, one, _, _, _ in detector) if detector else float("nan"),
+        "gc_ms": 1e3 * statistics.mean(collected for _, _, _, collected, _ in detector) if detector else float("nan"),
+        "full_gc": sum(full for *_, full in detector) / len(detector) if detector else float("nan"),
+        "suspicions": sum(found for _, _, found, _, _ in detector),
     }
     print(
         f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
@@ -247,21 +325,43 @@ def main() -> None:
     parser.add_argument("--steps", default="4000,16000,64000", help="total ranks of each step")
     parser.add_argument("--windows", type=int, default=13, help="windows per step (the state keeps 12)")
     parser.add_argument("--window-seconds", type=float, default=5.0)
+    parser.add_argument("--default-gc", action="store_true", help="Python's GC thresholds, not the operator's")
+    parser.add_argument("--parse-workers", type=int, default=1, help="the collector's parsing processes (0: none)")
     args = parser.parse_args()
-    rows = [step(args.jobs, int(ranks), args.windows, args.window_seconds) for ranks in args.steps.split(",")]
-    print(f"\n{'ranks':>6} {'pods':>5} {'acc/s':>6} {'offered':>7} {'refused':>7} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'CPU%':>5} {'steady':>6} {'worst':>5} {'ms/sum':>6} {'RSS MiB':>7} {'peak':>6} {'det ms':>7} "
-          f"{'det max':>7} {'1 job':>6}")  # fmt: skip
+    steps = [int(ranks) for ranks in args.steps.split(",")]
+    tune = not args.default_gc
+    rows = [step(args.jobs, ranks, args.windows, args.window_seconds, args.parse_workers, tune) for ranks in steps]
+    columns = [  # header, figure, format, scale
+        ("ranks", "ranks", ">6.0f", 1),
+        ("pods", "pods", ">5.0f", 1),
+        ("acc/s", "accepted_per_s", ">6.0f", 1),
+        ("offered", "offered_per_s", ">7.0f", 1),
+        ("refused", "refused", ">7.0f", 1),
+        ("p50 ms", "p50_ms", ">7.1f", 1),
+        ("p99 ms", "p99_ms", ">7.1f", 1),
+        ("CPU%", "cpu_share", ">5.0f", 100),
+        ("steady", "cpu_share_steady", ">6.0f", 100),
+        ("worst", "cpu_share_worst", ">5.0f", 100),
+        ("loop%", "loop_cpu_share", ">5.0f", 100),
+        ("ms/sum", "cpu_ms_per_summary", ">6.2f", 1),
+        ("loop", "loop_ms_per_summary", ">5.2f", 1),
+        ("RSS MiB", "rss_mib", ">7.0f", 1),
+        ("peak", "peak_rss_mib", ">6.0f", 1),
+        ("det ms", "detect_ms", ">7.1f", 1),
+        ("det max", "detect_ms_max", ">7.1f", 1),
+        ("1 job", "detect_job_ms_max", ">6.1f", 1),
+        ("GC ms", "gc_ms", ">6.0f", 1),
+        ("full", "full_gc", ">4.1f", 1),
+    ]
+    print("\n" + " ".join(f"{header:>{len(format(0, spec))}}" for header, _, spec, _ in columns))
     for row in rows:
-        print(f"{row['ranks']:>6} {row['pods']:>5} {row['accepted_per_s']:>6.0f} {row['offered_per_s']:>7.0f} "
-              f"{row['refused']:>7} {row['p50_ms']:>7.1f} {row['p99_ms']:>7.1f} {100 * row['cpu_share']:>5.0f} "
-              f"{100 * row['cpu_share_steady']:>6.0f} {100 * row['cpu_share_worst']:>5.0f} "
-              f"{row['cpu_ms_per_summary']:>6.2f} {row['rss_mib']:>7.0f} {row['peak_rss_mib']:>6.0f} "
-              f"{row['detect_ms']:>7.1f} {row['detect_ms_max']:>7.1f} {row['detect_job_ms_max']:>6.1f}")  # fmt: skip
+        print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
     print(
-        "CPU%: the child's CPU as a share of one core, mean over all windows / over the second half / worst "
-        "window; ms/sum: its CPU per summary; det ms: the detector over all jobs in one pass (mean of the last "
-        "3, max), 1 job: the slowest single job"
+        "CPU%: the child's CPU with its parsing workers as a share of one core, mean over all windows / over the "
+        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary (loop: "
+        "the loop's process alone); det ms: the detector's CPU over all jobs in one pass (mean of the last "
+        "3, max), 1 job: the slowest single job; GC ms: the loop process's garbage "
+        "collection per window (full: full collections per window)"
     )
 
 

@@ -130,7 +130,10 @@ class OperatorConfig:
         )
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
-        collector = CollectorSettings(host=host, port=port, rate_per_job=rate, burst_per_job=10 * rate)
+        parse_workers = env.get("RANKWATCH_COLLECTOR_PARSE_WORKERS", CollectorSettings.parse_workers, _at_least(0))
+        collector = CollectorSettings(
+            host=host, port=port, rate_per_job=rate, burst_per_job=10 * rate, parse_workers=parse_workers
+        )
         probe = env.get("RANKWATCH_PROBE_LISTEN", None, _listen)
         limits = DiagnosisLimits(
             concurrency=env.get("RANKWATCH_DIAGNOSIS_CONCURRENCY", DiagnosisLimits.concurrency, _at_least(1)),

@@ -10,7 +10,8 @@ its world size; then it is deduplicated on (pod, start_ns, window) (delivery is 
 window older than the pod's newest is refused as replayed (409), and the rest is folded into the
 job's bounded in-memory state. Answers follow the protocol: 2xx taken, 400/404/409/413/422 refused
 for good, 401/408/429/503 worth retrying; every refusal is JSON ``{"error": "..."}`` naming what to
-fix. Nothing here blocks: the Secret read and the parsing of large bodies run in threads.
+fix. Nothing here blocks: the Secret read runs in a thread, the bodies' checks in worker processes
+(``message_parser``), the event loop keeps HTTP and the job states.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from rankwatch import http_logging, protocol
 from rankwatch.operator import api
 from rankwatch.operator.diagnosis import metrics
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits, SummaryDigest
+from rankwatch.operator.diagnosis.message_parser import MessageParser, Refusal
 
 log = logging.getLogger(__name__)
 
@@ -126,14 +128,14 @@ class CollectorSettings:
     """A request body not received within this is answered 408 (a slow client holds nothing longer)."""
     idle_timeout_s: float = 15.0
     """A connection without a complete request head for this long is closed (slowloris)."""
+    parse_workers: int = 1
+    """Processes that check message bodies off the event loop (``message_parser``); 0: on the loop."""
 
 
 JobLimits = Callable[[str, str], StateLimits | None]
 """(namespace, name) -> the job's state limits when rankwatch follows that job, else None."""
 
 LINGER_S = 2.0
-PARSE_OFF_LOOP_BYTES = 256 << 10
-"""Bodies larger than this are parsed in a thread, so a big summary does not hold up the event loop."""
 
 
 def _error(status: int, message: str, **headers: str) -> web.Response:
@@ -196,6 +198,7 @@ class Collector:
         self.limiter = RateLimiter(settings.rate_per_job, settings.burst_per_job)
         self.bodies = ByteBudget(settings.inflight_body_bytes)
         self.on_stall = on_stall
+        self.parser = MessageParser(settings.parse_workers)
         self.app = web.Application(client_max_size=protocol.MAX_DECODED_BYTES, middlewares=[_no_tracebacks])
         self.app.router.add_post(protocol.SUMMARIES_PATH, self._summaries)
         self.app.router.add_post(protocol.STALLS_PATH, self._stalls)
@@ -206,6 +209,7 @@ class Collector:
 
     async def start(self) -> None:
         http_logging.quiet_client_errors()
+        await self.parser.start()
         # lingering_time: after refusing a body, read and drop the rest of it for at most this long.
         self._runner = web.AppRunner(
             self.app, access_log=None, keepalive_timeout=self.settings.idle_timeout_s, lingering_time=LINGER_S
@@ -220,6 +224,7 @@ class Collector:
         if self._runner:
             await self._runner.cleanup()
             self._runner = None
+        self.parser.close()
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -284,15 +289,12 @@ class Collector:
         try:
             raw = b"".join(chunks)
             del chunks
-            try:
-                if len(raw) > PARSE_OFF_LOOP_BYTES:
-                    message = await asyncio.to_thread(_decode, raw, request.headers.get("Content-Encoding"), kind)
-                else:
-                    message = _decode(raw, request.headers.get("Content-Encoding"), kind)
-            except _Refused as refused:
-                return refused.response
+            message = await self.parser.parse(raw, request.headers.get("Content-Encoding"), kind)
         finally:
             self.bodies.give(held)
+        if isinstance(message, Refusal):
+            extra = {"Retry-After": "1"} if message.status == 503 else {}
+            return _error(message.status, message.error, **extra)
         return self._keep(namespace, name, job, limits, message)
 
     async def _read_body(self, request: web.Request) -> tuple[list[bytes], int]:
@@ -325,7 +327,7 @@ class Collector:
         return chunks, held
 
     def _keep(
-        self, namespace: str, name: str, job: str, limits: StateLimits, message: protocol.Message
+        self, namespace: str, name: str, job: str, limits: StateLimits, message: SummaryDigest | protocol.StallReport
     ) -> web.Response:
         if (message.namespace, message.job) != (namespace, name):
             return _error(422, f"the message is about {message.namespace}/{message.job}, posted to {namespace}/{name}")
@@ -334,7 +336,7 @@ class Collector:
             last = limits.ranks - 1
             return _error(422, f"{job}: rank {outside} is outside the world size {limits.ranks} (ranks 0..{last})")
         state = self.store.get(namespace, name, limits)
-        if isinstance(message, protocol.WindowSummary):
+        if isinstance(message, SummaryDigest):
             if state.duplicate((message.pod, message.start_ns, message.window)):
                 return web.json_response({"duplicate": True}, status=208)
             newest = state.replayed(message)
@@ -344,7 +346,7 @@ class Collector:
                     f"{job}: window {message.window} of pod {message.pod} starts at {message.start_ns} ns, before "
                     f"the newest window taken from it ({newest} ns): replayed or sent out of order; not taken",
                 )
-            state.add_summary(message)
+            state.add_digest(message)
             metrics.COLLECTOR_RANK_WINDOWS.inc(len(message.ranks))
         else:
             if state.duplicate((message.pod, message.detected_ns, -1)):
@@ -356,21 +358,9 @@ class Collector:
         return web.json_response({"accepted": True}, status=202)
 
 
-def _decode(raw: bytes, content_encoding: str | None, kind: str) -> protocol.Message:
-    try:
-        body = protocol.decode_body(raw, content_encoding)
-    except protocol.ProtocolError as error:
-        status = 413 if "over the limit" in str(error) or "more than" in str(error) else 400
-        raise _Refused(_error(status, str(error))) from None
-    try:
-        return protocol.parse_summary(body) if kind == "summary" else protocol.parse_stall(body)
-    except protocol.ProtocolError as error:
-        raise _Refused(_error(422, str(error))) from None
-
-
-def _ranks_outside(message: protocol.Message, world_size: int) -> int | None:
+def _ranks_outside(message: SummaryDigest | protocol.StallReport, world_size: int) -> int | None:
     """The first global rank the message names at or beyond the job's world size, if any."""
-    if isinstance(message, protocol.WindowSummary):
+    if isinstance(message, SummaryDigest):
         ranks = [window.global_rank for window in message.ranks]
     else:
         ranks = [position.global_rank for position in message.positions] + list(message.stalled_ranks)

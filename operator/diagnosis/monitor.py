@@ -190,6 +190,9 @@ class Monitor:
                     await self.check(job, now)
                 except Exception:  # never end the watch over every job for one job's trouble
                     log.exception("checking TrainingJob %s/%s failed", job.namespace, job.name)
+                # The collector shares this loop: serve the summaries that arrived while this job was
+                # checked before the next (50 jobs of 1,280 ranks take ~1 s back to back).
+                await asyncio.sleep(0)
             await asyncio.sleep(TICK_S)
 
     async def check(self, job: WatchedJob, now: float) -> None:

@@ -110,6 +110,44 @@ def test_a_schema_1_summary_without_the_host_figures_still_parses():
         protocol.parse_summary(json.dumps(data).encode())
 
 
+def nested(change) -> bytes:
+    data = dataclasses.asdict(summary())
+    change(data)
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (nested(lambda d: d["ranks"][0]["comms"][0]["wait"].update(extra=1)), r"wait: unknown field 'extra'"),
+        (nested(lambda d: d["ranks"][0].update(records=True)), r"records: expected an integer, got True"),
+        (nested(lambda d: d["ranks"][0]["comms"][0].update(calls={"AllReduce": 1.5})), r"calls\.AllReduce"),
+        (nested(lambda d: d.update(cpu_pressure=None, schema=3)), "schema 3"),
+        (json.dumps(dataclasses.asdict(summary())).replace("0.42", "1e999").encode(), "out of range"),
+    ],
+)
+def test_the_fast_parser_refuses_what_the_checks_refuse_and_names_it(body, message):
+    """Summaries are checked by msgspec first (in C); whatever it refuses, deep inside too, is refused with
+    the field named, as before."""
+    with pytest.raises(ProtocolError, match=message):
+        protocol.parse_summary(body)
+
+
+def test_the_fast_parser_builds_the_same_messages_as_the_checks():
+    """Ints where floats are due become floats, optional fields absent in schema 1 take their defaults, and
+    an integer too large for msgspec (beyond 64 bits) is still taken, as by the JSON module."""
+    data = dataclasses.asdict(summary())
+    data["ranks"][0]["step_time_s"] = 1
+    data["ranks"][0]["last_call_ns"] = 2**70
+    parsed = protocol.parse_summary(json.dumps(data).encode())
+    assert parsed.ranks[0].step_time_s == 1.0 and type(parsed.ranks[0].step_time_s) is float
+    assert parsed.ranks[0].last_call_ns == 2**70
+    assert (
+        dataclasses.replace(parsed.ranks[0], step_time_s=0.1, last_call_ns=summary().ranks[0].last_call_ns)
+        == (summary().ranks[0])
+    )
+
+
 def test_nested_field_errors_name_the_path():
     data = dataclasses.asdict(summary())
     data["ranks"][0]["comms"][0]["wait"]["p50"] = "fast"

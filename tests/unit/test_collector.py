@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import os
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -335,3 +340,98 @@ async def test_a_bug_answers_a_short_json_500_without_a_traceback():
         assert json.loads(text)["error"].startswith("internal error")
     finally:
         await server.stop()
+
+
+async def test_concurrent_summaries_are_checked_in_worker_processes_in_batches_and_all_applied():
+    """Many bodies at once go to the parsing workers in batches: each good one is taken into the job's
+    state, a bad one among them is refused on its own, naming its field."""
+    settings = CollectorSettings(host="127.0.0.1", port=0, parse_workers=2, rate_per_job=1000, burst_per_job=1000)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        # One start time for all: bodies sent at once arrive in any order, and an earlier start after a later
+        # one would be refused as replayed.
+        windows = [replace(summary(pod=f"llama-worker-{i % 2}", window=i + 1), start_ns=1000) for i in range(120)]
+        bodies = [protocol.encode(window) for window in windows]
+        document = json.loads(gzip.decompress(bodies[60]))
+        document["ranks"][0]["alive"] = "yes"
+        bodies[60] = gzip.compress(json.dumps(document).encode())
+        answers = await asyncio.gather(*(post(url, SUMMARIES, body) for body in bodies))
+        statuses = [status for status, _ in answers]
+        assert statuses.count(202) == 119 and statuses[60] == 422
+        assert "ranks[0].alive" in answers[60][1]["error"]
+        state = server.store.peek("team-a", "llama")
+        assert state.summaries == 119 and set(state.pods) == {"llama-worker-0", "llama-worker-1"}
+        assert state.ranks[0].comms["00000000000000ab"].last_completed == 10
+    finally:
+        await server.stop()
+
+
+async def test_a_parsing_worker_killed_answers_503_and_new_workers_take_over():
+    """A worker that dies (OOM-killed) loses only the bodies it held: they are answered 503 (the sidecar
+    retries), and the next bodies are parsed by new workers."""
+    settings = CollectorSettings(host="127.0.0.1", port=0, parse_workers=1)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert (await post(url, SUMMARIES, protocol.encode(summary(window=1))))[0] == 202
+        (worker,) = server.parser._pool._processes.values()  # the real worker process
+        worker.kill()
+        worker.join(10)
+        status, answer = await post(url, SUMMARIES, protocol.encode(summary(window=2)))
+        assert status in (202, 503), answer  # 503 when the dead worker was still handed the batch
+        if status == 503:
+            assert "retry" in answer["error"]
+        status, answer = await post(url, SUMMARIES, protocol.encode(summary(window=3)))
+        assert status == 202, answer
+        assert server.store.peek("team-a", "llama").ranks[0].comms["00000000000000ab"].last_completed == 10
+    finally:
+        await server.stop()
+
+
+async def test_without_parsing_workers_the_loop_checks_the_bodies():
+    settings = CollectorSettings(host="127.0.0.1", port=0, parse_workers=0)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
+    await server.start()
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        assert (await post(url, SUMMARIES, protocol.encode(summary())))[0] == 202
+        status, answer = await post(url, SUMMARIES, gzip.compress(b'{"schema": 2, "window": NaN}'))
+        assert status == 422 and "NaN" in answer["error"]
+        assert server.parser._pool is None, "no process started"
+    finally:
+        await server.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def test_parsing_workers_end_with_a_killed_collector_process():
+    """An operator killed outright (SIGKILL, OOM) leaves no parsing worker behind waiting for work."""
+    script = Path(__file__).parent.parent / "hostile" / "collector_process.py"
+    env = {**os.environ, "HOSTILE_TOKEN": TOKEN}
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert process.stdout.readline().startswith(b"port "), "the collector started (its workers answered)"
+        workers = [pid for pid in _children(process.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert workers, "the collector runs a parsing worker"
+    finally:
+        process.kill()
+        process.wait(10)
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert not alive, f"parsing workers {alive} outlived the collector"
