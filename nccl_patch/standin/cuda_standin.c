@@ -312,17 +312,26 @@ void rwStandinHoldCollectiveStreams(void) {
   pthread_mutex_unlock(&device.lock);
 }
 
-/* The stuck fault, at its operation: this stream runs nothing more from where it is held (from what
- * is queued now when it was not held), the other streams are released. */
-void rwStandinStallStream(CUstream stream) {
+/* The stuck fault, at its operation: this stream runs nothing from its last `lead_in` items on (the
+ * event records a tracer put just ahead of the operation, one per call of a group: its GPU start),
+ * nor the operation, nor anything after; the other streams are released. What came before (the end
+ * of the previous operation) still runs when it was held; without a hold, whatever already ran. */
+void rwStandinStallStream(CUstream stream, int lead_in) {
   ensure_configured();
   if (!device.async) return;
   pthread_mutex_lock(&device.lock);
   stream_state* state = stream_of(stream);
-  uint64_t stop_at = state && state->limit != UINT64_MAX ? state->limit : state ? state->enqueued : 0;
   device.holding = 0;
-  release_locked();
-  if (state) state->limit = stop_at;
+  if (state) {
+    uint64_t back = lead_in > 0 && (uint64_t)lead_in < state->enqueued ? (uint64_t)lead_in : 0;
+    uint64_t stop_at = state->enqueued - back;
+    uint64_t ran = state->limit != UINT64_MAX ? state->limit : state->completed; /* may have run */
+    if (stop_at < ran) stop_at = ran < state->enqueued ? ran : state->enqueued;
+    release_locked();
+    state->limit = stop_at;
+  } else {
+    release_locked();
+  }
   pthread_mutex_unlock(&device.lock);
 }
 

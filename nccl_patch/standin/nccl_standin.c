@@ -440,7 +440,7 @@ static struct {
   int async;
   int (*launch)(cudaStream_t stream, host_fn fn, void* arg);
   void (*hold)(void);                /* the stuck fault: see cuda_standin.c */
-  void (*stall)(cudaStream_t stream);
+  void (*stall)(cudaStream_t stream, int lead_in);
 } device;
 static pthread_once_t device_once = PTHREAD_ONCE_INIT;
 
@@ -453,7 +453,7 @@ static void find_device(void) {
   int (*is_async)(void) = (int (*)(void))dlsym(lib, "rwStandinDeviceIsAsync");
   device.launch = (int (*)(cudaStream_t, host_fn, void*))dlsym(lib, "rwStandinLaunchCollective");
   device.hold = (void (*)(void))dlsym(lib, "rwStandinHoldCollectiveStreams");
-  device.stall = (void (*)(cudaStream_t))dlsym(lib, "rwStandinStallStream");
+  device.stall = (void (*)(cudaStream_t, int))dlsym(lib, "rwStandinStallStream");
   if (!is_async) device.launch = NULL;
   device.async = device.launch && is_async();
 }
@@ -500,7 +500,7 @@ static ncclResult_t launch(op_t* ops, int count) {
   for (int i = 0; i < count; i++) stuck |= ops[i].stuck;
   if (stuck && device.stall) {
     fprintf(stderr, "rankwatch stand-in NCCL: injected fault: this operation never starts on the GPU\n");
-    device.stall(ops[0].stream); /* its stream stops before it: the operation never runs */
+    device.stall(ops[0].stream, count); /* its stream stops before it (and its GPU start events) */
   }
   if (device.launch(ops[0].stream, run_launched, batch) != 0) {
     for (int i = 0; i < count; i++) atomic_fetch_add(&ops[i].comm->finished, 1);

@@ -73,5 +73,6 @@ def test_gpu_timed_slow_pipeline_link_is_named_from_gpu_times(tmp_path):
 def test_gpu_timed_stuck_receive_names_the_rank_the_pipeline_waits_for(tmp_path):
     # rank 6's receive from the last stage starts on its GPU and never completes (so does rank 7's
     # matching send); every earlier stage waits for rank 6's next send, queued behind it
-    _, document = simulate(tmp_path, True, 8, 1, 8, Faults(stuck_rank=6, stuck_at=46), steps=30, compute_us=1000)
+    faults = Faults(never_ends_rank=6, never_ends_at=46)
+    _, document = simulate(tmp_path, True, 8, 1, 8, faults, steps=30, compute_us=1000)
     assert named(document) == [("hang", [6])], document["findings"]
