@@ -181,8 +181,10 @@ def _follow_unrecorded_partners(
 
 def _p2p_match(trace: Trace, row: np.void, peer: int, queued: np.ndarray, completion_known: bool) -> str:
     """Where the peer of a stalled send/receive is with its matching call: ``missing`` (never made),
-    ``queued`` (made, but behind its own earlier GPU work: not reached), ``in flight`` (started on its
-    GPU and not finished either: the pair is stuck together) or ``done``."""
+    ``queued`` (made, but its GPU never reached it: behind its own earlier work, or its GPU-timed call
+    never started while unfinished), ``in flight`` (both sides started on their GPUs and neither
+    finished: the pair is stuck together), ``unstarted`` (the peer's started and waits, the stalled
+    side's own call never started on its GPU: the stalled side holds the pair up) or ``done``."""
     calls = trace.calls
     rows = trace.rows_of(peer)
     own = calls[rows]
@@ -196,9 +198,11 @@ def _p2p_match(trace: Trace, row: np.void, peer: int, queued: np.ndarray, comple
     at = rows.start + int(exact[0])
     if queued[at]:
         return "queued"
-    started = calls["gpu_start"][at] > 0 and calls["gpu_start"][trace.rows_of(int(row["rank"]))].any()
-    if completion_known and calls["t_return"][at] == 0 and started:
-        return "in flight"
+    timed = calls["gpu_start"][rows].any() and calls["gpu_start"][trace.rows_of(int(row["rank"]))].any()
+    if completion_known and calls["t_return"][at] == 0 and timed:
+        if calls["gpu_start"][at] == 0:
+            return "queued"
+        return "in flight" if int(row["gpu_start"]) > 0 else "unstarted"
     return "done"
 
 
@@ -322,6 +326,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     unknown_peer: set[int] = set()
     stuck: dict[tuple[int, int], np.ndarray] = {}  # collectives everyone entered and nobody left
     stuck_pairs: set[frozenset[int]] = set()  # sends/receives both sides started and neither left
+    unstarted: set[int] = set()  # ranks whose send/receive never started on the GPU while the peer's did
     for row in stalled:
         rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
         comm = trace.comms.get(comm_id)
@@ -339,6 +344,8 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
                 waits_for.setdefault(rank, set()).add(peer)
             elif state == "in flight":
                 stuck_pairs.add(frozenset((rank, peer)))
+            elif state == "unstarted":
+                unstarted.add(rank)
             continue
         key = (comm_id, seq)
         if key not in missing_in:
@@ -358,7 +365,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         if rank not in waits_for and (not completion_known or (rank not in unknown_peer and rank not in waiting))
     }  # (a rank inside a collective everyone entered is reported as stuck below)
     pair_culprits, undecided_pairs = _stuck_pair_culprits(waits_for, stuck_pairs)
-    stopped |= pair_culprits
+    stopped |= pair_culprits | (unstarted - set(waits_for))
     roots = _roots_behind(waits_for, stopped)
     if not completion_known:
         _merge_stopped_together(trace, stalled, roots, members_of, stuck)

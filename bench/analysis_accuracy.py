@@ -112,8 +112,8 @@ class AsyncCase:
     """One run of the asynchronous suite and the answer expected of it.
 
     ``mode``: ``exact``, the most likely finding is ``kind`` naming exactly ``culprits``; ``group``, a
-    hang whose ranks hold the culprit and lie in one communicator with it smaller than the world (the
-    stand-in's stuck operation starts on its GPU like its peers': its members look alike); ``unnamed``,
+    hang whose ranks hold the culprit and lie in one communicator with it smaller than the world (for an
+    operation that starts on every member's GPU and never ends: its members look alike); ``unnamed``,
     host call times cannot single the culprit out, so nobody else may be named (naming the culprit is
     fine); ``none``, a healthy run: no finding at all.
     """
@@ -145,7 +145,8 @@ def async_case(scenario: str, seed: int, gpu_timing: bool, steps: int = 20) -> A
         return AsyncCase(simulation, "hang", [rank], "exact")
     if scenario == "stuck":
         simulation = Simulation(**base, steps=30, compute_us=1000, faults=Faults(stuck_rank=rank, stuck_at=hang_point))
-        return AsyncCase(simulation, "hang", [rank], "group" if gpu_timing else "unnamed")
+        # the stuck operation never starts on the culprit's GPU while its peers' did: GPU times name it
+        return AsyncCase(simulation, "hang", [rank], "exact" if gpu_timing else "unnamed")
     if scenario == "device stop":
         faults = Faults(device_stop_rank=rank, device_stop_at_kernel=kernel)
         simulation = Simulation(**base, steps=30, compute_us=1000, faults=faults)

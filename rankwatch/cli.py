@@ -321,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--hang-rank", type=int)
     simulate.add_argument("--hang-at", type=int, default=0, help="the rank never makes its N-th NCCL call")
     simulate.add_argument("--stuck-rank", type=int)
-    simulate.add_argument("--stuck-at", type=int, default=0, help="the rank's N-th NCCL call never completes")
+    simulate.add_argument(
+        "--stuck-at", type=int, default=0, help="the rank's N-th NCCL operation never starts on its GPU (peers' do)"
+    )
     simulate.add_argument("--slow-link", type=int, nargs=2, metavar=("RANK_A", "RANK_B"))
     simulate.add_argument("--link-latency-us", type=int, default=0)
     simulate.add_argument("--device-stop-rank", type=int)

@@ -51,8 +51,10 @@ class Faults:
     slow_from_call: int = 0  # the slowdown starts after this many NCCL calls (fail-slow onset)
     hang_rank: int | None = None
     hang_at: int = 0
-    stuck_rank: int | None = None
+    stuck_rank: int | None = None  # async device: its N-th NCCL operation never starts on its GPU (peers' do)
     stuck_at: int = 0
+    never_ends_rank: int | None = None  # async device: its N-th operation starts like its peers' and never ends
+    never_ends_at: int = 0
     slow_link: tuple[int, int] | None = None
     link_latency_us: int = 0
     device_stop_rank: int | None = None  # that rank's GPU stops inside its N-th compute kernel
@@ -67,6 +69,8 @@ class Faults:
             env["RANKWATCH_STANDIN_HANG_BEFORE_CALL"] = str(self.hang_at)
         if self.stuck_rank == rank and self.stuck_at > 0:
             env["RANKWATCH_STANDIN_STUCK_IN_CALL"] = str(self.stuck_at)
+        if self.never_ends_rank == rank and self.never_ends_at > 0:
+            env["RANKWATCH_STANDIN_NEVER_ENDS_CALL"] = str(self.never_ends_at)
         if self.device_stop_rank == rank and self.device_stop_at_kernel > 0:
             env["RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL"] = str(self.device_stop_at_kernel)
         if self.slow_link and rank in self.slow_link and self.link_latency_us > 0:
@@ -80,6 +84,7 @@ class Faults:
         return (
             (self.hang_rank is not None and self.hang_at > 0)
             or (self.stuck_rank is not None and self.stuck_at > 0)
+            or (self.never_ends_rank is not None and self.never_ends_at > 0)
             or (self.device_stop_rank is not None and self.device_stop_at_kernel > 0)
         )
 
@@ -106,7 +111,7 @@ class Simulation:
             raise SimulationError(f"--world-size must be at least 1, got {self.world_size}")
         if self.tp < 1 or self.pp < 1 or self.world_size % (self.tp * self.pp):
             raise SimulationError(f"--tp {self.tp} x --pp {self.pp} must divide --world-size {self.world_size}")
-        for name in ("slow_rank", "hang_rank", "stuck_rank", "device_stop_rank"):
+        for name in ("slow_rank", "hang_rank", "stuck_rank", "never_ends_rank", "device_stop_rank"):
             rank = getattr(self.faults, name)
             if rank is not None and not 0 <= rank < self.world_size:
                 raise SimulationError(
@@ -261,6 +266,7 @@ POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL",
     "RANKWATCH_STANDIN_HANG_BEFORE_CALL",
     "RANKWATCH_STANDIN_STUCK_IN_CALL",
+    "RANKWATCH_STANDIN_NEVER_ENDS_CALL",
     "RANKWATCH_STANDIN_LINK_PEER",
     "RANKWATCH_STANDIN_LINK_LATENCY_US",
     CPU_NEIGHBOURS,

@@ -18,6 +18,13 @@
  * own, created at first use (NULL is a per-thread-default-like stream: it does not synchronise with
  * the others). Device faults (faults.h): kernels slowed by RANKWATCH_STANDIN_SLOWDOWN, and
  * RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL=N: the N-th kernel never ends and nothing runs after it.
+ * The stand-in NCCL's stuck fault (RANKWATCH_STANDIN_STUCK_IN_CALL=N) stops the stream of the N-th
+ * NCCL operation just before it, so its GPU work (and the start event recorded ahead of it) never
+ * runs, as when earlier work on that stream never finishes: rwStandinHoldCollectiveStreams, called
+ * once operation N-1 is launched, holds back what is launched afterwards on the streams that carry
+ * collectives (released while a host thread that launches collectives blocks in a synchronisation or
+ * on a full queue, so the host never deadlocks on the hold); rwStandinStallStream, at operation N,
+ * keeps its stream stopped for good and releases the others.
  * rwStandinSetCapturing(stream, 1) marks a stream as capturing a CUDA graph (for tests).
  */
 #define _GNU_SOURCE
@@ -64,6 +71,8 @@ typedef struct {
   uintptr_t handle;
   work* queue; /* ring of capacity entries: [completed, enqueued) are pending */
   uint64_t enqueued, completed;
+  uint64_t limit; /* the executor runs items below this position only (UINT64_MAX: no hold) */
+  int carries_collectives;
   pthread_cond_t has_work, has_room;
 } stream_state;
 
@@ -75,6 +84,7 @@ static struct {
   stream_state* streams[MAX_STREAMS];
   int stream_count;
   int stopped;
+  int holding; /* the stuck fault is armed: collective streams hold back new work (see the top) */
   _Atomic uint64_t kernels_launched;
   _Atomic uint64_t collectives_launched;
 } device = {.lock = PTHREAD_MUTEX_INITIALIZER, .progress = PTHREAD_COND_INITIALIZER};
@@ -83,6 +93,7 @@ static pthread_once_t device_once = PTHREAD_ONCE_INIT;
 static CUstream capturing[MAX_CAPTURING];
 static struct CUctx_st* const the_context = (struct CUctx_st*)0x1;
 static _Atomic uintptr_t next_stream_handle = 0x1000;
+static __thread int launches_collectives; /* this host thread launched NCCL operations */
 
 static void configure(void) {
   const char* mode = getenv("RANKWATCH_STANDIN_DEVICE");
@@ -154,7 +165,8 @@ static void* executor(void* argument) {
   stream_state* stream = argument;
   pthread_mutex_lock(&device.lock);
   for (;;) {
-    while (stream->completed == stream->enqueued || device.stopped) pthread_cond_wait(&stream->has_work, &device.lock);
+    while (stream->completed == stream->enqueued || stream->completed >= stream->limit || device.stopped)
+      pthread_cond_wait(&stream->has_work, &device.lock);
     work item = stream->queue[stream->completed % device.capacity];
     execute_locked(&item);
     stream->completed++;
@@ -186,6 +198,7 @@ static stream_state* stream_of(CUstream handle) {
     return NULL;
   }
   stream->handle = (uintptr_t)handle;
+  stream->limit = UINT64_MAX;
   pthread_cond_init(&stream->has_work, NULL);
   pthread_cond_init(&stream->has_room, NULL);
   pthread_t thread;
@@ -199,6 +212,30 @@ static stream_state* stream_of(CUstream handle) {
   }
   device.streams[device.stream_count++] = stream;
   return stream;
+}
+
+/* ---- the stuck fault's hold (see the top) ---------------------------------------------------------- */
+static void hold_locked(void) {
+  for (int i = 0; i < device.stream_count; i++)
+    if (device.streams[i]->carries_collectives) device.streams[i]->limit = device.streams[i]->enqueued;
+}
+
+static void release_locked(void) {
+  for (int i = 0; i < device.stream_count; i++) {
+    device.streams[i]->limit = UINT64_MAX;
+    pthread_cond_signal(&device.streams[i]->has_work);
+  }
+}
+
+/* A host thread that launches collectives is about to block on the device: let held work run. */
+static int release_for_wait_locked(void) {
+  if (!device.holding || !launches_collectives) return 0;
+  release_locked();
+  return 1;
+}
+
+static void rehold_after_wait_locked(int released) {
+  if (released && device.holding) hold_locked();
 }
 
 /* Queue one item on a stream (async) or run it here and now (sync). Blocks while the queue is full. */
@@ -225,7 +262,11 @@ static CUresult launch(CUstream handle, work item) {
     pthread_mutex_unlock(&device.lock);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  while (stream->enqueued - stream->completed >= device.capacity) pthread_cond_wait(&stream->has_room, &device.lock);
+  if (stream->enqueued - stream->completed >= device.capacity) {
+    int released = release_for_wait_locked();
+    while (stream->enqueued - stream->completed >= device.capacity) pthread_cond_wait(&stream->has_room, &device.lock);
+    rehold_after_wait_locked(released);
+  }
   stream->queue[stream->enqueued % device.capacity] = item;
   stream->enqueued++;
   pthread_cond_signal(&stream->has_work);
@@ -250,7 +291,48 @@ CUresult rwStandinLaunchKernel(CUstream stream, int64_t duration_ns) {
 CUresult rwStandinLaunchCollective(CUstream stream, CUhostFn fn, void* arg) {
   if (!fn) return CUDA_ERROR_INVALID_VALUE;
   atomic_fetch_add(&device.collectives_launched, 1);
+  launches_collectives = 1;
+  ensure_configured();
+  if (device.async) {
+    pthread_mutex_lock(&device.lock);
+    stream_state* state = stream_of(stream);
+    if (state) state->carries_collectives = 1;
+    pthread_mutex_unlock(&device.lock);
+  }
   return launch(stream, (work){.kind = WORK_HOST, .fn = fn, .arg = arg});
+}
+
+/* The stuck fault, armed: work launched from now on onto streams that carry collectives waits. */
+void rwStandinHoldCollectiveStreams(void) {
+  ensure_configured();
+  if (!device.async) return;
+  pthread_mutex_lock(&device.lock);
+  device.holding = 1;
+  hold_locked();
+  pthread_mutex_unlock(&device.lock);
+}
+
+/* The stuck fault, at its operation: this stream runs nothing from its last `lead_in` items on (the
+ * event records a tracer put just ahead of the operation, one per call of a group: its GPU start),
+ * nor the operation, nor anything after; the other streams are released. What came before (the end
+ * of the previous operation) still runs when it was held; without a hold, whatever already ran. */
+void rwStandinStallStream(CUstream stream, int lead_in) {
+  ensure_configured();
+  if (!device.async) return;
+  pthread_mutex_lock(&device.lock);
+  stream_state* state = stream_of(stream);
+  device.holding = 0;
+  if (state) {
+    uint64_t back = lead_in > 0 && (uint64_t)lead_in < state->enqueued ? (uint64_t)lead_in : 0;
+    uint64_t stop_at = state->enqueued - back;
+    uint64_t ran = state->limit != UINT64_MAX ? state->limit : state->completed; /* may have run */
+    if (stop_at < ran) stop_at = ran < state->enqueued ? ran : state->enqueued;
+    release_locked();
+    state->limit = stop_at;
+  } else {
+    release_locked();
+  }
+  pthread_mutex_unlock(&device.lock);
 }
 
 void rwStandinSetCapturing(CUstream stream, int on) {
@@ -296,8 +378,11 @@ CUresult cuEventSynchronize(CUevent event) {
   if (!event) return CUDA_ERROR_INVALID_HANDLE;
   uint64_t generation = atomic_load(&event->recorded);
   pthread_mutex_lock(&device.lock);
+  int released = 0;
+  if (atomic_load_explicit(&event->completed, memory_order_acquire) < generation) released = release_for_wait_locked();
   while (atomic_load_explicit(&event->completed, memory_order_acquire) < generation)
     pthread_cond_wait(&device.progress, &device.lock);
+  rehold_after_wait_locked(released);
   pthread_mutex_unlock(&device.lock);
   return CUDA_SUCCESS;
 }
@@ -354,7 +439,9 @@ CUresult cuStreamSynchronize(CUstream handle) {
   stream_state* stream = find_stream(handle); /* never launched on: nothing to wait for */
   if (stream) {
     uint64_t target = stream->enqueued;
+    int released = stream->completed < target ? release_for_wait_locked() : 0;
     while (stream->completed < target) pthread_cond_wait(&device.progress, &device.lock);
+    rehold_after_wait_locked(released);
   }
   pthread_mutex_unlock(&device.lock);
   return CUDA_SUCCESS;
@@ -367,8 +454,10 @@ CUresult cuCtxSynchronize(void) {
   int count = device.stream_count;
   uint64_t targets[MAX_STREAMS];
   for (int i = 0; i < count; i++) targets[i] = device.streams[i]->enqueued;
+  int released = release_for_wait_locked();
   for (int i = 0; i < count; i++)
     while (device.streams[i]->completed < targets[i]) pthread_cond_wait(&device.progress, &device.lock);
+  rehold_after_wait_locked(released);
   pthread_mutex_unlock(&device.lock);
   return CUDA_SUCCESS;
 }

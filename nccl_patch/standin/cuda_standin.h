@@ -18,6 +18,10 @@ CUresult cuEventRecord(CUevent event, CUstream stream);
 
 /* A compute kernel of duration_ns on the stream (longer on a slowed device). */
 CUresult rwStandinLaunchKernel(CUstream stream, int64_t duration_ns);
+/* The stand-in NCCL's stuck fault (cuda_standin.c): hold back new work on collective streams, then
+ * stop one stream for good before the stuck operation. No-ops on a synchronous device. */
+void rwStandinHoldCollectiveStreams(void);
+void rwStandinStallStream(CUstream stream, int lead_in);
 /* 1 when the device runs behind the host (RANKWATCH_STANDIN_DEVICE=async). */
 int rwStandinDeviceIsAsync(void);
 

@@ -10,7 +10,12 @@
  *   RANKWATCH_STANDIN_HANG_BEFORE_CALL=N    the driver stops before its N-th NCCL call (never calls)
  *   RANKWATCH_STANDIN_STUCK_IN_CALL=N       the N-th NCCL operation never completes: synchronous device,
  *                                           the call itself never returns; asynchronous device, the call
- *                                           returns and the operation starts on the GPU but never ends
+ *                                           returns and the operation's GPU work never starts (its stream
+ *                                           stops just before it, as behind earlier work that never ends)
+ *                                           while its peers start theirs and wait inside
+ *   RANKWATCH_STANDIN_NEVER_ENDS_CALL=N     the N-th NCCL operation never completes: synchronous device,
+ *                                           as above; asynchronous device, it starts on the GPU like its
+ *                                           peers' and never ends (every member looks alike)
  *   RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL=N  the N-th compute kernel never ends and the device runs
  *                                           nothing after it (so the collectives behind it never start)
  * Calls are counted per process, 1-based, over collectives and send/recv of every communicator.
@@ -27,6 +32,7 @@ typedef struct rw_faults {
   int64_t link_latency_ns;
   uint64_t hang_before_call;
   uint64_t stuck_in_call;
+  uint64_t never_ends_call;
   uint64_t device_stop_at_kernel;
 } rw_faults;
 

@@ -14,7 +14,8 @@
  * and data movement happen on the stream's executor, in stream order, and a group goes onto the stream
  * of its first operation. Otherwise (synchronous device, or no stand-in device) inside the call.
  * ncclCommDestroy waits for the communicator's launched operations (as ncclCommFinalize does).
- * NCCL-level faults come from the environment (faults.h): a slow link, an operation that never completes.
+ * NCCL-level faults come from the environment (faults.h): a slow link, an operation that never starts
+ * on the GPU (its stream stopped before it), one that starts and never completes.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -205,7 +206,8 @@ typedef struct {
   int root; /* or peer */
   ncclComm_t comm;
   cudaStream_t stream;
-  int stuck; /* the injected fault: this operation never completes */
+  int stuck;      /* the injected fault: this operation's GPU work never starts (asynchronous device) */
+  int never_ends; /* the injected fault: this operation starts on the GPU and never completes */
   int phase;
   uint32_t target; /* barrier round or mailbox count to wait for */
   int64_t not_before_ns; /* link latency: do not post before this time */
@@ -437,6 +439,8 @@ typedef void (*host_fn)(void*);
 static struct {
   int async;
   int (*launch)(cudaStream_t stream, host_fn fn, void* arg);
+  void (*hold)(void);                /* the stuck fault: see cuda_standin.c */
+  void (*stall)(cudaStream_t stream, int lead_in);
 } device;
 static pthread_once_t device_once = PTHREAD_ONCE_INIT;
 
@@ -448,6 +452,8 @@ static void find_device(void) {
   if (!lib) return;
   int (*is_async)(void) = (int (*)(void))dlsym(lib, "rwStandinDeviceIsAsync");
   device.launch = (int (*)(cudaStream_t, host_fn, void*))dlsym(lib, "rwStandinLaunchCollective");
+  device.hold = (void (*)(void))dlsym(lib, "rwStandinHoldCollectiveStreams");
+  device.stall = (void (*)(cudaStream_t, int))dlsym(lib, "rwStandinStallStream");
   if (!is_async) device.launch = NULL;
   device.async = device.launch && is_async();
 }
@@ -467,7 +473,7 @@ typedef struct {
 static void run_launched(void* arg) {
   launched_ops* batch = arg;
   for (int i = 0; i < batch->count; i++)
-    if (batch->ops[i].stuck) {
+    if (batch->ops[i].never_ends || batch->ops[i].stuck) { /* stuck: reached only without a stall */
       fprintf(stderr, "rankwatch stand-in NCCL: injected fault: this operation never completes\n");
       rw_hang_forever();
     }
@@ -490,11 +496,22 @@ static ncclResult_t launch(op_t* ops, int count) {
     memcpy(batch->ops, ops, (size_t)count * sizeof(op_t));
   }
   for (int i = 0; i < count; i++) atomic_fetch_add(&ops[i].comm->launched, 1);
+  int stuck = 0;
+  for (int i = 0; i < count; i++) stuck |= ops[i].stuck;
+  if (stuck && device.stall) {
+    fprintf(stderr, "rankwatch stand-in NCCL: injected fault: this operation never starts on the GPU\n");
+    device.stall(ops[0].stream, count); /* its stream stops before it (and its GPU start events) */
+  }
   if (device.launch(ops[0].stream, run_launched, batch) != 0) {
     for (int i = 0; i < count; i++) atomic_fetch_add(&ops[i].comm->finished, 1);
     if (batch->owned) free(batch);
     return ncclUnhandledCudaError;
   }
+  /* The stuck fault, armed once the operation before it is launched: what is launched after this
+   * (its start event) must not run before the stuck operation is known. */
+  const rw_faults* f = rw_faults_get();
+  if (device.async && device.hold && f->stuck_in_call > 1 && atomic_load(&calls_issued) == f->stuck_in_call - 1)
+    device.hold();
   return ncclSuccess;
 }
 
@@ -514,7 +531,11 @@ static ncclResult_t issue(op_t op) {
   int async = device_is_async();
   if (f->stuck_in_call && call == f->stuck_in_call) {
     if (!async) rw_hang_forever(); /* the call itself never returns */
-    op.stuck = 1;                  /* the operation starts on the device and never completes */
+    op.stuck = 1;                  /* the operation never starts on the device */
+  }
+  if (f->never_ends_call && call == f->never_ends_call) {
+    if (!async) rw_hang_forever();
+    op.never_ends = 1; /* the operation starts on the device and never completes */
   }
 
   if (group_depth > 0) {

@@ -39,10 +39,21 @@ def test_gpu_timed_device_stop_names_the_rank_whose_gpu_never_started_the_collec
     assert "never started while its peers' did" in hang["summary"]
 
 
-def test_gpu_timed_stuck_collective_is_one_finding_on_its_group_not_the_waiters(tmp_path):
-    # the stand-in's stuck operation starts on the GPU like its peers': the members are named, the
-    # other node's ranks queued behind them are not, and the calls queued behind it are not findings
+def test_gpu_timed_stuck_collective_names_the_rank_whose_gpu_never_started_it(tmp_path):
+    # rank 6's call 300 was enqueued (the host returned) but its GPU never started it, while its TP
+    # peers' GPUs did and wait inside: rank 6 alone, one finding
     document = simulate(tmp_path, True, world_size=8, tp=4, steps=60, faults=Faults(stuck_rank=6, stuck_at=300))
+    [hang] = document["findings"]
+    assert (hang["kind"], hang["ranks"], hang["nodes"]) == ("hang", [6], ["sim-node-1"]), hang
+    assert hang["confidence"] >= 0.9
+
+
+def test_gpu_timed_collective_that_never_ends_is_one_finding_on_its_group_not_the_waiters(tmp_path):
+    # an operation that starts on every member's GPU and never ends: the members look alike and are
+    # named, the other node's ranks queued behind them are not, nor are the calls queued behind it
+    document = simulate(
+        tmp_path, True, world_size=8, tp=4, steps=60, faults=Faults(never_ends_rank=6, never_ends_at=300)
+    )
     [hang] = document["findings"]
     assert hang["kind"] == "hang" and hang["evidence"]["stuck"] is True
     assert 6 in hang["ranks"] and set(hang["ranks"]) <= {4, 5, 6, 7} and hang["nodes"] == ["sim-node-1"]

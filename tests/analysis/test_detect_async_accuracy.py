@@ -1,6 +1,7 @@
 """Detection quality on real runs of the asynchronous stand-in device, in the layouts and faults the
 accuracy bench (`bench/analysis_accuracy.py --suite async`) found wanting: no tensor parallelism,
-slow pipeline links, a stuck send/receive, and host call times only (no wrong rank, ever)."""
+slow pipeline links, a stuck send/receive (never started on the culprit's GPU, or started on both sides
+and never ended), and host call times only (no wrong rank, ever)."""
 
 from __future__ import annotations
 
@@ -70,8 +71,22 @@ def test_gpu_timed_slow_pipeline_link_is_named_from_gpu_times(tmp_path):
     assert all(set(finding["ranks"]) <= {5, 7} for finding in document["findings"]), document["findings"]
 
 
+def test_gpu_timed_stuck_send_or_receive_names_the_rank_whose_gpu_never_started_it(tmp_path):
+    # the accuracy bench's stuck runs (seeds 0 and 2): the culprit's operation was enqueued (its host
+    # returned) and never started on its GPU, while the peer's matching call started and waits; before,
+    # the pair was taken for "both started" (5 and 7 named) or the peer's wait for finished (no finding)
+    _, pipeline = simulate(
+        tmp_path / "pp8", True, 8, 1, 8, Faults(stuck_rank=6, stuck_at=46), steps=30, compute_us=1000
+    )
+    assert named(pipeline) == [("hang", [6])], pipeline["findings"]
+    _, tp2 = simulate(tmp_path / "tp2", True, 8, 2, 4, Faults(stuck_rank=5, stuck_at=59), steps=30, compute_us=1000)
+    assert named(tp2) == [("hang", [5])], tp2["findings"]
+    assert tp2["findings"][0]["nodes"] == ["sim-node-1"]
+
+
 def test_gpu_timed_stuck_receive_names_the_rank_the_pipeline_waits_for(tmp_path):
     # rank 6's receive from the last stage starts on its GPU and never completes (so does rank 7's
     # matching send); every earlier stage waits for rank 6's next send, queued behind it
-    _, document = simulate(tmp_path, True, 8, 1, 8, Faults(stuck_rank=6, stuck_at=46), steps=30, compute_us=1000)
+    faults = Faults(never_ends_rank=6, never_ends_at=46)
+    _, document = simulate(tmp_path, True, 8, 1, 8, faults, steps=30, compute_us=1000)
     assert named(document) == [("hang", [6])], document["findings"]

@@ -247,10 +247,13 @@ def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespac
     job = eventually(lambda: diagnosed(api, namespace, "stuck", "Hung"), 90, interval=1, what="Hung=True")
     diagnosis = job["status"]["diagnosis"]
     assert diagnosis["kind"] == "StuckInCollective", diagnosis
-    # The stand-in's stuck call looks the same on the GPU for every member (its GPU timing cannot single
-    # the stuck one out), so the members of the collective nobody left are named: the TP group on one
-    # node; the ranks merely waiting for them (the other pod's, in the DP AllReduce) are not.
-    assert 6 in diagnosis["ranks"] and set(diagnosis["ranks"]) <= {4, 5, 6, 7}, diagnosis
+    if STANDIN_DEVICE == "async":
+        # Rank 6's call 300 was enqueued (its host returned) but its GPU never started it, while its TP
+        # peers' GPUs started theirs and wait inside: the GPU times name rank 6 alone, not its TP group
+        # nor the ranks merely waiting for it (the other pod's, in the DP AllReduce).
+        assert diagnosis["ranks"] == [6], diagnosis
+    else:  # synchronous: the call never returns, its GPU start looks like its peers'; the TP group is named
+        assert 6 in diagnosis["ranks"] and set(diagnosis["ranks"]) <= {4, 5, 6, 7}, diagnosis
     assert diagnosis["nodes"] == [node_of_pod(api, namespace, "stuck-worker-1")]
     assert condition(job, "Hung")["reason"] == "StuckInCollective"
 

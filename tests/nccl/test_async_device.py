@@ -176,13 +176,28 @@ def test_megatron_hang_leaves_peers_calls_returned_and_their_gpus_waiting(tmp_pa
         assert (calls[rank][:19]["state"] == State.GPU_DONE).all()
 
 
-def test_stuck_collective_returns_on_the_host_and_never_completes_on_the_gpu(tmp_path):
+def test_stuck_collective_is_enqueued_on_the_host_and_never_starts_on_its_gpu_while_its_peers_wait(tmp_path):
+    """The stuck rank's call returns at once (the operation is enqueued), but its stream never reaches
+    it: no GPU start on that rank, while its peers' GPUs started the same collective and wait inside."""
     faults = Faults(stuck_rank=2, stuck_at=10)
     run(Simulation(world_size=4, tp=4, steps=50, compute_us=500, gpu_timing=True, device="async", faults=faults),
         tmp_path)  # fmt: skip
     _, calls = load(tmp_path)
     tenth = calls[2][9]
     assert tenth["state"] == State.RETURNED, "asynchronous: the stuck call itself returned"
+    assert tenth["gpu_start_ns"] == 0 and tenth["gpu_end_ns"] == 0, "its GPU work never started"
+    assert (calls[2][:9]["state"] == State.GPU_DONE).all(), "the operations before it ran"
+    for rank in (0, 1, 3):
+        assert calls[rank][9]["gpu_start_ns"] > 0 and calls[rank][9]["gpu_end_ns"] == 0, "its peers started and wait"
+
+
+def test_collective_that_never_ends_starts_on_every_gpu_and_ends_on_none(tmp_path):
+    faults = Faults(never_ends_rank=2, never_ends_at=10)
+    run(Simulation(world_size=4, tp=4, steps=50, compute_us=500, gpu_timing=True, device="async", faults=faults),
+        tmp_path)  # fmt: skip
+    _, calls = load(tmp_path)
+    tenth = calls[2][9]
+    assert tenth["state"] == State.RETURNED, "asynchronous: the call itself returned"
     assert tenth["gpu_start_ns"] > 0 and tenth["gpu_end_ns"] == 0, "it started on the GPU and never ended"
     for rank in (0, 1, 3):
         assert calls[rank][9]["gpu_start_ns"] > 0 and calls[rank][9]["gpu_end_ns"] == 0, "nor do its peers'"
