@@ -12,10 +12,11 @@ server's /metrics (``apiserver_request_total`` carries no user label). Its prior
 Each step (``NODES:JOBS``) grows the node pool (``LocalCluster.up``), starts a fresh operator on a
 fresh namespace, creates every job at once (``--pods-per-node`` pods per node in all: each pod asks
 for ``8 / pods-per-node`` GPUs and runs ``--ranks-per-pod`` nominal ranks), waits until every job's
-status phase is Running, then watches the operator idle for ``--settle`` seconds, and deletes the
-namespace. Measured per step: each job's time from create to Running (median, slowest), the operator's
-CPU (``/proc``, with its child processes) as a share of one core while jobs start and while idle, its
-resident memory (now and peak), and its API requests per second in both phases.
+status phase is Running, then watches the operator idle for ``--settle`` seconds and stops it (the
+next step deletes the namespace; the last leaves it to `cluster down`). Measured per step: each
+job's time from create to Running (median, slowest), the operator's CPU (``/proc``, with its child
+processes) as a share of one core while jobs start and while idle, its resident memory (now and
+peak), and its API requests per second in both phases.
 
     RANKWATCH_CLUSTER_DIR=~/.rankwatch/density python bench/cluster_density.py [--steps 100:5,1000:50]
         [--pods-per-node 8] [--ranks-per-pod 8] [--settle 60] [--timeout 1200] [--down]
@@ -24,6 +25,7 @@ resident memory (now and peak), and its API requests per second in both phases.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -47,6 +49,7 @@ from rankwatch.operator import api as rankwatch_api
 REPO = Path(__file__).resolve().parents[1]
 CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
 OPERATOR = pki.ClientIdentity("density-operator", "rankwatch-density-operator")
+PREFIX = "density-"  # the namespaces of the steps
 FLOW_SCHEMA = "rankwatch-density-operator"
 DISPATCHED = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{flow_schema="' + FLOW_SCHEMA + r'",[^}]*\} (\S+)$', re.M
@@ -187,6 +190,16 @@ def wait_gone(core: kubernetes.client.CoreV1Api, namespace: str, timeout: float)
     raise SystemExit(f"namespace {namespace} still there after {timeout:.0f} s")
 
 
+def remove_earlier_steps(core: kubernetes.client.CoreV1Api, timeout: float) -> None:
+    """Delete the namespaces of earlier steps (or of an interrupted run) and wait until they are gone."""
+    earlier = [item.metadata.name for item in core.list_namespace().items if item.metadata.name.startswith(PREFIX)]
+    for namespace in earlier:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(namespace)
+    for namespace in earlier:
+        wait_gone(core, namespace, timeout)
+
+
 def run_step(
     cluster: LocalCluster, args: argparse.Namespace, nodes: int, jobs: int, operator_config: Path
 ) -> dict[str, Any]:
@@ -195,13 +208,8 @@ def run_step(
     nodes_ready = time.monotonic() - step_started
     admin = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
     core, custom = kubernetes.client.CoreV1Api(admin), kubernetes.client.CustomObjectsApi(admin)
-    namespace = f"density-{nodes}-{jobs}"
-    try:  # left by an interrupted run
-        core.delete_namespace(namespace)
-        wait_gone(core, namespace, args.timeout)
-    except ApiException as error:
-        if error.status != 404:
-            raise
+    namespace = f"{PREFIX}{nodes}-{jobs}"
+    remove_earlier_steps(core, args.timeout)  # their pods hold the GPUs this step's pods need
     core.create_namespace({"metadata": {"name": namespace}})
     pods = nodes * args.pods_per_node
     if pods % jobs:
@@ -255,8 +263,6 @@ def run_step(
         except subprocess.TimeoutExpired:
             operator.kill()
             operator.wait()
-    core.delete_namespace(namespace)
-    wait_gone(core, namespace, args.timeout)
     times = sorted(running.values())
     return {
         "nodes": nodes,
