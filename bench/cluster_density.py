@@ -177,6 +177,12 @@ def phases(custom: kubernetes.client.CustomObjectsApi, namespace: str) -> dict[s
     return {item["metadata"]["name"]: (item.get("status") or {}).get("phase", "") for item in listed["items"]}
 
 
+def pod_count(core: kubernetes.client.CoreV1Api, namespace: str) -> int:
+    """Pods in ``namespace`` from a one-item page (the API server counts the rest), not a full list."""
+    page = core.list_namespaced_pod(namespace, limit=1)
+    return len(page.items) + (page.metadata.remaining_item_count or 0)
+
+
 def wait_gone(core: kubernetes.client.CoreV1Api, namespace: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -235,6 +241,7 @@ def run_step(
             )
             created[name] = time.monotonic()
         running: dict[str, float] = {}
+        all_created = None  # seconds until the operator had made every worker pod
         peak_rss = 0.0
         while len(running) < jobs:
             if time.monotonic() - started > args.timeout:
@@ -246,6 +253,8 @@ def run_step(
             for name, phase in phases(custom, namespace).items():
                 if phase == "Running" and name not in running:
                     running[name] = now - created[name]
+            if all_created is None and pod_count(core, namespace) >= pods:
+                all_created = now - started
             peak_rss = max(peak_rss, tree_rss_mib(operator.pid)[1])
             time.sleep(1)
         ramp = time.monotonic() - started
@@ -271,6 +280,7 @@ def run_step(
         "pods_running": pods_running,
         "ranks": pods * args.ranks_per_pod,
         "nodes_ready_s": nodes_ready,
+        "pods_created_s": all_created,
         "running_median_s": statistics.median(times),
         "running_all_s": ramp,
         "running_slowest_s": times[-1],
@@ -301,13 +311,16 @@ def main() -> None:
     cluster = LocalCluster()
     print(f"cluster in {cluster.root}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
     try:
+        began = time.monotonic()
         state = cluster.up(steps[0][0], log=lambda message: print(f"  [cluster] {message}", flush=True), timeout=600)
+        print(f"cluster up with {steps[0][0]} nodes Ready: {time.monotonic() - began:.1f} s", flush=True)
         kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
         kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
         operator_config = operator_identity(cluster, cluster.server(state))
         header = (
-            f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'median':>8} {'all':>8} {'cpu ramp':>9} "
-            f"{'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} {'req/s ramp':>11} {'req/s idle':>11}"
+            f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'nodes up':>9} {'created':>8} {'median':>8} "
+            f"{'all':>8} {'cpu ramp':>9} {'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} "
+            f"{'req/s ramp':>11} {'req/s idle':>11}"
         )
         rows = []
         for nodes, jobs in steps:
@@ -319,6 +332,7 @@ def main() -> None:
         for row in rows:
             print(
                 f"{row['nodes']:>6} {row['jobs']:>5} {row['pods']:>6} {row['ranks']:>7} "
+                f"{row['nodes_ready_s']:>8.1f}s {row['pods_created_s'] or float('nan'):>7.1f}s "
                 f"{row['running_median_s']:>7.1f}s {row['running_all_s']:>7.1f}s {row['cpu_ramp']:>8.0%} "
                 f"{row['cpu_idle']:>8.0%} {row['rss_mib']:>8.0f} {row['peak_rss_mib']:>9.0f} "
                 f"{row['requests_ramp_per_s']:>11.1f} {row['requests_idle_per_s']:>11.2f}"
