@@ -1,0 +1,347 @@
+"""Density on the local cluster: N kwok nodes, J TrainingJobs, the real operator creating every worker pod.
+
+The local cluster (real etcd, kube-apiserver, controller-manager and scheduler; kwok as the kubelet of
+every fake GPU node, see rankwatch/cluster) runs without the pod runner: worker pods exist only in
+the API, the scheduler binds them and kwok marks them Running. The operator is `rankwatch operator
+--standalone --namespace <step's namespace>` as a process (as tests/e2e/conftest.py starts it), under
+a client certificate of its own so the API server can count its requests apart: a FlowSchema matching
+that user feeds ``apiserver_flowcontrol_dispatched_requests_total{flow_schema=...}`` in the API
+server's /metrics (``apiserver_request_total`` carries no user label). Its priority level is
+``exempt``, so the count never throttles what it counts.
+
+Each step (``NODES:JOBS``) grows the node pool (``LocalCluster.up``), starts a fresh operator on a
+fresh namespace, creates every job at once (``--pods-per-node`` pods per node in all: each pod asks
+for ``8 / pods-per-node`` GPUs and runs ``--ranks-per-pod`` nominal ranks), waits until every job's
+status phase is Running, then watches the operator idle for ``--settle`` seconds and stops it (the
+next step deletes the namespace; the last leaves it to `cluster down`). Measured per step: each
+job's time from create to Running (median, slowest), the operator's CPU (``/proc``, with its child
+processes) as a share of one core while jobs start and while idle, its resident memory (now and
+peak), and its API requests per second in both phases.
+
+    RANKWATCH_CLUSTER_DIR=~/.rankwatch/density python bench/cluster_density.py [--steps 100:5,1000:50]
+        [--pods-per-node 8] [--ranks-per-pod 8] [--settle 60] [--timeout 1200] [--down]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+from operator_scale import tree_cpu_seconds, tree_rss_mib
+
+from rankwatch.cluster import binaries, kubeconfig, pki
+from rankwatch.cluster.local import LocalCluster
+from rankwatch.cluster.nodes import GPUS_PER_NODE
+from rankwatch.operator import api as rankwatch_api
+
+REPO = Path(__file__).resolve().parents[1]
+CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
+OPERATOR = pki.ClientIdentity("density-operator", "rankwatch-density-operator")
+PREFIX = "density-"  # the namespaces of the steps
+FLOW_SCHEMA = "rankwatch-density-operator"
+DISPATCHED = re.compile(
+    r'^apiserver_flowcontrol_dispatched_requests_total\{flow_schema="' + FLOW_SCHEMA + r'",[^}]*\} (\S+)$', re.M
+)
+
+
+def kubectl(cluster: LocalCluster, *args: str, stdin: str | None = None) -> str:
+    command = [str(binaries.binary_path("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args]
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def operator_identity(cluster: LocalCluster, server: str) -> Path:
+    """A kubeconfig for the operator's own user (bound to cluster-admin, outside system:masters so that
+    the FlowSchema below, not the built-in ``exempt`` one, matches it) and that FlowSchema."""
+    if not (cluster.pki / f"{OPERATOR.stem}.crt").exists():
+        pki.issue_client(cluster.pki, OPERATOR)
+    path = kubeconfig.write(
+        cluster.root / "kubeconfigs" / f"{OPERATOR.stem}.kubeconfig", server, cluster.pki, OPERATOR.stem
+    )
+    subject = {"kind": "User", "name": OPERATOR.user}
+    manifests = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": FLOW_SCHEMA},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{**subject, "apiGroup": "rbac.authorization.k8s.io"}],
+        },
+        {
+            "apiVersion": "flowcontrol.apiserver.k8s.io/v1",
+            "kind": "FlowSchema",
+            "metadata": {"name": FLOW_SCHEMA},
+            "spec": {
+                "matchingPrecedence": 100,
+                "priorityLevelConfiguration": {"name": "exempt"},
+                "rules": [
+                    {
+                        "subjects": [{"kind": "User", "user": {"name": OPERATOR.user}}],
+                        "resourceRules": [
+                            {
+                                "verbs": ["*"],
+                                "apiGroups": ["*"],
+                                "resources": ["*"],
+                                "namespaces": ["*"],
+                                "clusterScope": True,
+                            }
+                        ],
+                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
+                    }
+                ],
+            },
+        },
+    ]
+    kubectl(
+        cluster,
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}),
+    )
+    return path
+
+
+def operator_requests(client: kubernetes.client.ApiClient) -> float:
+    """Requests the API server has dispatched for the operator's user so far (all verbs, watches included)."""
+    response = client.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)
+    return sum(float(value) for value in DISPATCHED.findall(response.data.decode()))
+
+
+def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float, float]:
+    """(API requests so far, CPU seconds of the operator and its child processes so far)."""
+    return operator_requests(client), tree_cpu_seconds(pid)[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_operator(config: Path, namespace: str, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "KUBECONFIG": str(config), "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{free_port()}"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{rankwatch_api.GROUP}/{rankwatch_api.VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "nprocPerNode": ranks_per_pod,
+            "parallelism": {"tensor": ranks_per_pod},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "example.invalid/density:none",  # kwok runs nothing
+                            "command": ["torchrun", "train.py"],
+                            "resources": {"limits": {"nvidia.com/gpu": gpus_per_pod}},
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def phases(custom: kubernetes.client.CustomObjectsApi, namespace: str) -> dict[str, str]:
+    listed = custom.list_namespaced_custom_object(
+        rankwatch_api.GROUP, rankwatch_api.VERSION, namespace, rankwatch_api.PLURAL
+    )
+    return {item["metadata"]["name"]: (item.get("status") or {}).get("phase", "") for item in listed["items"]}
+
+
+def pod_count(core: kubernetes.client.CoreV1Api, namespace: str) -> int:
+    """Pods in ``namespace`` from a one-item page (the API server counts the rest), not a full list."""
+    page = core.list_namespaced_pod(namespace, limit=1)
+    return len(page.items) + (page.metadata.remaining_item_count or 0)
+
+
+def wait_gone(core: kubernetes.client.CoreV1Api, namespace: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        time.sleep(2)
+    raise SystemExit(f"namespace {namespace} still there after {timeout:.0f} s")
+
+
+def remove_earlier_steps(core: kubernetes.client.CoreV1Api, timeout: float) -> None:
+    """Delete the namespaces of earlier steps (or of an interrupted run) and wait until they are gone."""
+    earlier = [item.metadata.name for item in core.list_namespace().items if item.metadata.name.startswith(PREFIX)]
+    for namespace in earlier:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(namespace)
+    for namespace in earlier:
+        wait_gone(core, namespace, timeout)
+
+
+def run_step(
+    cluster: LocalCluster, args: argparse.Namespace, nodes: int, jobs: int, operator_config: Path
+) -> dict[str, Any]:
+    step_started = time.monotonic()
+    cluster.up(nodes, log=lambda message: print(f"  [cluster] {message}", flush=True), timeout=600)
+    nodes_ready = time.monotonic() - step_started
+    admin = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    core, custom = kubernetes.client.CoreV1Api(admin), kubernetes.client.CustomObjectsApi(admin)
+    namespace = f"{PREFIX}{nodes}-{jobs}"
+    remove_earlier_steps(core, args.timeout)  # their pods hold the GPUs this step's pods need
+    core.create_namespace({"metadata": {"name": namespace}})
+    pods = nodes * args.pods_per_node
+    if pods % jobs:
+        raise SystemExit(f"{pods} pods do not split evenly over {jobs} jobs")
+    replicas, gpus_per_pod = pods // jobs, GPUS_PER_NODE // args.pods_per_node
+
+    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log")
+    try:
+        time.sleep(args.warmup)  # its watches listed and established; their cost is in the idle figures too
+        if operator.poll() is not None:
+            raise SystemExit(f"the operator exited with {operator.returncode}; see {cluster.logs}")
+        created: dict[str, float] = {}
+        requests_before, cpu_before = operator_usage(admin, operator.pid)
+        started = time.monotonic()
+        for index in range(jobs):
+            name = f"job-{index:02d}"
+            custom.create_namespaced_custom_object(
+                rankwatch_api.GROUP,
+                rankwatch_api.VERSION,
+                namespace,
+                rankwatch_api.PLURAL,
+                training_job(name, replicas, gpus_per_pod, args.ranks_per_pod),
+            )
+            created[name] = time.monotonic()
+        running: dict[str, float] = {}
+        all_created = None  # seconds until the operator had made every worker pod
+        peak_rss = 0.0
+        while len(running) < jobs:
+            if time.monotonic() - started > args.timeout:
+                late = sorted(set(created) - set(running))
+                raise SystemExit(f"{len(late)} jobs not Running after {args.timeout:.0f} s: {late[:5]}")
+            if operator.poll() is not None:
+                raise SystemExit(f"the operator exited with {operator.returncode}; see {cluster.logs}")
+            now = time.monotonic()
+            for name, phase in phases(custom, namespace).items():
+                if phase == "Running" and name not in running:
+                    running[name] = now - created[name]
+            if all_created is None and pod_count(core, namespace) >= pods:
+                all_created = now - started
+            peak_rss = max(peak_rss, tree_rss_mib(operator.pid)[1])
+            time.sleep(1)
+        ramp = time.monotonic() - started
+        requests_after, cpu_after = operator_usage(admin, operator.pid)
+        requests_ramp, cpu_ramp = requests_after - requests_before, cpu_after - cpu_before
+        time.sleep(args.settle)
+        requests_end, cpu_end = operator_usage(admin, operator.pid)
+        requests_idle, cpu_idle = requests_end - requests_after, cpu_end - cpu_after
+        rss, peak_rss = tree_rss_mib(operator.pid)
+        pods_running = sum(1 for pod in core.list_namespaced_pod(namespace).items if pod.status.phase == "Running")
+    finally:
+        operator.terminate()
+        try:
+            operator.wait(30)
+        except subprocess.TimeoutExpired:
+            operator.kill()
+            operator.wait()
+    times = sorted(running.values())
+    return {
+        "nodes": nodes,
+        "jobs": jobs,
+        "pods": pods,
+        "pods_running": pods_running,
+        "ranks": pods * args.ranks_per_pod,
+        "nodes_ready_s": nodes_ready,
+        "pods_created_s": all_created,
+        "running_median_s": statistics.median(times),
+        "running_all_s": ramp,
+        "running_slowest_s": times[-1],
+        "cpu_ramp": cpu_ramp / ramp,
+        "cpu_idle": cpu_idle / args.settle,
+        "rss_mib": rss,
+        "peak_rss_mib": peak_rss,
+        "requests_ramp_per_s": requests_ramp / ramp,
+        "requests_ramp": requests_ramp,
+        "requests_idle_per_s": requests_idle / args.settle,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", default="100:5,1000:50", help="NODES:JOBS,... (nodes only grow)")
+    parser.add_argument("--pods-per-node", type=int, default=8, help="worker pods per node (GPUs split evenly)")
+    parser.add_argument("--ranks-per-pod", type=int, default=8, help="nprocPerNode of every job")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds for the operator to start watching")
+    parser.add_argument("--settle", type=float, default=60.0, help="seconds of idle measurement once all run")
+    parser.add_argument("--timeout", type=float, default=1200.0)
+    parser.add_argument("--down", action="store_true", help="remove the cluster at the end")
+    args = parser.parse_args()
+    if GPUS_PER_NODE % args.pods_per_node:
+        raise SystemExit(f"--pods-per-node must divide {GPUS_PER_NODE}")
+    steps = [tuple(int(part) for part in step.split(":")) for step in args.steps.split(",")]
+
+    cluster = LocalCluster()
+    print(f"cluster in {cluster.root}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
+    try:
+        began = time.monotonic()
+        state = cluster.up(steps[0][0], log=lambda message: print(f"  [cluster] {message}", flush=True), timeout=600)
+        print(f"cluster up with {steps[0][0]} nodes Ready: {time.monotonic() - began:.1f} s", flush=True)
+        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+        operator_config = operator_identity(cluster, cluster.server(state))
+        header = (
+            f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'nodes up':>9} {'created':>8} {'median':>8} "
+            f"{'all':>8} {'cpu ramp':>9} {'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} "
+            f"{'req/s ramp':>11} {'req/s idle':>11}"
+        )
+        rows = []
+        for nodes, jobs in steps:
+            print(f"step: {nodes} nodes, {jobs} jobs (load average {os.getloadavg()[0]:.2f})", flush=True)
+            row = run_step(cluster, args, nodes, jobs, operator_config)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        print(header)
+        for row in rows:
+            print(
+                f"{row['nodes']:>6} {row['jobs']:>5} {row['pods']:>6} {row['ranks']:>7} "
+                f"{row['nodes_ready_s']:>8.1f}s {row['pods_created_s'] or float('nan'):>7.1f}s "
+                f"{row['running_median_s']:>7.1f}s {row['running_all_s']:>7.1f}s {row['cpu_ramp']:>8.0%} "
+                f"{row['cpu_idle']:>8.0%} {row['rss_mib']:>8.0f} {row['peak_rss_mib']:>9.0f} "
+                f"{row['requests_ramp_per_s']:>11.1f} {row['requests_idle_per_s']:>11.2f}"
+            )
+        print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
+    finally:
+        if args.down:
+            cluster.down(lambda message: print(f"  [cluster] {message}", flush=True))
+
+
+if __name__ == "__main__":
+    main()
