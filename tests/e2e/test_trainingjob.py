@@ -184,3 +184,52 @@ def test_a_name_taken_by_someone_else_is_not_adopted(api, namespace, eventually)
     status = eventually(lambda: phase_is(api, namespace, "taken", "Failed"), 30, what="job Failed")
     assert "Service" in status["message"] and "does not belong to this TrainingJob" in status["message"]
     assert core.read_namespaced_service("taken", namespace).metadata.owner_references is None
+
+
+def test_a_worker_deleted_before_the_job_starts_is_recreated(api, kubectl, namespace, eventually):
+    create_job(api, namespace, small_job("regrow", replicas=2, gpus=16))  # unschedulable: stays Pending
+    pods = eventually(lambda: len(worker_pods(api, namespace, "regrow")) == 2 and worker_pods(api, namespace, "regrow"))
+    gone = pods[1]
+    kubernetes.client.CoreV1Api(api).delete_namespaced_pod(gone.metadata.name, namespace, grace_period_seconds=0)
+
+    def back() -> list:
+        now = worker_pods(api, namespace, "regrow")
+        return (
+            now
+            if {p.metadata.name for p in now} == {p.metadata.name for p in pods}
+            and gone.metadata.uid not in {p.metadata.uid for p in now}
+            else []
+        )
+
+    eventually(back, 60, what=f"{gone.metadata.name} recreated")
+    events = kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=regrow", "-o", "json")
+    assert any(e["reason"] == "Recreated" and gone.metadata.name in e["message"]
+               for e in json.loads(events.stdout)["items"])  # fmt: skip
+
+
+class CountingApiClient(kubernetes.client.ApiClient):
+    """A client of the real API server that counts its requests by method."""
+
+    def __init__(self, configuration: kubernetes.client.Configuration) -> None:
+        super().__init__(configuration)
+        self.requests: dict[str, int] = {}
+
+    def request(self, method, url, *args, **kwargs):
+        self.requests[method] = self.requests.get(method, 0) + 1
+        return super().request(method, url, *args, **kwargs)
+
+
+def test_a_pod_index_behind_the_api_server_creates_nothing(api, namespace, eventually):
+    # At thousands of pods the operator's index lags behind the pods it just made; a status sync then
+    # must not send a refused create (and a read) for each pod it has not seen yet.
+    from rankwatch.operator.config import WorkerPodSettings
+    from rankwatch.operator.lifecycle.status_sync import sync_status
+
+    create_job(api, namespace, small_job("lagging", replicas=4, gpus=16))  # unschedulable: stays Pending
+    eventually(
+        lambda: len(worker_pods(api, namespace, "lagging")) == 4 and phase_is(api, namespace, "lagging", "Pending")
+    )
+    counting = CountingApiClient(api.configuration)
+    sync_status(counting, namespace, "lagging", [], WorkerPodSettings())  # an index that has seen none of them
+    assert counting.requests.get("POST", 0) == 0, counting.requests
+    assert counting.requests["GET"] <= 2, counting.requests  # the job and one list of its pods
