@@ -90,14 +90,21 @@ def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Inst
     )
 
 
-def grouped_median(values: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
-    """Median of ``values`` per group 0..count-1 (NaN for an empty group), with one sort."""
+def _sorted_groups(
+    values: np.ndarray, groups: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``values`` sorted within groups 0..count-1, an all-NaN result, the non-empty groups and each one's
+    first and last index into the sorted values."""
     order = np.lexsort((values, groups))
     groups, values = groups[order], values[order]
     bounds = np.searchsorted(groups, np.arange(count + 1))
-    out = np.full(count, np.nan)
     have = np.flatnonzero(np.diff(bounds) > 0)
-    lo, hi = bounds[have], bounds[have + 1] - 1
+    return values, np.full(count, np.nan), have, bounds[have], bounds[have + 1] - 1
+
+
+def grouped_median(values: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
+    """Median of ``values`` per group 0..count-1 (NaN for an empty group), with one sort."""
+    values, out, have, lo, hi = _sorted_groups(values, groups, count)
     out[have] = (values[(lo + hi) // 2] + values[(lo + hi + 1) // 2]) / 2
     return out
 
@@ -105,11 +112,6 @@ def grouped_median(values: np.ndarray, groups: np.ndarray, count: int) -> np.nda
 def grouped_quantile(values: np.ndarray, groups: np.ndarray, count: int, q: float) -> np.ndarray:
     """The ``q`` quantile (nearest rank, rounded down) of ``values`` per group 0..count-1 (NaN for an
     empty group), with one sort."""
-    order = np.lexsort((values, groups))
-    groups, values = groups[order], values[order]
-    bounds = np.searchsorted(groups, np.arange(count + 1))
-    out = np.full(count, np.nan)
-    have = np.flatnonzero(np.diff(bounds) > 0)
-    lo, hi = bounds[have], bounds[have + 1] - 1
+    values, out, have, lo, hi = _sorted_groups(values, groups, count)
     out[have] = values[lo + np.floor(q * (hi - lo)).astype(np.int64)]
     return out
