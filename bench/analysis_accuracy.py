@@ -197,33 +197,45 @@ def said_not_localisable(document: dict) -> bool:
     return NOT_LOCALISABLE in document["problems"] or unnamed
 
 
-def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
-    print(f"{'scenario':<16} {'evidence':<10} {'right':>6} {'culprit 1st':>11} {'wrong node':>10} "
-          f"{'false findings':>14} {'not localisable':>15} {'seconds':>8}", flush=True)  # fmt: skip
-    for scenario in only or ASYNC_SCENARIOS:
+TABLE_COLUMNS = (f"{'evidence':<10} {'right':>6} {'culprit 1st':>11} {'wrong node':>10} "
+                 f"{'false findings':>14} {'not localisable':>15} {'seconds':>8}")  # fmt: skip
+
+
+def scored_table(title: str, scenarios: list[str], seeds: int, score) -> None:
+    """One row per scenario and evidence kind: ``score(scenario, seed, gpu_timing)`` judges one run as
+    (right, culprit first, wrong node, false findings, not localisable) and a line for a miss or None."""
+    print(f"{title:<16} {TABLE_COLUMNS}", flush=True)
+    for scenario in scenarios:
         for gpu_timing in (True, False):
-            right = first = wrong_nodes = false = unlocalisable = 0
+            totals = [0, 0, 0, 0, 0]
             started = time.monotonic()
             for seed in range(seeds):
-                case = async_case(scenario, seed, gpu_timing, steps)
-                with tempfile.TemporaryDirectory() as out:
-                    run(case.simulation, Path(out), log=lambda _m: None)
-                    trace = load_path(out)
-                    document = analyze(trace)
-                    verdict = judge(case, document, trace)
-                right += verdict[0]
-                first += verdict[1]
-                wrong_nodes += verdict[2]
-                false += verdict[3]
-                unlocalisable += verdict[4]
-                if not verdict[0] or verdict[2] or verdict[3]:
-                    sim = case.simulation
-                    said = [(f["kind"], f["ranks"], f["nodes"]) for f in document["findings"]]
-                    print(f"  seed {seed} {sim.world_size} ranks TP{sim.tp} PP{sim.pp} culprits {case.culprits}: "
-                          f"{said}", file=sys.stderr, flush=True)  # fmt: skip
+                verdict, miss = score(scenario, seed, gpu_timing)
+                totals = [total + int(value) for total, value in zip(totals, verdict, strict=True)]
+                if miss:
+                    print(f"  seed {seed} {miss}", file=sys.stderr, flush=True)
+            right, first, wrong_nodes, false, unlocalisable = totals
             evidence = "GPU-timed" if gpu_timing else "host only"
             print(f"{scenario:<16} {evidence:<10} {right:>3}/{seeds:<2} {first:>8}/{seeds:<2} {wrong_nodes:>10} "
                   f"{false:>14} {unlocalisable:>15} {time.monotonic() - started:>8.1f}", flush=True)  # fmt: skip
+
+
+def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
+    def score(scenario: str, seed: int, gpu_timing: bool):
+        case = async_case(scenario, seed, gpu_timing, steps)
+        with tempfile.TemporaryDirectory() as out:
+            run(case.simulation, Path(out), log=lambda _m: None)
+            trace = load_path(out)
+            document = analyze(trace)
+            verdict = judge(case, document, trace)
+        miss = None
+        if not verdict[0] or verdict[2] or verdict[3]:
+            sim = case.simulation
+            said = [(f["kind"], f["ranks"], f["nodes"]) for f in document["findings"]]
+            miss = f"{sim.world_size} ranks TP{sim.tp} PP{sim.pp} culprits {case.culprits}: {said}"
+        return verdict, miss
+
+    scored_table("scenario", only or ASYNC_SCENARIOS, seeds, score)
 
 
 # scale mode: the vectorised model (analysis/scenario.py) with its hosts running ahead of their GPUs,
@@ -264,37 +276,24 @@ def scale_suite(seeds: int, only: list[str] | None = None) -> None:
     runs must name nobody else (call times of a run-ahead host cannot localise a slowdown)."""
     from rankwatch.analysis.scenario import generate
 
-    print(f"{'scale (model)':<16} {'evidence':<10} {'right':>6} {'culprit 1st':>11} {'wrong node':>10} "
-          f"{'false findings':>14} {'not localisable':>15} {'seconds':>8}", flush=True)  # fmt: skip
-    for scenario in only or SCALE_SCENARIOS:
-        for gpu_timing in (True, False):
-            right = first = wrong_nodes = false = unlocalisable = 0
-            started = time.monotonic()
-            for seed in range(seeds):
-                model, kind, culprits = scale_case(scenario, seed, gpu_timing)
-                synthetic = generate(model)
-                document = analyze(synthetic.trace)
-                findings = document["findings"]
-                top = findings[0] if findings else None
-                nodes = {synthetic.trace.node_of(rank) for rank in culprits}
-                is_first = bool(top and top["kind"] == kind and sorted(top["ranks"]) == culprits)
-                wrong = any(set(f["nodes"]) - nodes for f in findings)
-                extra = (
-                    len(findings) if kind is None else sum(1 for f in findings if not set(f["ranks"]) <= set(culprits))
-                )
-                ok = not findings if kind is None else (is_first if gpu_timing else extra == 0)
-                right += ok
-                first += is_first
-                wrong_nodes += wrong
-                false += extra
-                unlocalisable += said_not_localisable(document)
-                if not ok or wrong or extra:
-                    said = [(f["kind"], f["ranks"]) for f in findings]
-                    print(f"  seed {seed} {model.world_size} ranks TP{model.tp} PP{model.pp} culprits {culprits}: "
-                          f"{said}", file=sys.stderr, flush=True)  # fmt: skip
-            evidence = "GPU-timed" if gpu_timing else "host only"
-            print(f"{scenario:<16} {evidence:<10} {right:>3}/{seeds:<2} {first:>8}/{seeds:<2} {wrong_nodes:>10} "
-                  f"{false:>14} {unlocalisable:>15} {time.monotonic() - started:>8.1f}", flush=True)  # fmt: skip
+    def score(scenario: str, seed: int, gpu_timing: bool):
+        model, kind, culprits = scale_case(scenario, seed, gpu_timing)
+        synthetic = generate(model)
+        document = analyze(synthetic.trace)
+        findings = document["findings"]
+        top = findings[0] if findings else None
+        nodes = {synthetic.trace.node_of(rank) for rank in culprits}
+        is_first = bool(top and top["kind"] == kind and sorted(top["ranks"]) == culprits)
+        wrong = any(set(f["nodes"]) - nodes for f in findings)
+        extra = len(findings) if kind is None else sum(1 for f in findings if not set(f["ranks"]) <= set(culprits))
+        ok = not findings if kind is None else (is_first if gpu_timing else extra == 0)
+        miss = None
+        if not ok or wrong or extra:
+            said = [(f["kind"], f["ranks"]) for f in findings]
+            miss = f"{model.world_size} ranks TP{model.tp} PP{model.pp} culprits {culprits}: {said}"
+        return (ok, is_first, wrong, extra, said_not_localisable(document)), miss
+
+    scored_table("scale (model)", only or SCALE_SCENARIOS, seeds, score)
 
 
 def main() -> None:
