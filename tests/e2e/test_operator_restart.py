@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections import Counter
-from pathlib import Path
 
 import kubernetes
 import pytest
@@ -17,20 +14,8 @@ pytestmark = pytest.mark.e2e
 REPLICAS = 40
 
 
-def start_operator(kubeconfig: str, namespace: str, log: Path) -> subprocess.Popen:
-    # its own collector on a free port (not the session operator's, which the environment may name)
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": "127.0.0.1:0"}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-
 def test_operator_killed_mid_creation_converges_without_duplicates(
-    api, kubeconfig, unwatched_namespace, eventually, tmp_path
+    processes, api, kubeconfig, unwatched_namespace, eventually, tmp_path
 ):
     namespace = unwatched_namespace
     core = kubernetes.client.CoreV1Api(api)
@@ -40,7 +25,7 @@ def test_operator_killed_mid_creation_converges_without_duplicates(
     def pods():
         return core.list_namespaced_pod(namespace, label_selector="rankwatch.io/job-name=big").items
 
-    operator = start_operator(kubeconfig, namespace, log)
+    operator = processes.operator(kubeconfig, namespace, log, 0)  # its own collector on a free port
     try:
         jobs.create_namespaced_custom_object(
             "rankwatch.io",
@@ -63,7 +48,7 @@ def test_operator_killed_mid_creation_converges_without_duplicates(
         operator.wait(10)
         created_before_kill = len(pods())
 
-        operator = start_operator(kubeconfig, namespace, log)
+        operator = processes.operator(kubeconfig, namespace, log, 0)  # its own collector on a free port
         eventually(lambda: len(pods()) >= REPLICAS, 120, what=f"{REPLICAS} pods after restart")
 
         def running():
