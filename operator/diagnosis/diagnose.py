@@ -438,11 +438,11 @@ async def diagnose(
         f"\n{finding.kind.value.upper()} ranks {finding.ranks}, with the hosts' scheduling: {finding.cause_text}"
         for finding in findings
     )
-    # A finding that blames no rank (the whole job's step time drifting, with no straggler behind it)
+    # A slowdown that blames no rank (the whole job's step time drifting, with no straggler behind it)
     # is the machine or the environment, not a fault rankwatch can localise or cordon: it is logged
     # with the report, and the job is not marked Degraded for it.
     for finding in report.findings:
-        if not finding.ranks:
+        if not finding.ranks and finding.kind is not FindingKind.HANG:
             report.problems.append(f"job-wide, no rank behind it (not a diagnosis): {finding.summary}")
     blaming = [finding for finding in report.findings if finding.ranks]
     if not blaming and suspicion.evidence.get("source") == "host_starved":
@@ -463,6 +463,9 @@ async def diagnose(
         text += "".join(f"\nnode alert: {line}" for line in node_alert_lines(finding))
     examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     if not blaming:
-        return None, examination
+        # A stopped job whose culprit the evidence cannot single out is still hung: it is reported as
+        # such, naming nobody (so nothing is cordoned), rather than not at all.
+        unlocalised = [f for f in report.findings if f.kind is FindingKind.HANG and suspicion.kind is FindingKind.HANG]
+        return (Diagnosis(unlocalised[0], [], _now(), examination) if unlocalised else None), examination
     blamed_pods = sorted({pod_of_rank[rank] for rank in finding.ranks if rank in pod_of_rank})
     return Diagnosis(finding, blamed_pods, _now(), examination), examination

@@ -258,6 +258,22 @@ def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespac
     assert condition(job, "Hung")["reason"] == "StuckInCollective"
 
 
+def test_without_gpu_timing_a_stuck_rank_is_a_hang_that_names_nobody_else(api, namespace, pod_runner, eventually):
+    """Host call times only: rank 6's call returned like every other, its GPU never started it, and every
+    host then waits at its next synchronisation. The job is reported hung; host times cannot tell rank 6
+    from the ranks waiting for it, so the expected answer is "not localisable" (nobody named, no node),
+    or rank 6 alone - never a waiting rank's node."""
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "6", "RANKWATCH_STANDIN_STUCK_IN_CALL": "300"}
+    create_job(api, namespace, standin_job("stuck-untimed", faults, gpu_timing=False))
+    wait_running(api, namespace, "stuck-untimed", eventually)
+    job = eventually(lambda: diagnosed(api, namespace, "stuck-untimed", "Hung"), 90, interval=1, what="Hung=True")
+    diagnosis = job["status"]["diagnosis"]
+    assert diagnosis["kind"] in ("Hang", "StuckInCollective"), diagnosis
+    assert diagnosis["ranks"] in ([], [6]), diagnosis
+    assert diagnosis["nodes"] in ([], [node_of_pod(api, namespace, "stuck-untimed-worker-1")]), diagnosis
+    print(f"stuck rank, host times only: {diagnosis['kind']} naming {diagnosis['ranks']}: {diagnosis['summary']}")
+
+
 def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eventually):
     create_job(api, namespace, standin_job("calm"))
     wait_running(api, namespace, "calm", eventually)
