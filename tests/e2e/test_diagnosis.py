@@ -275,25 +275,34 @@ def test_without_gpu_timing_a_stuck_rank_is_a_hang_that_names_nobody_else(api, n
 
 
 def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eventually):
+    """Two healthy jobs side by side for the same minutes, one GPU-timed (the default) and one with host
+    call times only: neither gets a finding, a Degraded or Hung condition, or a diagnosis Event."""
+    names = ("calm", "calm-untimed")
     create_job(api, namespace, standin_job("calm"))
-    wait_running(api, namespace, "calm", eventually)
-    job = eventually(
-        lambda: (
-            (j := get_job(api, namespace, "calm"))
-            and condition(j, "Degraded").get("reason") == "TelemetryHealthy"
-            and j
-        ),
-        60,
-        what="telemetry flowing",
-    )
-    assert job["status"]["health"] == "Healthy" and job["status"].get("stepTime")
+    create_job(api, namespace, standin_job("calm-untimed", gpu_timing=False))
+    for name in names:
+        wait_running(api, namespace, name, eventually)
+    for name in names:
+        job = eventually(
+            lambda name=name: (
+                (j := get_job(api, namespace, name))
+                and condition(j, "Degraded").get("reason") == "TelemetryHealthy"
+                and j
+            ),
+            60,
+            what=f"telemetry flowing from {name}",
+        )
+        assert job["status"]["health"] == "Healthy" and job["status"].get("stepTime")
     deadline = time.monotonic() + HEALTHY_SECONDS
     while time.monotonic() < deadline:
-        job = get_job(api, namespace, "calm")
-        assert condition(job, "Degraded")["status"] == "False" and condition(job, "Hung")["status"] == "False", job
-        assert "diagnosis" not in job["status"]
+        for name in names:
+            job = get_job(api, namespace, name)
+            assert condition(job, "Degraded")["status"] == "False", job
+            assert condition(job, "Hung")["status"] == "False", job
+            assert "diagnosis" not in job["status"], job
         time.sleep(2)
-    assert not [e for e in events(api, namespace, "calm") if e.reason in DIAGNOSIS_KINDS]
+    for name in names:
+        assert not [e for e in events(api, namespace, name) if e.reason in DIAGNOSIS_KINDS], name
 
 
 def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
