@@ -68,6 +68,8 @@ def attribute(finding: Finding, host: HostLoads | None = None) -> Finding:
 
 def _decide(finding: Finding, host: HostLoads | None) -> tuple[Cause, str]:
     evidence = finding.evidence
+    if not finding.ranks:
+        return Cause.UNKNOWN, "no rank is named, so there is no host, GPU or link to attribute it to"
     if finding.kind is FindingKind.SLOW_LINK:
         return Cause.COMMUNICATION, (
             f"transfers between ranks {' and '.join(map(str, finding.ranks))} take "

@@ -64,6 +64,12 @@ def test_node_cpu_pressure_far_above_the_other_nodes_is_cause_host(straggler):
     assert alone.cause is Cause.UNKNOWN, "one node's pressure alone singles out nobody"
 
 
+def test_a_finding_that_names_nobody_is_not_attributed_even_to_a_starved_host(straggler):
+    unnamed = dataclasses.replace(straggler, kind="hang", ranks=[], nodes=[])
+    found = attribute(unnamed, loads({**{rank: 4.0 for rank in range(8)}, 6: 310.0}))
+    assert found.cause is Cause.UNKNOWN and "no rank is named" in found.cause_evidence
+
+
 def test_missing_figures_for_the_culprit_leave_the_cause_unknown(straggler):
     found = attribute(straggler, loads({rank: 4.0 for rank in range(8) if rank != 6}))
     assert found.cause is Cause.UNKNOWN
