@@ -3,17 +3,19 @@
 Wait times inside one collective find a slow member only when it has peers doing the same work in
 that collective (tensor parallelism). With TP=1 a slow GPU passes its delay down the pipeline and its
 data-parallel peers meet it once a step, so the waits say little. GPU times say more: between the GPU
-end of one NCCL operation and the GPU start of the next the GPU computes (on an asynchronous GPU the
-host is ahead, so the stream is never idle waiting for it). Over a time window every rank shares, a
-slow GPU computes a larger share of the time than its peers of the same pipeline stage (the ranks it
-shares a collective communicator with, smaller than the world), whose extra time is spent waiting in
-NCCL. When a stage has fewer than three ranks, all ranks are the reference. Only without tensor
-parallelism: TP peers' waits are the better evidence there.
+end of one NCCL operation and the GPU start of the next the GPU computes. A slow GPU computes longer
+each step than its peers of the same pipeline stage (the ranks it shares a collective communicator
+with, smaller than the world); when a stage has fewer than three ranks, all ranks are the reference.
+Only without tensor parallelism: TP peers' waits are the better evidence there.
 
-A rank's excess is the median over three sub-windows of its share against its reference's (a window
-in which a busy host starved some GPUs is outvoted). The noise floor comes from the run: three times
-the spread of the ranks' excess, at least 2.5%; and in two of the three sub-windows the rank must
-compute more than its peers. A run whose floor exceeds 10% (a short or disturbed window) is not judged.
+Steps, not time windows: the compared ranks' windows run between the ends of a collective they all
+take part in, the least often called (the grad norm's world AllReduce, once a step), so each window
+holds the same whole steps for every rank. Windows cut at fixed times held more of the late pipeline
+stages' work in some windows and less in others (a healthy 8-rank TP1 PP8 run named its last stage).
+A host that was starved of CPU leaves its GPU idle, and that idle time falls between NCCL operations
+too, only ever adding: a rank's least busy step is what its GPU computes. The noise floor comes from
+the run: three times the spread of the ranks' excess (more with many ranks), at least 2.5%. A run
+whose floor exceeds 10% (short or disturbed) is not judged, nor a rank with fewer than six steps.
 """
 
 from __future__ import annotations
@@ -25,38 +27,67 @@ import numpy as np
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.trace import P2P_OPS, Trace
 
-WINDOWS = 3  # sub-windows of the shared time window, each judged on its own
 MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not reported ...
 NOISE_FACTOR = 3.0  # ... nor one within this many times the run's own spread
-MIN_AGREEING = 2  # sub-windows in which it must compute more than its reference
+MIN_STEPS = 6  # steps (windows between two of the group's shared collectives) a judgement needs
+QUANTILE = 0  # percentile of a rank's steps taken as its GPU's own compute: its least busy step
 MIN_CALLS = 20  # GPU-timed calls a rank needs to be judged
 MAX_FLOOR = 0.10  # a run whose ranks spread more than this around their peers is too noisy to judge
 
 
 def _timed_calls(trace: Trace) -> dict[int, np.ndarray]:
-    """rank -> (GPU start, GPU end) of its GPU-timed calls in GPU start order."""
+    """rank -> its GPU-timed calls (rows of ``trace.calls``) in GPU start order."""
     calls = trace.calls
     out = {}
     for rank in sorted(trace.ranks):
         own = calls[trace.rows_of(rank)]
         own = own[(own["gpu_start"] > 0) & (own["gpu_end"] >= own["gpu_start"])]
         if len(own) >= MIN_CALLS:
-            order = np.argsort(own["gpu_start"], kind="stable")
-            out[rank] = np.stack([own["gpu_start"][order], own["gpu_end"][order]]).astype(np.int64)
+            out[rank] = own[np.argsort(own["gpu_start"], kind="stable")]
     return out
 
 
-def _compute_shares(timed: dict[int, np.ndarray], edges: np.ndarray) -> np.ndarray:
-    """[ranks, windows]: the share of each window a rank's GPU spent between NCCL operations."""
-    shares = np.zeros((len(timed), len(edges) - 1))
-    for i, spans in enumerate(timed.values()):
-        busy_until = np.maximum.accumulate(spans[1][:-1])  # NCCL work on several streams may overlap
-        next_start = spans[0][1:]
-        for k in range(len(edges) - 1):
-            lo, hi = edges[k], edges[k + 1]
-            gap = np.clip(next_start, lo, hi) - np.clip(busy_until, lo, hi)
-            shares[i, k] = np.maximum(gap, 0).sum() / (hi - lo)
-    return shares
+def _compute_between(own: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """GPU time ``own``'s rank spent between NCCL operations in each window between ``edges``."""
+    busy_until = np.maximum.accumulate(own["gpu_end"][:-1].astype(np.int64))  # streams may overlap
+    next_start = own["gpu_start"][1:].astype(np.int64)
+    lo, hi = edges[:-1, None], edges[1:, None]
+    gap = np.clip(next_start[None, :], lo, hi) - np.clip(busy_until[None, :], lo, hi)
+    return np.maximum(gap, 0).sum(axis=1).astype(float)
+
+
+def _boundary_comm(trace: Trace, group: list[int]) -> int | None:
+    """Of the collective communicators holding every rank of ``group``, the one called least often
+    (a world AllReduce once a step: the grad norm): its operations end at about the same time on
+    each member, so the windows between them hold the same whole steps for all."""
+    calls = trace.calls
+    collective = calls[~np.isin(calls["op"], P2P_OPS)]
+    comm_ids, counts = np.unique(collective["comm"], return_counts=True)
+    held = [
+        (int(count) / comm.size, comm.size, comm.id)
+        for comm_id, count in zip(comm_ids.tolist(), counts.tolist(), strict=True)
+        if (comm := trace.comms.get(comm_id)) is not None and set(group) <= set(comm.members.values())
+    ]
+    return min(held)[2] if held else None
+
+
+def _step_compute(timed: dict[int, np.ndarray], group: list[int], comm_id: int) -> np.ndarray | None:
+    """[group, steps]: compute time of each member between consecutive operations of ``comm_id`` that
+    every member's GPU ended (matched by sequence number); windows shorter than half the typical one
+    (back-to-back operations) are left out. None when fewer than MIN_STEPS remain."""
+    ends = []
+    for rank in group:
+        own = timed[rank]
+        mine = own[own["comm"] == comm_id]
+        ends.append(dict(zip(mine["seq"].tolist(), mine["gpu_end"].tolist(), strict=True)))
+    shared = sorted(set.intersection(*(set(e) for e in ends)))
+    if len(shared) < 2:
+        return None
+    edges = [np.array([own_ends[seq] for seq in shared], np.int64) for own_ends in ends]
+    compute = np.stack([_compute_between(timed[rank], own) for rank, own in zip(group, edges, strict=True)])
+    typical = np.median(compute, axis=0)
+    kept = compute[:, typical >= 0.5 * np.median(typical)] if typical.any() else compute[:, :0]
+    return kept if kept.shape[1] >= MIN_STEPS else None
 
 
 def stage_peers(trace: Trace) -> dict[int, set[int]]:
@@ -107,34 +138,36 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
     timed = _timed_calls(trace)
     if len(timed) < 3:
         return []
-    lo = max(int(spans[0][0]) for spans in timed.values())
-    hi = min(int(spans[1].max()) for spans in timed.values())
-    if hi - lo <= 0:
-        return []
     ranks = list(timed)
-    shares = _compute_shares(timed, np.linspace(lo, hi, WINDOWS + 1))
-    total = shares.mean(axis=1)
     peers = stage_peers(trace)
-    position = {rank: i for i, rank in enumerate(ranks)}
-    reference = np.empty(len(ranks))
-    per_window_reference = np.empty_like(shares)
+    excess = np.full(len(ranks), np.nan)
+    steps = np.zeros(len(ranks), int)
+    total, reference = np.zeros(len(ranks)), np.zeros(len(ranks))
     for i, rank in enumerate(ranks):
-        group = [position[r] for r in peers.get(rank, {rank}) if r in position]
-        group = group if len(group) >= 3 else list(range(len(ranks)))
-        reference[i] = np.median(total[group])
-        per_window_reference[i] = np.median(shares[group], axis=0)
-    if not (reference > 0).all() or not (per_window_reference > 0).all():
+        group = [r for r in sorted(peers.get(rank, {rank})) if r in timed]
+        group = group if len(group) >= 3 else ranks
+        comm_id = _boundary_comm(trace, group)
+        compute = _step_compute(timed, group, comm_id) if comm_id is not None else None
+        if compute is None:
+            continue
+        # a starved host only adds idle time to a step: its quieter steps show what the GPU computes
+        quiet = np.percentile(compute, QUANTILE, axis=1)
+        own, typical = quiet[group.index(rank)], float(np.median(quiet))
+        if typical <= 0:
+            continue
+        excess[i] = own / typical - 1
+        steps[i], total[i], reference[i] = compute.shape[1], own / 1e6, typical / 1e6
+    judged = ~np.isnan(excess)
+    if judged.sum() < 3:
         return []
-    # the median of the sub-windows' excess: a window in which a busy host starved some GPUs is outvoted
-    excess = np.median(shares / per_window_reference - 1, axis=1)
-    noise = 1.4826 * float(np.median(np.abs(excess - np.median(excess))))
+    spread = excess[judged]
+    noise = 1.4826 * float(np.median(np.abs(spread - np.median(spread))))
     # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~1%
     tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.01 / len(ranks)))
     floor = max(MIN_EXCESS, tail * noise)
     if floor > MAX_FLOOR:
         return []
-    agreeing = (shares > per_window_reference).sum(axis=1)
-    flagged = [i for i in np.argsort(-excess) if excess[i] >= floor and agreeing[i] >= MIN_AGREEING]
+    flagged = [i for i in np.argsort(-np.nan_to_num(excess, nan=-np.inf)) if judged[i] and excess[i] >= floor]
     # more than one slow GPU per eight is the job's structure (or a shared cause), not a straggler
     if len(flagged) > max(1, len(ranks) // 8):
         return []
@@ -151,16 +184,16 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
                 communicator=None,
                 confidence=round(float(min(1.0, excess[i] / (2 * floor))), 3),
                 summary=(
-                    f"{trace.label(rank)} computes {total[i]:.1%} of the time between its NCCL operations "
-                    f"on its GPU vs {reference[i]:.1%} for its peers ({excess[i]:+.1%}, above the run's noise "
-                    f"floor {floor:.1%}, in {int(agreeing[i])} of {WINDOWS} windows of {(hi - lo) / 1e9:.2f} s)"
+                    f"{trace.label(rank)}'s GPU computes {total[i]:.2f} ms a step between its NCCL operations "
+                    f"vs {reference[i]:.2f} ms for its peers ({excess[i]:+.1%}, above the run's noise floor "
+                    f"{floor:.1%}; its least busy of {int(steps[i])} steps)"
                 ),
                 evidence={
-                    "compute_share": round(float(total[i]), 4),
-                    "peer_compute_share": round(float(reference[i]), 4),
+                    "step_compute_ms": round(float(total[i]), 3),
+                    "peer_step_compute_ms": round(float(reference[i]), 3),
                     "slowdown": round(float(excess[i]), 4),
                     "noise_floor": round(floor, 4),
-                    "windows_agreeing": int(agreeing[i]),
+                    "steps": int(steps[i]),
                     "own_compute": True,
                     "communicator_size": len(peers.get(rank, {rank})),
                 },
