@@ -1,21 +1,22 @@
-"""Stragglers from GPU compute time: the share of the run each GPU spends outside NCCL.
+"""Stragglers from GPU compute time: how long each GPU computes a step outside NCCL.
 
 Wait times inside one collective find a slow member only when it has peers doing the same work in
-that collective (tensor parallelism). With TP=1 a slow GPU passes its delay down the pipeline and its
-data-parallel peers meet it once a step, so the waits say little. GPU times say more: between the GPU
-end of one NCCL operation and the GPU start of the next the GPU computes. A slow GPU computes longer
-each step than its peers of the same pipeline stage (the ranks it shares a collective communicator
-with, smaller than the world); when a stage has fewer than three ranks, all ranks are the reference.
-Only without tensor parallelism: TP peers' waits are the better evidence there.
+that collective (tensor parallelism), and even there a 5% slowdown hides in the waits' noise. With
+TP=1 a slow GPU passes its delay down the pipeline and its data-parallel peers meet it once a step.
+GPU times say more: between the GPU end of one NCCL operation and the GPU start of the next the GPU
+computes. A slow GPU computes longer each step than its peers of the same pipeline stage (the ranks
+it shares a collective communicator with, smaller than the world: its TP and DP peers); when a stage
+has fewer than three ranks, all ranks are the reference. Used when the waits name nobody.
 
-Steps, not time windows: the compared ranks' windows run between the ends of a collective they all
-take part in, the least often called (the grad norm's world AllReduce, once a step), so each window
-holds the same whole steps for every rank. Windows cut at fixed times held more of the late pipeline
-stages' work in some windows and less in others (a healthy 8-rank TP1 PP8 run named its last stage).
-A host that was starved of CPU leaves its GPU idle, and that idle time falls between NCCL operations
-too, only ever adding: a rank's least busy step is what its GPU computes. The noise floor comes from
-the run: three times the spread of the ranks' excess (more with many ranks), at least 2.5%. A run
-whose floor exceeds 10% (short or disturbed) is not judged, nor a rank with fewer than six steps.
+Steps, not time windows: the compared ranks' steps run between the ends of a collective they all
+take part in, the least often called (the grad norm's world AllReduce, once a step), so a step holds
+the same work for every rank. Windows cut at fixed times held more of the late pipeline stages' work
+in some windows and less in others (a healthy 8-rank TP1 PP8 run named its last stage).
+A host starved of CPU leaves its GPU idle, and that idle time falls between NCCL operations too,
+only ever adding: each gap of a step (the k-th gap of every step with the usual number of gaps) is
+taken at its least over the steps, and their sum is what the GPU computes a step. The noise floor
+comes from the run: three times the spread of the ranks' excess (more with many ranks), at least
+2.5%. A run whose floor exceeds 10% is not judged, nor a rank with fewer than six such steps.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from rankwatch.analysis.trace import P2P_OPS, Trace
 MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not reported ...
 NOISE_FACTOR = 3.0  # ... nor one within this many times the run's own spread
 MIN_STEPS = 6  # steps (windows between two of the group's shared collectives) a judgement needs
-QUANTILE = 0  # percentile of a rank's steps taken as its GPU's own compute: its least busy step
 MIN_CALLS = 20  # GPU-timed calls a rank needs to be judged
 MAX_FLOOR = 0.10  # a run whose ranks spread more than this around their peers is too noisy to judge
 
@@ -47,13 +47,23 @@ def _timed_calls(trace: Trace) -> dict[int, np.ndarray]:
     return out
 
 
-def _compute_between(own: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """GPU time ``own``'s rank spent between NCCL operations in each window between ``edges``."""
+def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> tuple[float, int]:
+    """(GPU compute of one step, steps it was read from) for ``own``'s rank: the least of each of its
+    step's gaps between NCCL operations over the steps between ``edges`` that have the usual number of
+    gaps, summed. A host starved of CPU leaves its GPU idle inside some gaps; idle time only ever adds,
+    and it rarely hits the same gap in every step."""
     busy_until = np.maximum.accumulate(own["gpu_end"][:-1].astype(np.int64))  # streams may overlap
     next_start = own["gpu_start"][1:].astype(np.int64)
-    lo, hi = edges[:-1, None], edges[1:, None]
-    gap = np.clip(next_start[None, :], lo, hi) - np.clip(busy_until[None, :], lo, hi)
-    return np.maximum(gap, 0).sum(axis=1).astype(float)
+    gap = np.maximum(next_start - busy_until, 0)
+    step = np.searchsorted(edges, busy_until, "right") - 1  # an edge is an operation's end: gaps start after it
+    inside = (step >= 0) & (step < len(edges) - 1)
+    inside &= next_start <= edges[np.minimum(step + 1, len(edges) - 1)]
+    per_step = [gap[inside & (step == k)] for k in range(len(edges) - 1)]
+    usual = int(np.bincount([len(gaps) for gaps in per_step]).argmax()) if per_step else 0
+    alike = [gaps for gaps in per_step if len(gaps) == usual]
+    if not usual or len(alike) < MIN_STEPS:
+        return 0.0, len(alike)
+    return float(np.stack(alike).min(axis=0).sum()), len(alike)
 
 
 def _boundary_comm(trace: Trace, group: list[int]) -> int | None:
@@ -72,22 +82,18 @@ def _boundary_comm(trace: Trace, group: list[int]) -> int | None:
 
 
 def _step_compute(timed: dict[int, np.ndarray], group: list[int], comm_id: int) -> np.ndarray | None:
-    """[group, steps]: compute time of each member between consecutive operations of ``comm_id`` that
-    every member's GPU ended (matched by sequence number); windows shorter than half the typical one
-    (back-to-back operations) are left out. None when fewer than MIN_STEPS remain."""
+    """[group, 2]: each member's GPU compute of one step (:func:`_quiet_step_compute`) and the steps it
+    was read from, between consecutive operations of ``comm_id`` that every member's GPU ended
+    (matched by sequence number). None when a member has fewer than MIN_STEPS steps."""
     ends = []
     for rank in group:
         own = timed[rank]
         mine = own[own["comm"] == comm_id]
         ends.append(dict(zip(mine["seq"].tolist(), mine["gpu_end"].tolist(), strict=True)))
     shared = sorted(set.intersection(*(set(e) for e in ends)))
-    if len(shared) < 2:
-        return None
     edges = [np.array([own_ends[seq] for seq in shared], np.int64) for own_ends in ends]
-    compute = np.stack([_compute_between(timed[rank], own) for rank, own in zip(group, edges, strict=True)])
-    typical = np.median(compute, axis=0)
-    kept = compute[:, typical >= 0.5 * np.median(typical)] if typical.any() else compute[:, :0]
-    return kept if kept.shape[1] >= MIN_STEPS else None
+    compute = np.array([_quiet_step_compute(timed[rank], own) for rank, own in zip(group, edges, strict=True)])
+    return compute if len(compute) and (compute[:, 1] >= MIN_STEPS).all() else None
 
 
 def stage_peers(trace: Trace) -> dict[int, set[int]]:
@@ -107,34 +113,9 @@ def stage_peers(trace: Trace) -> dict[int, set[int]]:
     return peers
 
 
-def without_tensor_parallelism(trace: Trace) -> bool:
-    """True when most ranks have no collective peers doing the same work as often as they exchange with
-    their pipeline partners: their busiest collective communicator holds only themselves, or is called
-    less often than their sends and receives (data parallelism's once-a-step all-reduce). Tensor
-    parallelism's all-reduces (several per layer) and pure data parallelism leave the waits inside
-    those collectives as the better evidence (straggler.py): a GPU computing more there without
-    delaying its peers is slack."""
-    calls = trace.calls
-    alone = judged = 0
-    for rank in trace.ranks:
-        rows = trace.rows_of(rank)
-        p2p = np.isin(calls["op"][rows], P2P_OPS)
-        own = calls["comm"][rows][~p2p]
-        if not len(own):
-            continue
-        judged += 1
-        comm_ids, counts = np.unique(own, return_counts=True)
-        busiest = int(comm_ids[np.argmax(counts)])
-        size = trace.comms[busiest].size if busiest in trace.comms else 1
-        alone += size < 2 or int(counts.max()) < int(p2p.sum())
-    return alone * 2 > judged
-
-
 def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:
-    """Ranks whose GPU computes a larger share of the run than their stage's peers (GPU-timed traces
-    only); ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
-    if not without_tensor_parallelism(trace):
-        return []
+    """Ranks whose GPU computes longer each step than their stage's peers (GPU-timed traces only);
+    ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
     timed = _timed_calls(trace)
     if len(timed) < 3:
         return []
@@ -150,13 +131,11 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
         compute = _step_compute(timed, group, comm_id) if comm_id is not None else None
         if compute is None:
             continue
-        # a starved host only adds idle time to a step: its quieter steps show what the GPU computes
-        quiet = np.percentile(compute, QUANTILE, axis=1)
-        own, typical = quiet[group.index(rank)], float(np.median(quiet))
+        own, typical = compute[group.index(rank), 0], float(np.median(compute[:, 0]))
         if typical <= 0:
             continue
         excess[i] = own / typical - 1
-        steps[i], total[i], reference[i] = compute.shape[1], own / 1e6, typical / 1e6
+        steps[i], total[i], reference[i] = compute[group.index(rank), 1], own / 1e6, typical / 1e6
     judged = ~np.isnan(excess)
     if judged.sum() < 3:
         return []
@@ -186,7 +165,7 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
                 summary=(
                     f"{trace.label(rank)}'s GPU computes {total[i]:.2f} ms a step between its NCCL operations "
                     f"vs {reference[i]:.2f} ms for its peers ({excess[i]:+.1%}, above the run's noise floor "
-                    f"{floor:.1%}; its least busy of {int(steps[i])} steps)"
+                    f"{floor:.1%}; each gap at its least over {int(steps[i])} steps)"
                 ),
                 evidence={
                     "step_compute_ms": round(float(total[i]), 3),

@@ -67,6 +67,13 @@ def test_gpu_timed_straggler_without_tensor_parallelism_is_named_and_a_healthy_r
     assert healthy["findings"] == [], healthy["findings"]
 
 
+def test_gpu_timed_5_percent_straggler_is_named_from_its_compute_per_step(tmp_path):
+    # 8 ranks TP2 PP4: its TP peer's waits for a 5% slower GPU drown in the noise of a loaded machine;
+    # each gap between NCCL operations at its least over the steps shows the GPU's own compute
+    _, slow = simulate(tmp_path, True, 8, 2, 4, Faults(slow_rank=2, slowdown=0.05), steps=20, compute_us=3000)
+    assert named(slow) == [("straggler", [2])], slow["findings"]
+
+
 def test_gpu_timed_slow_pipeline_link_is_named_from_gpu_times(tmp_path):
     # the sends and receives return at once on the host; on the GPU the slow pair's transfers take
     # the link's 3 ms on top of the others'
