@@ -66,34 +66,53 @@ def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> tuple[float, int]
     return float(np.stack(alike).min(axis=0).sum()), len(alike)
 
 
-def _boundary_comm(trace: Trace, group: list[int]) -> int | None:
-    """Of the collective communicators holding every rank of ``group``, the one called least often
-    (a world AllReduce once a step: the grad norm): its operations end at about the same time on
-    each member, so the windows between them hold the same whole steps for all."""
+def _step_comms(trace: Trace) -> list[tuple[float, int, int, frozenset[int]]]:
+    """(calls per member, size, id, members) of each collective communicator, least often called first:
+    a world AllReduce once a step (the grad norm) ends at about the same time on each member, so the
+    windows between its ends hold the same whole steps for all."""
     calls = trace.calls
-    collective = calls[~np.isin(calls["op"], P2P_OPS)]
-    comm_ids, counts = np.unique(collective["comm"], return_counts=True)
-    held = [
-        (int(count) / comm.size, comm.size, comm.id)
+    comm_ids, counts = np.unique(calls["comm"][~np.isin(calls["op"], P2P_OPS)], return_counts=True)
+    return sorted(
+        (int(count) / comm.size, comm.size, comm.id, frozenset(comm.members.values()))
         for comm_id, count in zip(comm_ids.tolist(), counts.tolist(), strict=True)
-        if (comm := trace.comms.get(comm_id)) is not None and set(group) <= set(comm.members.values())
-    ]
-    return min(held)[2] if held else None
+        if (comm := trace.comms.get(comm_id)) is not None
+    )
 
 
-def _step_compute(timed: dict[int, np.ndarray], group: list[int], comm_id: int) -> np.ndarray | None:
-    """[group, 2]: each member's GPU compute of one step (:func:`_quiet_step_compute`) and the steps it
-    was read from, between consecutive operations of ``comm_id`` that every member's GPU ended
-    (matched by sequence number). None when a member has fewer than MIN_STEPS steps."""
-    ends = []
-    for rank in group:
-        own = timed[rank]
-        mine = own[own["comm"] == comm_id]
-        ends.append(dict(zip(mine["seq"].tolist(), mine["gpu_end"].tolist(), strict=True)))
-    shared = sorted(set.intersection(*(set(e) for e in ends)))
-    edges = [np.array([own_ends[seq] for seq in shared], np.int64) for own_ends in ends]
-    compute = np.array([_quiet_step_compute(timed[rank], own) for rank, own in zip(group, edges, strict=True)])
-    return compute if len(compute) and (compute[:, 1] >= MIN_STEPS).all() else None
+class _StepCompute:
+    """Each rank's GPU compute of one step (:func:`_quiet_step_compute`) between a communicator's
+    operations, read once per rank and set of steps (many ranks share a reference)."""
+
+    def __init__(self, trace: Trace, timed: dict[int, np.ndarray]) -> None:
+        self.timed, self.comms = timed, _step_comms(trace)
+        self.ends: dict[tuple[int, int], dict[int, int]] = {}
+        self.read: dict[tuple[int, int, tuple[int, ...]], tuple[float, int]] = {}
+
+    def _ends(self, rank: int, comm_id: int) -> dict[int, int]:
+        """sequence number -> GPU end of ``rank``'s operations on ``comm_id``"""
+        if (rank, comm_id) not in self.ends:
+            own = self.timed[rank]
+            mine = own[own["comm"] == comm_id]
+            self.ends[rank, comm_id] = dict(zip(mine["seq"].tolist(), mine["gpu_end"].tolist(), strict=True))
+        return self.ends[rank, comm_id]
+
+    def of(self, group: list[int]) -> np.ndarray | None:
+        """[group, 2]: each member's compute of one step and the steps it was read from, between
+        consecutive operations of the least often called communicator holding the whole group that
+        every member's GPU ended (matched by sequence number). None when there is no such
+        communicator or a member has fewer than MIN_STEPS steps."""
+        members = set(group)
+        comm_id = next((comm_id for *_, comm_id, held in self.comms if members <= held), None)
+        if comm_id is None:
+            return None
+        ends = [self._ends(rank, comm_id) for rank in group]
+        shared = tuple(sorted(set.intersection(*(set(e) for e in ends))))
+        for rank, own_ends in zip(group, ends, strict=True):
+            if (rank, comm_id, shared) not in self.read:
+                edges = np.array([own_ends[seq] for seq in shared], np.int64)
+                self.read[rank, comm_id, shared] = _quiet_step_compute(self.timed[rank], edges)
+        compute = np.array([self.read[rank, comm_id, shared] for rank in group])
+        return compute if len(compute) and (compute[:, 1] >= MIN_STEPS).all() else None
 
 
 def stage_peers(trace: Trace) -> dict[int, set[int]]:
@@ -124,11 +143,11 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
     excess = np.full(len(ranks), np.nan)
     steps = np.zeros(len(ranks), int)
     total, reference = np.zeros(len(ranks)), np.zeros(len(ranks))
+    step_compute = _StepCompute(trace, timed)
     for i, rank in enumerate(ranks):
         group = [r for r in sorted(peers.get(rank, {rank})) if r in timed]
         group = group if len(group) >= 3 else ranks
-        comm_id = _boundary_comm(trace, group)
-        compute = _step_compute(timed, group, comm_id) if comm_id is not None else None
+        compute = step_compute.of(group)
         if compute is None:
             continue
         own, typical = compute[group.index(rank), 0], float(np.median(compute[:, 0]))
