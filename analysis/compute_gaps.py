@@ -52,6 +52,8 @@ def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> tuple[float, int]
     step's gaps between NCCL operations over the steps between ``edges`` that have the usual number of
     gaps, summed. A host starved of CPU leaves its GPU idle inside some gaps; idle time only ever adds,
     and it rarely hits the same gap in every step."""
+    if len(edges) <= MIN_STEPS:  # no shared boundaries (a wrapped ring), or too few steps
+        return 0.0, max(len(edges) - 1, 0)
     busy_until = np.maximum.accumulate(own["gpu_end"][:-1].astype(np.int64))  # streams may overlap
     next_start = own["gpu_start"][1:].astype(np.int64)
     gap = np.maximum(next_start - busy_until, 0)
