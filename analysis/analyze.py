@@ -91,7 +91,7 @@ def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1
             problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
         stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
-        if not stragglers:  # no TP peers to compare waits with (TP=1): the GPUs' compute time
+        if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
             stragglers = detect_compute_stragglers(trace, explained=endpoints)
         findings += links + stragglers
         if test_type != "parallel":

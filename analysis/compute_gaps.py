@@ -1,19 +1,22 @@
-"""Stragglers from GPU compute time: the share of the run each GPU spends outside NCCL.
+"""Stragglers from GPU compute time: how long each GPU computes a step outside NCCL.
 
 Wait times inside one collective find a slow member only when it has peers doing the same work in
-that collective (tensor parallelism). With TP=1 a slow GPU passes its delay down the pipeline and its
-data-parallel peers meet it once a step, so the waits say little. GPU times say more: between the GPU
-end of one NCCL operation and the GPU start of the next the GPU computes (on an asynchronous GPU the
-host is ahead, so the stream is never idle waiting for it). Over a time window every rank shares, a
-slow GPU computes a larger share of the time than its peers of the same pipeline stage (the ranks it
-shares a collective communicator with, smaller than the world), whose extra time is spent waiting in
-NCCL. When a stage has fewer than three ranks, all ranks are the reference. Only without tensor
-parallelism: TP peers' waits are the better evidence there.
+that collective (tensor parallelism), and even there a 5% slowdown hides in the waits' noise. With
+TP=1 a slow GPU passes its delay down the pipeline and its data-parallel peers meet it once a step.
+GPU times say more: between the GPU end of one NCCL operation and the GPU start of the next the GPU
+computes. A slow GPU computes longer each step than its peers of the same pipeline stage (the ranks
+it shares a collective communicator with, smaller than the world: its TP and DP peers); when a stage
+has fewer than three ranks, all ranks are the reference. Used when the waits name nobody.
 
-A rank's excess is the median over three sub-windows of its share against its reference's (a window
-in which a busy host starved some GPUs is outvoted). The noise floor comes from the run: three times
-the spread of the ranks' excess, at least 2.5%; and in two of the three sub-windows the rank must
-compute more than its peers. A run whose floor exceeds 10% (a short or disturbed window) is not judged.
+Steps, not time windows: the compared ranks' steps run between the ends of a collective they all
+take part in, the least often called (the grad norm's world AllReduce, once a step), so a step holds
+the same work for every rank. Windows cut at fixed times held more of the late pipeline stages' work
+in some windows and less in others (a healthy 8-rank TP1 PP8 run named its last stage).
+A host starved of CPU leaves its GPU idle, and that idle time falls between NCCL operations too,
+only ever adding: each gap of a step (the k-th gap of every step with the usual number of gaps) is
+taken at its least over the steps, and their sum is what the GPU computes a step. The noise floor
+comes from the run: three times the spread of the ranks' excess (more with many ranks), at least
+2.5%. A run whose floor exceeds 10% is not judged, nor a rank with fewer than six such steps.
 """
 
 from __future__ import annotations
@@ -25,38 +28,93 @@ import numpy as np
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.trace import P2P_OPS, Trace
 
-WINDOWS = 3  # sub-windows of the shared time window, each judged on its own
 MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not reported ...
 NOISE_FACTOR = 3.0  # ... nor one within this many times the run's own spread
-MIN_AGREEING = 2  # sub-windows in which it must compute more than its reference
+MIN_STEPS = 6  # steps (windows between two of the group's shared collectives) a judgement needs
 MIN_CALLS = 20  # GPU-timed calls a rank needs to be judged
 MAX_FLOOR = 0.10  # a run whose ranks spread more than this around their peers is too noisy to judge
 
 
 def _timed_calls(trace: Trace) -> dict[int, np.ndarray]:
-    """rank -> (GPU start, GPU end) of its GPU-timed calls in GPU start order."""
+    """rank -> its GPU-timed calls (rows of ``trace.calls``) in GPU start order."""
     calls = trace.calls
     out = {}
     for rank in sorted(trace.ranks):
         own = calls[trace.rows_of(rank)]
         own = own[(own["gpu_start"] > 0) & (own["gpu_end"] >= own["gpu_start"])]
         if len(own) >= MIN_CALLS:
-            order = np.argsort(own["gpu_start"], kind="stable")
-            out[rank] = np.stack([own["gpu_start"][order], own["gpu_end"][order]]).astype(np.int64)
+            out[rank] = own[np.argsort(own["gpu_start"], kind="stable")]
     return out
 
 
-def _compute_shares(timed: dict[int, np.ndarray], edges: np.ndarray) -> np.ndarray:
-    """[ranks, windows]: the share of each window a rank's GPU spent between NCCL operations."""
-    shares = np.zeros((len(timed), len(edges) - 1))
-    for i, spans in enumerate(timed.values()):
-        busy_until = np.maximum.accumulate(spans[1][:-1])  # NCCL work on several streams may overlap
-        next_start = spans[0][1:]
-        for k in range(len(edges) - 1):
-            lo, hi = edges[k], edges[k + 1]
-            gap = np.clip(next_start, lo, hi) - np.clip(busy_until, lo, hi)
-            shares[i, k] = np.maximum(gap, 0).sum() / (hi - lo)
-    return shares
+def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> tuple[float, int]:
+    """(GPU compute of one step, steps it was read from) for ``own``'s rank: the least of each of its
+    step's gaps between NCCL operations over the steps between ``edges`` that have the usual number of
+    gaps, summed. A host starved of CPU leaves its GPU idle inside some gaps; idle time only ever adds,
+    and it rarely hits the same gap in every step."""
+    if len(edges) <= MIN_STEPS:  # no shared boundaries (a wrapped ring), or too few steps
+        return 0.0, max(len(edges) - 1, 0)
+    busy_until = np.maximum.accumulate(own["gpu_end"][:-1].astype(np.int64))  # streams may overlap
+    next_start = own["gpu_start"][1:].astype(np.int64)
+    gap = np.maximum(next_start - busy_until, 0)
+    step = np.searchsorted(edges, busy_until, "right") - 1  # an edge is an operation's end: gaps start after it
+    inside = (step >= 0) & (step < len(edges) - 1)
+    inside &= next_start <= edges[np.minimum(step + 1, len(edges) - 1)]
+    per_step = [gap[inside & (step == k)] for k in range(len(edges) - 1)]
+    usual = int(np.bincount([len(gaps) for gaps in per_step]).argmax()) if per_step else 0
+    alike = [gaps for gaps in per_step if len(gaps) == usual]
+    if not usual or len(alike) < MIN_STEPS:
+        return 0.0, len(alike)
+    return float(np.stack(alike).min(axis=0).sum()), len(alike)
+
+
+def _step_comms(trace: Trace) -> list[tuple[float, int, int, frozenset[int]]]:
+    """(calls per member, size, id, members) of each collective communicator, least often called first:
+    a world AllReduce once a step (the grad norm) ends at about the same time on each member, so the
+    windows between its ends hold the same whole steps for all."""
+    calls = trace.calls
+    comm_ids, counts = np.unique(calls["comm"][~np.isin(calls["op"], P2P_OPS)], return_counts=True)
+    return sorted(
+        (int(count) / comm.size, comm.size, comm.id, frozenset(comm.members.values()))
+        for comm_id, count in zip(comm_ids.tolist(), counts.tolist(), strict=True)
+        if (comm := trace.comms.get(comm_id)) is not None
+    )
+
+
+class _StepCompute:
+    """Each rank's GPU compute of one step (:func:`_quiet_step_compute`) between a communicator's
+    operations, read once per rank and set of steps (many ranks share a reference)."""
+
+    def __init__(self, trace: Trace, timed: dict[int, np.ndarray]) -> None:
+        self.timed, self.comms = timed, _step_comms(trace)
+        self.ends: dict[tuple[int, int], dict[int, int]] = {}
+        self.read: dict[tuple[int, int, tuple[int, ...]], tuple[float, int]] = {}
+
+    def _ends(self, rank: int, comm_id: int) -> dict[int, int]:
+        """sequence number -> GPU end of ``rank``'s operations on ``comm_id``"""
+        if (rank, comm_id) not in self.ends:
+            own = self.timed[rank]
+            mine = own[own["comm"] == comm_id]
+            self.ends[rank, comm_id] = dict(zip(mine["seq"].tolist(), mine["gpu_end"].tolist(), strict=True))
+        return self.ends[rank, comm_id]
+
+    def of(self, group: list[int]) -> np.ndarray | None:
+        """[group, 2]: each member's compute of one step and the steps it was read from, between
+        consecutive operations of the least often called communicator holding the whole group that
+        every member's GPU ended (matched by sequence number). None when there is no such
+        communicator or a member has fewer than MIN_STEPS steps."""
+        members = set(group)
+        comm_id = next((comm_id for *_, comm_id, held in self.comms if members <= held), None)
+        if comm_id is None:
+            return None
+        ends = [self._ends(rank, comm_id) for rank in group]
+        shared = tuple(sorted(set.intersection(*(set(e) for e in ends))))
+        for rank, own_ends in zip(group, ends, strict=True):
+            if (rank, comm_id, shared) not in self.read:
+                edges = np.array([own_ends[seq] for seq in shared], np.int64)
+                self.read[rank, comm_id, shared] = _quiet_step_compute(self.timed[rank], edges)
+        compute = np.array([self.read[rank, comm_id, shared] for rank in group])
+        return compute if len(compute) and (compute[:, 1] >= MIN_STEPS).all() else None
 
 
 def stage_peers(trace: Trace) -> dict[int, set[int]]:
@@ -76,65 +134,40 @@ def stage_peers(trace: Trace) -> dict[int, set[int]]:
     return peers
 
 
-def without_tensor_parallelism(trace: Trace) -> bool:
-    """True when most ranks have no collective peers doing the same work as often as they exchange with
-    their pipeline partners: their busiest collective communicator holds only themselves, or is called
-    less often than their sends and receives (data parallelism's once-a-step all-reduce). Tensor
-    parallelism's all-reduces (several per layer) and pure data parallelism leave the waits inside
-    those collectives as the better evidence (straggler.py): a GPU computing more there without
-    delaying its peers is slack."""
-    calls = trace.calls
-    alone = judged = 0
-    for rank in trace.ranks:
-        rows = trace.rows_of(rank)
-        p2p = np.isin(calls["op"][rows], P2P_OPS)
-        own = calls["comm"][rows][~p2p]
-        if not len(own):
-            continue
-        judged += 1
-        comm_ids, counts = np.unique(own, return_counts=True)
-        busiest = int(comm_ids[np.argmax(counts)])
-        size = trace.comms[busiest].size if busiest in trace.comms else 1
-        alone += size < 2 or int(counts.max()) < int(p2p.sum())
-    return alone * 2 > judged
-
-
 def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:
-    """Ranks whose GPU computes a larger share of the run than their stage's peers (GPU-timed traces
-    only); ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
-    if not without_tensor_parallelism(trace):
-        return []
+    """Ranks whose GPU computes longer each step than their stage's peers (GPU-timed traces only);
+    ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
     timed = _timed_calls(trace)
     if len(timed) < 3:
         return []
-    lo = max(int(spans[0][0]) for spans in timed.values())
-    hi = min(int(spans[1].max()) for spans in timed.values())
-    if hi - lo <= 0:
-        return []
     ranks = list(timed)
-    shares = _compute_shares(timed, np.linspace(lo, hi, WINDOWS + 1))
-    total = shares.mean(axis=1)
     peers = stage_peers(trace)
-    position = {rank: i for i, rank in enumerate(ranks)}
-    reference = np.empty(len(ranks))
-    per_window_reference = np.empty_like(shares)
+    excess = np.full(len(ranks), np.nan)
+    steps = np.zeros(len(ranks), int)
+    total, reference = np.zeros(len(ranks)), np.zeros(len(ranks))
+    step_compute = _StepCompute(trace, timed)
     for i, rank in enumerate(ranks):
-        group = [position[r] for r in peers.get(rank, {rank}) if r in position]
-        group = group if len(group) >= 3 else list(range(len(ranks)))
-        reference[i] = np.median(total[group])
-        per_window_reference[i] = np.median(shares[group], axis=0)
-    if not (reference > 0).all() or not (per_window_reference > 0).all():
+        group = [r for r in sorted(peers.get(rank, {rank})) if r in timed]
+        group = group if len(group) >= 3 else ranks
+        compute = step_compute.of(group)
+        if compute is None:
+            continue
+        own, typical = compute[group.index(rank), 0], float(np.median(compute[:, 0]))
+        if typical <= 0:
+            continue
+        excess[i] = own / typical - 1
+        steps[i], total[i], reference[i] = compute[group.index(rank), 1], own / 1e6, typical / 1e6
+    judged = ~np.isnan(excess)
+    if judged.sum() < 3:
         return []
-    # the median of the sub-windows' excess: a window in which a busy host starved some GPUs is outvoted
-    excess = np.median(shares / per_window_reference - 1, axis=1)
-    noise = 1.4826 * float(np.median(np.abs(excess - np.median(excess))))
+    spread = excess[judged]
+    noise = 1.4826 * float(np.median(np.abs(spread - np.median(spread))))
     # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~1%
     tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.01 / len(ranks)))
     floor = max(MIN_EXCESS, tail * noise)
     if floor > MAX_FLOOR:
         return []
-    agreeing = (shares > per_window_reference).sum(axis=1)
-    flagged = [i for i in np.argsort(-excess) if excess[i] >= floor and agreeing[i] >= MIN_AGREEING]
+    flagged = [i for i in np.argsort(-np.nan_to_num(excess, nan=-np.inf)) if judged[i] and excess[i] >= floor]
     # more than one slow GPU per eight is the job's structure (or a shared cause), not a straggler
     if len(flagged) > max(1, len(ranks) // 8):
         return []
@@ -151,16 +184,16 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
                 communicator=None,
                 confidence=round(float(min(1.0, excess[i] / (2 * floor))), 3),
                 summary=(
-                    f"{trace.label(rank)} computes {total[i]:.1%} of the time between its NCCL operations "
-                    f"on its GPU vs {reference[i]:.1%} for its peers ({excess[i]:+.1%}, above the run's noise "
-                    f"floor {floor:.1%}, in {int(agreeing[i])} of {WINDOWS} windows of {(hi - lo) / 1e9:.2f} s)"
+                    f"{trace.label(rank)}'s GPU computes {total[i]:.2f} ms a step between its NCCL operations "
+                    f"vs {reference[i]:.2f} ms for its peers ({excess[i]:+.1%}, above the run's noise floor "
+                    f"{floor:.1%}; each gap at its least over {int(steps[i])} steps)"
                 ),
                 evidence={
-                    "compute_share": round(float(total[i]), 4),
-                    "peer_compute_share": round(float(reference[i]), 4),
+                    "step_compute_ms": round(float(total[i]), 3),
+                    "peer_step_compute_ms": round(float(reference[i]), 3),
                     "slowdown": round(float(excess[i]), 4),
                     "noise_floor": round(floor, 4),
-                    "windows_agreeing": int(agreeing[i]),
+                    "steps": int(steps[i]),
                     "own_compute": True,
                     "communicator_size": len(peers.get(rank, {rank})),
                 },
