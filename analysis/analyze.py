@@ -62,16 +62,19 @@ def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) ->
     return analyze_trace(trace, test_type, stall_seconds).to_json()
 
 
-def analyze_trace(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> AnalysisReport:
+def analyze_trace(
+    trace: Trace, test_type: str = "all", stall_seconds: float = 1.0, now_ns: int | None = None
+) -> AnalysisReport:
     """Findings of the chosen detectors (Megatrace's test types: ``hang``; ``slow``, the job against
     its own history and the ranks behind it; ``parallel``, ranks against their peers); a hung job is
-    not also scored for slowness, unless the hang comes from call times alone."""
+    not also scored for slowness, unless the hang comes from call times alone. ``now_ns``: the wall
+    clock the calls still pending are judged at (default now; a live job's dumps: when they were asked for)."""
     if test_type not in TEST_TYPES:
         raise ValueError(f"--test-type must be one of {', '.join(TEST_TYPES)}, got {test_type!r}")
     findings: list[Finding] = []
     problems = list(trace.problems)
     if test_type in ("all", "hang"):
-        findings += detect_hangs(trace, stall_seconds)
+        findings += detect_hangs(trace, stall_seconds, now_ns)
     # a hang found from call times alone (Megatrace: no completion recorded) is where the logs end, and
     # says nothing of the lateness before it: those are scored too
     weak_hang = not trace.has_returns and not trace.pending_known

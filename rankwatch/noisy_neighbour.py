@@ -19,6 +19,15 @@ BUSY_LOOP = (
 )
 
 
+DEVICE_CPUS = "RANKWATCH_STANDIN_DEVICE_CPUS"
+"""Where the stand-in device's executors run (nccl_patch/standin/cuda_standin.c), whatever the rank is pinned to."""
+
+
+def cpu_list(cpus: set[int]) -> str:
+    """``{0, 1, 3}`` as ``0,1,3`` (the form RANKWATCH_STANDIN_DEVICE_CPUS takes)."""
+    return ",".join(str(cpu) for cpu in sorted(cpus))
+
+
 def shared_cpu() -> int:
     """The CPU the rank and its neighbours share: the last one this process may run on."""
     return max(os.sched_getaffinity(0))

@@ -350,6 +350,9 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
         if crowd > 0:
             cpu = noisy_neighbour.shared_cpu()
             neighbours += noisy_neighbour.start_neighbours(crowd, cpu)
+            # only the host is crowded: the stand-in GPU's executors keep the pod's CPUs, as a GPU is not
+            # on its host's core (else the device would be starved too, not the host behind it)
+            env[noisy_neighbour.DEVICE_CPUS] = noisy_neighbour.cpu_list(os.sched_getaffinity(0))
             processes.append(subprocess.Popen(argv, env=env, preexec_fn=noisy_neighbour.pin_to(cpu)))
         else:
             processes.append(subprocess.Popen(argv, env=env))

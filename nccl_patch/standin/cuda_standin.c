@@ -26,10 +26,14 @@
  * on a full queue, so the host never deadlocks on the hold); rwStandinStallStream, at operation N,
  * keeps its stream stopped for good and releases the others.
  * rwStandinSetCapturing(stream, 1) marks a stream as capturing a CUDA graph (for tests).
+ * RANKWATCH_STANDIN_DEVICE_CPUS=0,2-3: the CPUs the executors run on, whatever the process is pinned to.
+ * A real GPU does not run on its host's CPU: a host starved by neighbours on its one core (the noisy
+ * neighbour fault pins the rank there) launches late, and its device runs what it was given on time.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -161,8 +165,36 @@ static void execute_locked(const work* item) {
   }
 }
 
+/* This executor on the CPUs RANKWATCH_STANDIN_DEVICE_CPUS lists ("0,2-3"), if it says; else where the
+ * process runs. A list that cannot be parsed or applied is reported and left alone. */
+static void place_executor(void) {
+  const char* text = getenv("RANKWATCH_STANDIN_DEVICE_CPUS");
+  if (!text || !*text) return;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const char* at = text;
+  while (*at) {
+    char* end;
+    long first = strtol(at, &end, 10), last = first;
+    if (end == at || first < 0 || first >= CPU_SETSIZE) goto bad;
+    if (*end == '-') {
+      at = end + 1;
+      last = strtol(at, &end, 10);
+      if (end == at || last < first || last >= CPU_SETSIZE) goto bad;
+    }
+    for (long cpu = first; cpu <= last; cpu++) CPU_SET((int)cpu, &cpus);
+    if (*end == ',') end++;
+    else if (*end) goto bad;
+    at = end;
+  }
+  if (pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus) == 0) return;
+bad:
+  fprintf(stderr, "rankwatch stand-in CUDA: ignoring RANKWATCH_STANDIN_DEVICE_CPUS=%s\n", text);
+}
+
 static void* executor(void* argument) {
   stream_state* stream = argument;
+  place_executor();
   pthread_mutex_lock(&device.lock);
   for (;;) {
     while (stream->completed == stream->enqueued || stream->completed >= stream->limit || device.stopped)

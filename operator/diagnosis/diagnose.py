@@ -419,6 +419,7 @@ async def diagnose(
         # A call pending half the sensitivity is already a wait worth following; the stall itself was
         # established by the detector.
         max(1.0, min(sensitivity_s / 2, 60.0)),
+        time.time_ns(),  # just before the dumps are asked for
     )
     with tempfile.TemporaryDirectory(prefix="rankwatch-diagnosis-") as temporary:
         directory = Path(temporary)

@@ -52,19 +52,25 @@ class AnalysisRequest:
     world_size: int | None
     node_of_rank: dict[int, str]
     stall_seconds: float
+    asked_at_ns: int | None = None
+    """Wall clock when the dumps were asked for: a call pending in them is judged at that moment, not when
+    the analysis runs (on a busy machine seconds later, when every collective in flight at the dump, and
+    a peer's dump taken a moment earlier without it, would look like a hang)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "layout": None if self.tp is None else [self.tp, self.pp, self.world_size],
             "node_of_rank": {str(rank): node for rank, node in self.node_of_rank.items()},
             "stall_seconds": self.stall_seconds,
+            "asked_at_ns": self.asked_at_ns,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AnalysisRequest:
         tp, pp, world = data["layout"] or (None, None, None)
         nodes = {int(rank): str(node) for rank, node in data["node_of_rank"].items()}
-        return cls(tp, pp, world, nodes, float(data["stall_seconds"]))
+        asked = data.get("asked_at_ns")
+        return cls(tp, pp, world, nodes, float(data["stall_seconds"]), None if asked is None else int(asked))
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,7 @@ def run(directory: Path) -> dict[str, Any]:
     for rank, source in list(trace.ranks.items()):
         if source.node in ("", "unknown") and request.node_of_rank.get(rank):
             trace.ranks[rank] = RankSource(rank, request.node_of_rank[rank], source.pid, source.path)
-    found = analyze_trace(trace, "all", request.stall_seconds)
+    found = analyze_trace(trace, "all", request.stall_seconds, request.asked_at_ns)
     report = AnalysisReport(found.findings, problems + found.problems)
     return {
         "report": report.to_json(),

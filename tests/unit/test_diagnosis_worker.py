@@ -4,6 +4,7 @@ an analysis beyond its memory budget or its time is stopped and reported, never 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -69,3 +70,33 @@ def test_an_analysis_beyond_its_time_is_killed(straggler_rings, tmp_path):
     with pytest.raises(WorkerFailed, match=r"took longer than 0 s and was stopped") as caught:
         asyncio.run(analyse(tmp_path, request(), 1 << 30, 0.05))  # the analysis alone takes ~0.4 s
     assert caught.value.reason == "timeout"
+
+
+def dumped_at(path: Path, rings: list[Path], at_ns: int) -> None:
+    """What a sidecar's /dump would have answered at ``at_ns`` of the run: the calls made by then, those
+    not yet returned in flight."""
+    from rankwatch.analysis.ring import State
+
+    with path.open("wb") as out:
+        for ring in rings:
+            tail = RingTail(ring)
+            records, _ = select(tail, 0, 1 << 30)
+            records = records[records["t_call_ns"] <= at_ns].copy()
+            in_flight = records["t_return_ns"] > at_ns
+            records["t_return_ns"][in_flight], records["state"][in_flight] = 0, State.ENTERED
+            out.write(ring_image(tail, records))
+
+
+def test_a_live_jobs_dumps_are_judged_when_they_were_asked_for_not_when_analysed(straggler_rings, tmp_path):
+    """Dumps of a running job always hold collectives in flight, and a pod's dump taken a moment before
+    its peer's lacks the call the peer just entered; judged seconds later (a busy machine) they looked
+    like a hang naming healthy ranks (without ``asked_at_ns``: ranks 0-3, "rank 6 waits in Allreduce
+    #1502 ... which rank 0 never entered")."""
+    calls = [select(RingTail(path), 0, 1 << 30)[0] for path in straggler_rings.values()]
+    middle = int(np.median(np.concatenate([c["t_call_ns"] for c in calls])))
+    dumped_at(tmp_path / "job-worker-0.dump", [straggler_rings[r] for r in range(4)], middle)
+    dumped_at(tmp_path / "job-worker-1.dump", [straggler_rings[r] for r in range(4, 8)], middle + 3_000_000)
+    asked = dataclasses.replace(request(), asked_at_ns=middle - 1_000_000)
+    result = asyncio.run(analyse(tmp_path, asked, 512 << 20, 120))
+    assert not [f for f in result.report.findings if f.kind is FindingKind.HANG], result.text
+    assert [f.ranks for f in result.report.findings if f.ranks] == [[5]], result.text  # the straggler still
