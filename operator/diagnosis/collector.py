@@ -361,7 +361,7 @@ class Collector:
 def _ranks_outside(message: SummaryDigest | protocol.StallReport, world_size: int) -> int | None:
     """The first global rank the message names at or beyond the job's world size, if any."""
     if isinstance(message, SummaryDigest):
-        ranks = [window.global_rank for window in message.ranks]
+        ranks = [window[0] for window in message.ranks]  # a RankDigest starts with its global rank
     else:
         ranks = [position.global_rank for position in message.positions] + list(message.stalled_ranks)
     return next((rank for rank in ranks if rank >= world_size), None)
