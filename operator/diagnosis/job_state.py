@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.operator.diagnosis import metrics
@@ -211,6 +212,9 @@ class JobState:
     dropped: int = 0
     """Ranks, pods and communicators not kept because the job's limits were reached."""
     _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict, repr=False)
+    derived: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What readers (the detector) derive from who reports on which communicator, keyed by how they
+    derived it: emptied whenever a rank or a rank's communicator is added or replaced."""
 
     def duplicate(self, key: tuple[str, int, int]) -> bool:
         """True if this (pod, start_ns, window) was taken before; remembers it otherwise."""
@@ -259,6 +263,7 @@ class JobState:
                 if not self._room_for_rank(global_rank):
                     continue
                 rank = self.ranks[global_rank] = RankState(global_rank, summary.pod, summary.node)
+                self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
             rank.records.append(records)
@@ -275,6 +280,7 @@ class JobState:
                         self._drop("comm")
                         continue
                     state = rank.comms[comm_id] = CommState(size, advanced_at=now)
+                    self.derived.clear()
                 newer = state.last_completed is None or (last_completed or 0) > state.last_completed
                 if last_completed is not None and newer:
                     state.last_completed, state.advanced_at = last_completed, now
@@ -308,6 +314,7 @@ class JobState:
                 if not self._room_for_rank(position.global_rank):
                     continue
                 self.ranks[position.global_rank] = RankState(position.global_rank, report.pod, report.node)
+                self.derived.clear()
                 pod.ranks.add(position.global_rank)
         self.stalls.append((now, report))
 

@@ -139,6 +139,19 @@ def test_communicator_not_fully_reported_is_not_compared():
     assert wait_outliers(state, LAYOUT, THRESHOLDS, now) is None
 
 
+def test_a_member_reporting_a_communicator_late_joins_its_peer_group():
+    """The peer groups are kept with the job's state between passes: a communicator a member reports
+    later makes its group whole again."""
+    generator, state = random.Random(1), JobState("ns", "job")
+    for number in range(6):
+        window(state, number * WINDOW, number, jittery_waits(generator, 5), completed=10 * (number + 1))
+        if number < 3:
+            del state.ranks[4].comms["00000000000000a1"]  # rank 4 has not reported its TP group yet
+            assert wait_outliers(state, LAYOUT, THRESHOLDS, number * WINDOW) is None
+    suspicion = wait_outliers(state, LAYOUT, THRESHOLDS, 5 * WINDOW)
+    assert suspicion is not None and suspicion.ranks == [5]
+
+
 def test_call_in_flight_longer_than_the_sensitivity_is_a_hang():
     state, now = run(3, in_flight_s=61.0)
     (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now)
