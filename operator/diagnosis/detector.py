@@ -33,6 +33,9 @@ HELD_BACK_RATIO = 3.0
 """A starved rank's group waits at least three times as long as the job's other groups of its kind."""
 STEP_MIN_BASELINE = 6
 STEP_CURRENT_WINDOWS = 3
+EVIDENCE_WINDOWS = max(WAIT_WINDOWS, STEP_CURRENT_WINDOWS) + 0.5
+"""How far back the slowness checks (waits, host loads, step time) look, in windows: a job whose newest
+summary is older than this gives them nothing to read."""
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,15 @@ class Suspicion:
 
 
 def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: float) -> list[Suspicion]:
-    """Suspicions, strongest first (a hang makes slowness moot)."""
+    """Suspicions, strongest first (a hang makes slowness moot). The hang checks run on every job every
+    time (a job that went silent may be hung); the slowness checks only while the job has summaries
+    within their horizon: without, they would find nothing (the same answer, without walking every
+    rank of every silent job each window)."""
     hang = stalled(state, thresholds, now)
     if hang:
         return [hang]
+    if now - state.last_seen > EVIDENCE_WINDOWS * thresholds.window_s:
+        return []
     found = []
     outliers = wait_outliers(state, layout, thresholds, now) or host_starved(state, layout, thresholds, now)
     if outliers:
@@ -128,15 +136,31 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | 
 
 
 def _recent_wait(comm: CommState, since: float) -> float | None:
-    waits = [p50 for received, p50, _ in comm.waits if received >= since]
+    """The median of the rank's last (at most ``WAIT_WINDOWS``) wait p50s received since ``since``, None
+    with fewer than two (run for every rank and communicator of every job each window: kept cheap)."""
+    waits = []
+    for received, p50, _ in reversed(comm.waits):
+        if received >= since:
+            waits.append(p50)
+            if len(waits) == WAIT_WINDOWS:
+                break
     if len(waits) < 2:
         return None
-    return statistics.median(waits[-WAIT_WINDOWS:])
+    return statistics.median(waits)
 
 
 def peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:
     """Communicator -> its members' states, restricted to the groups whose members do the same work:
-    TP groups when the layout has tensor parallelism, else every communicator of 3 or more."""
+    TP groups when the layout has tensor parallelism, else every communicator of 3 or more. Kept with the
+    state until its ranks or communicators change (a third of the detector's time at 1,280 ranks)."""
+    key = ("peer_groups", layout)
+    groups = state.derived.get(key)
+    if groups is None:
+        groups = state.derived[key] = _peer_groups(state, layout)
+    return groups
+
+
+def _peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:
     groups: dict[str, dict[int, CommState]] = defaultdict(dict)
     for rank in state.ranks.values():
         for comm_id, comm in rank.comms.items():
@@ -167,14 +191,14 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         for rank, value in values.items():
             others = [other for peer, other in values.items() if peer != rank]
             median = statistics.median(others)  # leave-one-out: the suspect does not shift its own yardstick
-            mad = statistics.median(abs(other - median) for other in others)
-            z = (value - median) / (1.4826 * mad + max(0.05 * median, 20e-6))
             # A straggler's peers wait for it in every collective, so its own wait is a small fraction of
             # theirs; jitter moves waits by tens of percent, not by a factor of three. (A z score over a
             # handful of peers is too easily extreme to decide on its own; it is kept as evidence.)
             margin = 2 * WAIT_MARGIN_S if len(values) == 2 else WAIT_MARGIN_S
             out_of_line = value <= WAIT_RATIO * median and median - value >= margin
             if out_of_line:
+                mad = statistics.median(abs(other - median) for other in others)
+                z = (value - median) / (1.4826 * mad + max(0.05 * median, 20e-6))
                 flagged[rank] = {
                     "communicator": comm_id,
                     "wait_s": round(value, 6),

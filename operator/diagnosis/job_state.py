@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.operator.diagnosis import metrics
@@ -66,35 +67,21 @@ def collective_wait(comm: CommWindow) -> float | None:
 
 
 def _as_tuple(digest: tuple) -> tuple:
-    """Pickled as ``tuple.__new__(cls, values)``, rebuilt in C: a namedtuple's own ``__new__`` is Python,
-    and calling it for ~40 digests per summary cost the collector's event loop ~130 us per summary."""
+    """Pickled as ``tuple.__new__(cls, values)``, rebuilt in C: a namedtuple's own ``__new__`` is Python."""
     return tuple.__new__, (type(digest), tuple(digest))
 
 
-class CommDigest(NamedTuple):
-    """What the job state keeps of one rank's window on one communicator."""
+CommDigest = tuple[str, int, int | None, int | None, int, float | None, int, float | None]
+"""What the job state keeps of one rank's window on one communicator: (comm_id, comm_size, last_entered,
+last_completed, in_flight, oldest_in_flight_s, collectives: collective calls entered in the window (sends
+and receives left out), wait_p50: collective_wait, None when the window had no collective with a measured
+wait). A plain tuple, not a namedtuple: ~40 of them per summary come back from the parsing worker, and
+unpickling a class instance (even rebuilt in C) cost the collector's event loop ~60 us per summary,
+plain tuples ~8 us."""
 
-    comm_id: str
-    comm_size: int
-    last_entered: int | None
-    last_completed: int | None
-    in_flight: int
-    oldest_in_flight_s: float | None
-    collectives: int  # collective calls entered in the window (sends and receives left out)
-    wait_p50: float | None  # collective_wait; None when the window had no collective with a measured wait
-
-    __reduce__ = _as_tuple
-
-
-class RankDigest(NamedTuple):
-    global_rank: int
-    alive: bool
-    records: int
-    step_time_s: float | None
-    scheduling: tuple[float, int] | None  # (run-queue delay seconds, involuntary switches)
-    comms: tuple[CommDigest, ...]
-
-    __reduce__ = _as_tuple
+RankDigest = tuple[int, bool, int, float | None, tuple[float, int] | None, tuple[CommDigest, ...]]
+"""One rank's window: (global_rank, alive, records, step_time_s, scheduling: (run-queue delay seconds,
+involuntary switches) or None, comms). A plain tuple, as :data:`CommDigest`."""
 
 
 class SummaryDigest(NamedTuple):
@@ -130,7 +117,7 @@ class SummaryDigest(NamedTuple):
             summary.dropped_summaries,
             summary.cpu_pressure,
             tuple(
-                RankDigest(
+                (
                     window.global_rank,
                     window.alive,
                     window.records,
@@ -147,7 +134,7 @@ class SummaryDigest(NamedTuple):
 
 def _comm_digest(comm: CommWindow) -> CommDigest:
     collectives = sum(n for op, n in comm.calls.items() if op not in ("Send", "Recv"))
-    return CommDigest(
+    return (
         comm.comm_id,
         comm.comm_size,
         comm.last_entered,
@@ -225,6 +212,9 @@ class JobState:
     dropped: int = 0
     """Ranks, pods and communicators not kept because the job's limits were reached."""
     _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict, repr=False)
+    derived: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
+    """What readers (the detector) derive from who reports on which communicator, keyed by how they
+    derived it: emptied whenever a rank or a rank's communicator is added or replaced."""
 
     def duplicate(self, key: tuple[str, int, int]) -> bool:
         """True if this (pod, start_ns, window) was taken before; remembers it otherwise."""
@@ -265,30 +255,32 @@ class JobState:
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
-        for window in summary.ranks:
-            if window.global_rank < 0:
+        for global_rank, alive, records, step_time_s, scheduling, comms in summary.ranks:
+            if global_rank < 0:
                 continue  # a ring without RANK cannot be placed in the job
-            rank = self.ranks.get(window.global_rank)
+            rank = self.ranks.get(global_rank)
             if rank is None or rank.pod != summary.pod:
-                if not self._room_for_rank(window.global_rank):
+                if not self._room_for_rank(global_rank):
                     continue
-                rank = self.ranks[window.global_rank] = RankState(window.global_rank, summary.pod, summary.node)
-            pod.ranks.add(window.global_rank)
-            rank.alive, rank.seen_at = window.alive, now
-            rank.records.append(window.records)
-            if window.scheduling is not None and window_s > 0:
-                rank.scheduling.append((now, window_s, *window.scheduling))
-            if window.step_time_s:
-                rank.step_time_s = window.step_time_s
-                steps.append(window.step_time_s)
+                rank = self.ranks[global_rank] = RankState(global_rank, summary.pod, summary.node)
+                self.derived.clear()
+            pod.ranks.add(global_rank)
+            rank.alive, rank.seen_at = alive, now
+            rank.records.append(records)
+            if scheduling is not None and window_s > 0:
+                rank.scheduling.append((now, window_s, *scheduling))
+            if step_time_s:
+                rank.step_time_s = step_time_s
+                steps.append(step_time_s)
             waits = []
-            for comm_id, size, last_entered, last_completed, in_flight, oldest, collectives, wait in window.comms:
+            for comm_id, size, last_entered, last_completed, in_flight, oldest, collectives, wait in comms:
                 state = rank.comms.get(comm_id)
                 if state is None:
                     if len(rank.comms) >= self.limits.comms_per_rank:
                         self._drop("comm")
                         continue
                     state = rank.comms[comm_id] = CommState(size, advanced_at=now)
+                    self.derived.clear()
                 newer = state.last_completed is None or (last_completed or 0) > state.last_completed
                 if last_completed is not None and newer:
                     state.last_completed, state.advanced_at = last_completed, now
@@ -322,6 +314,7 @@ class JobState:
                 if not self._room_for_rank(position.global_rank):
                     continue
                 self.ranks[position.global_rank] = RankState(position.global_rank, report.pod, report.node)
+                self.derived.clear()
                 pod.ranks.add(position.global_rank)
         self.stalls.append((now, report))
 

@@ -7,6 +7,10 @@ process and comes back as what the collector needs of it: a :class:`SummaryDiges
 cheap to send back; the summary's dataclasses cost as much to unpickle as to parse) or a
 :class:`StallReport`, or a :class:`Refusal` with the HTTP status and the message naming the bad field.
 
+Bodies arrive as sent (gzip'd) and are inflated here too, one at a time per worker and to at most
+``protocol.MAX_DECODED_BYTES``: the loop holds only compressed bytes (its in-flight budget counts
+them), and however many gzip bombs arrive together, each worker holds at most one inflated body.
+
 Bodies are sent in batches: while a batch is in a worker, the bodies that arrive wait and go together
 as the next one, so the loop's cost per body stays small under load while a lone body is sent at once.
 A body is parsed once its bytes are held against the collector's in-flight budget, so what waits here
@@ -32,8 +36,9 @@ log = logging.getLogger(__name__)
 
 BATCH_MAX = 256
 """Bodies per batch sent to a worker."""
-INLINE_MAX_BYTES = 256 << 10
-"""Without workers, bodies larger than this are parsed in a thread rather than on the loop."""
+INLINE_MAX_BYTES = 64 << 10
+"""Without workers, plain bodies larger than this, and every gzip'd one (it may inflate to
+``protocol.MAX_DECODED_BYTES``), are parsed in one thread, one at a time, rather than on the loop."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,8 @@ Body = tuple[bytes, str | None, str]
 
 
 def parse_body(raw: bytes, content_encoding: str | None, kind: str) -> Parsed:
-    """One body: gzip (when aiohttp has not already inflated it) and size limits, then the protocol's
-    checks; a refusal names what to fix."""
+    """One body as sent: gzip inflated and size limits (a bomb is refused with 413 once it passes
+    ``protocol.MAX_DECODED_BYTES``), then the protocol's checks; a refusal names what to fix."""
     try:
         body = protocol.decode_body(raw, content_encoding)
     except protocol.ProtocolError as error:
@@ -71,13 +76,15 @@ def parse_batch(bodies: list[Body]) -> list[Parsed]:
 
 
 class MessageParser:
-    """Parses bodies in ``workers`` processes (0: on the event loop, large bodies in a thread)."""
+    """Parses bodies in ``workers`` processes (0: small plain bodies on the event loop, the others in a
+    thread)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._waiting: list[tuple[Body, asyncio.Future[Parsed]]] = []
         self._batches_out = 0
+        self._thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def start(self) -> None:
         """Start the workers and wait until they answer (a few seconds on a busy machine), so the
@@ -88,8 +95,12 @@ class MessageParser:
 
     async def parse(self, raw: bytes, content_encoding: str | None, kind: str) -> Parsed:
         if self.workers <= 0:
-            if len(raw) > INLINE_MAX_BYTES:
-                return await asyncio.to_thread(parse_body, raw, content_encoding, kind)
+            if len(raw) > INLINE_MAX_BYTES or raw[:2] == protocol.GZIP_MAGIC:
+                if self._thread is None:
+                    self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rankwatch-parse")
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._thread, parse_body, raw, content_encoding, kind
+                )
             return parse_body(raw, content_encoding, kind)
         answer: asyncio.Future[Parsed] = asyncio.get_running_loop().create_future()
         self._waiting.append(((raw, content_encoding, kind), answer))
@@ -97,6 +108,9 @@ class MessageParser:
         return await answer
 
     def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown(wait=False, cancel_futures=True)
+            self._thread = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -87,7 +88,7 @@ async def collector() -> AsyncIterator[tuple[Collector, str]]:
     await server.stop()
 
 
-async def post(url: str, path: str, body: bytes, token: str | None = TOKEN, gzip_it: bool = True) -> tuple[int, dict]:
+async def post(url: str, path: str, body: Any, token: str | None = TOKEN, gzip_it: bool = True) -> tuple[int, dict]:
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = protocol.bearer(token)
@@ -201,8 +202,15 @@ async def test_oversized_bodies_are_413(collector):
     status, answer = await post(url, SUMMARIES, huge)
     assert status == 413 and "limit" in answer["error"]
     bomb = gzip.compress(b" " * (protocol.MAX_DECODED_BYTES + 10))  # small on the wire, huge inside
-    status, _ = await post(url, SUMMARIES, bomb)
-    assert status == 413
+    status, answer = await post(url, SUMMARIES, bomb)
+    assert status == 413 and f"more than {protocol.MAX_DECODED_BYTES} bytes" in answer["error"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        for _ in range(3):
+            yield huge[: protocol.MAX_BODY_BYTES]
+
+    status, answer = await post(url, SUMMARIES, chunks())
+    assert status == 413 and "limit" in answer["error"]
 
 
 async def test_bad_messages_are_refused_naming_the_field(collector):
@@ -286,8 +294,8 @@ async def test_rank_outside_the_world_size_is_422_and_allocates_nothing(collecto
 
 
 async def test_bodies_in_flight_share_one_byte_budget():
-    """A body still arriving holds its bytes: another that would pass the budget is 503 (retry), and
-    is taken once the first is done."""
+    """A body still arriving holds its bytes (as sent: gzip'd bodies are inflated later, in the parsing
+    worker): another that would pass the budget is 503 (retry), and is taken once the first is done."""
     settings = CollectorSettings(host="127.0.0.1", port=0, inflight_body_bytes=1 << 20)
     server = Collector(JobStore(), Tokens(), settings, jobs=followed)
     await server.start()
@@ -310,7 +318,8 @@ async def test_bodies_in_flight_share_one_byte_budget():
                 if server.bodies.held >= len(padding):
                     break
             assert server.bodies.held >= len(padding)
-            other = gzip.compress(json.dumps(asdict(summary(window=2))).encode() + b" " * (300 << 10))
+            padded = json.dumps(asdict(summary(window=2))).encode() + b" " * (300 << 10)
+            other = gzip.compress(padded, compresslevel=0)  # 300 KiB as sent
             status, answer = await post(url, SUMMARIES, other)
             assert status == 503 and "busy" in answer["error"]
             release.set()
@@ -400,6 +409,8 @@ async def test_without_parsing_workers_the_loop_checks_the_bodies():
         assert (await post(url, SUMMARIES, protocol.encode(summary())))[0] == 202
         status, answer = await post(url, SUMMARIES, gzip.compress(b'{"schema": 2, "window": NaN}'))
         assert status == 422 and "NaN" in answer["error"]
+        bomb = gzip.compress(b" " * (protocol.MAX_DECODED_BYTES + 10))
+        assert (await post(url, SUMMARIES, bomb))[0] == 413
         assert server.parser._pool is None, "no process started"
     finally:
         await server.stop()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import random
 
 from rankwatch.analysis.topology import Layout
-from rankwatch.operator.diagnosis.detector import Thresholds, detect, wait_outliers
+from rankwatch.operator.diagnosis.detector import (
+    EVIDENCE_WINDOWS,
+    Thresholds,
+    detect,
+    host_starved,
+    step_time_up,
+    wait_outliers,
+)
 from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.protocol import CommWindow, Quantiles, RankScheduling, RankWindow, StallReport, WindowSummary
 
@@ -132,6 +139,19 @@ def test_communicator_not_fully_reported_is_not_compared():
     assert wait_outliers(state, LAYOUT, THRESHOLDS, now) is None
 
 
+def test_a_member_reporting_a_communicator_late_joins_its_peer_group():
+    """The peer groups are kept with the job's state between passes: a communicator a member reports
+    later makes its group whole again."""
+    generator, state = random.Random(1), JobState("ns", "job")
+    for number in range(6):
+        window(state, number * WINDOW, number, jittery_waits(generator, 5), completed=10 * (number + 1))
+        if number < 3:
+            del state.ranks[4].comms["00000000000000a1"]  # rank 4 has not reported its TP group yet
+            assert wait_outliers(state, LAYOUT, THRESHOLDS, number * WINDOW) is None
+    suspicion = wait_outliers(state, LAYOUT, THRESHOLDS, 5 * WINDOW)
+    assert suspicion is not None and suspicion.ranks == [5]
+
+
 def test_call_in_flight_longer_than_the_sensitivity_is_a_hang():
     state, now = run(3, in_flight_s=61.0)
     (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now)
@@ -225,3 +245,38 @@ def test_a_busy_machine_or_a_starved_rank_that_holds_nobody_back_raises_nothing(
     assert detect(state, THRESHOLDS, LAYOUT, now) == []
     state, now = starved_run(0.0008, {**{rank: 0.3 for rank in range(8)}, 5: 4.0})
     assert detect(state, THRESHOLDS, LAYOUT, now) == [], "its group is not held back"
+
+
+def test_a_job_whose_sidecars_went_silent_keeps_its_hang_detection():
+    """No summary for longer than the slowness checks look back (``EVIDENCE_WINDOWS``): those are skipped,
+    and they would have found nothing; the hang checks still run: a stall report, a call in flight and
+    no progress are each still a hang."""
+    silence = EVIDENCE_WINDOWS * WINDOW + 1.0
+
+    state, now = run(6, slow=5)
+    assert [s.kind for s in detect(state, THRESHOLDS, LAYOUT, now)] == ["straggler"]
+    later = now + silence
+    assert wait_outliers(state, LAYOUT, THRESHOLDS, later) is None, "its evidence aged out anyway"
+    assert host_starved(state, LAYOUT, THRESHOLDS, later) is None and step_time_up(state, THRESHOLDS, later) is None
+    assert detect(state, THRESHOLDS, LAYOUT, later) == []
+
+    report = StallReport(
+        schema=1, namespace="ns", job="job", pod="job-worker-1", node="gpu-node-1", replica_index=1, detected_ns=1,
+        sensitivity_s=60.0, stalled_ranks=[5], summary="rank 5 made no NCCL call for 60 s", megatrace_dir=None,
+        positions=[],
+    )  # fmt: skip
+    state.add_stall(report, now=now)
+    (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now + silence)
+    assert suspicion.kind == "hang" and suspicion.ranks == [5]
+
+    state, now = run(3, in_flight_s=61.0)
+    (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now + silence)
+    assert suspicion.kind == "hang" and suspicion.evidence["source"] == "in_flight"
+
+    state, _ = run(3)
+    for number in range(3, 12):  # windows keep coming, nothing completes; then the sidecars go quiet
+        window(state, number * WINDOW, number, jittery_waits(random.Random(number)), completed=30)
+    now = 11 * WINDOW + silence
+    assert now - state.progress_at >= THRESHOLDS.sensitivity_s
+    (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now)
+    assert suspicion.kind == "hang" and suspicion.evidence["source"] == "no_progress"
