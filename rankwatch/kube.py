@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 """Longest an API call may take before it fails (and its caller retries): the kubernetes library
 sets no timeout, so a call on a connection a partition left open without carrying bytes would wait
 forever, and with it the diagnosis or cordon that made it."""
+
+
+TRANSIENT_ATTEMPTS = 3
+"""Tries of a call that failed in a way the next try may not (see :func:`is_transient`)."""
+FIRST_BACKOFF_S = 0.25
+"""Wait before the second try; doubled before each next one, all waits together at most half the
+client's request timeout (so the tries stay within a few timeouts' budget)."""
 
 
 class TimedApiClient(kubernetes.client.ApiClient):
@@ -46,3 +61,36 @@ def api_client(
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     kubernetes.client.Configuration.set_default(configuration)
     return TimedApiClient(configuration, request_timeout)
+
+
+def is_transient(error: BaseException) -> bool:
+    """A failure the same request may not meet again: the API server's 5xx or 429, a timeout, a
+    connection refused or dropped. A 4xx (forbidden, invalid, conflict, gone) will not change by
+    trying again; the caller decides what it means."""
+    if isinstance(error, ApiException):
+        return error.status is None or error.status == 429 or error.status >= 500
+    return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+def with_retries(
+    call: Callable[[], T], api: kubernetes.client.ApiClient, *, what: str, sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """``call()``, tried up to :data:`TRANSIENT_ATTEMPTS` times while it fails transiently, with doubling
+    waits in between that add up to at most half of ``api``'s request timeout; the last failure, or
+    the first that is not transient, is raised. Only for calls that are safe to repeat (a write must
+    be conditional, e.g. carry a resourceVersion, so a repeat of one that did land fails with 409)."""
+    budget = getattr(api, "request_timeout", DEFAULT_REQUEST_TIMEOUT_S) / 2
+    delay = FIRST_BACKOFF_S
+    for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
+        try:
+            return call()
+        except Exception as error:
+            if attempt == TRANSIENT_ATTEMPTS or not is_transient(error):
+                raise
+            delay = min(delay, budget)
+            budget -= delay
+            reason = f"HTTP {error.status} {error.reason}" if isinstance(error, ApiException) else repr(error)
+            log.warning("%s failed (%s); try %d of %d in %.2f s", what, reason, attempt + 1, TRANSIENT_ATTEMPTS, delay)
+            sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
