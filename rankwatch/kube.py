@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -26,6 +27,10 @@ TRANSIENT_ATTEMPTS = 3
 FIRST_BACKOFF_S = 0.25
 """Wait before the second try; doubled before each next one, all waits together at most half the
 client's request timeout (so the tries stay within a few timeouts' budget)."""
+
+
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+"""Accept header of a list that wants names and labels only: the API server leaves spec and status out."""
 
 
 class TimedApiClient(kubernetes.client.ApiClient):
@@ -68,7 +73,7 @@ def is_transient(error: BaseException) -> bool:
     connection refused or dropped. A 4xx (forbidden, invalid, conflict, gone) will not change by
     trying again; the caller decides what it means."""
     if isinstance(error, ApiException):
-        return error.status is None or error.status == 429 or error.status >= 500
+        return not error.status or error.status == 429 or error.status >= 500  # 0: TLS broken off
     return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
@@ -94,3 +99,31 @@ def with_retries(
             sleep(delay)
             delay *= 2
     raise AssertionError("unreachable")
+
+
+def pod_names(api: kubernetes.client.ApiClient, namespace: str, label_selector: str) -> set[str]:
+    """Names of the pods in ``namespace`` that match ``label_selector`` (those being deleted too), from
+    their metadata alone. A full list of a 160-pod job is ~30 MiB of V1Pod models and parsed JSON in
+    the client (the operator's memory grew ~0.25 MiB per pod with it, as the heap never shrinks back);
+    this one is raw JSON of metadata, no models."""
+    response = api.call_api(
+        f"/api/v1/namespaces/{namespace}/pods",
+        "GET",
+        query_params=[("labelSelector", label_selector)],
+        header_params={"Accept": METADATA_ONLY},
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _return_http_data_only=True,
+    )
+    try:
+        listed = json.loads(response.data)
+    finally:
+        response.release_conn()
+    return {item["metadata"]["name"] for item in listed.get("items") or []}
+
+
+def drain(response: Any) -> None:
+    """Read and let go of a ``_preload_content=False`` answer nobody needs (a create's echo of the object),
+    so no model is built from it and its connection goes back to the pool."""
+    response.read()
+    response.release_conn()

@@ -16,6 +16,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.kube import drain
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
@@ -28,7 +29,7 @@ class NameConflict(Exception):
 
 def _create(
     kind: str,
-    create: Callable[[str, dict[str, Any]], Any],
+    create: Callable[..., Any],
     read: Callable[[str, str], Any],
     manifest: dict[str, Any],
     job_uid: str,
@@ -36,7 +37,9 @@ def _create(
     """Create ``manifest``; True if created, False if ours already exists."""
     namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     try:
-        create(namespace, manifest)
+        # The echo of the object is not read into models: thousands of pods' worth is garbage the
+        # operator's heap keeps the size of (see rankwatch.kube.pod_names).
+        drain(create(namespace, manifest, _preload_content=False))
         return True
     except ApiException as error:
         if error.status == 409:
