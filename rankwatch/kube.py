@@ -35,6 +35,12 @@ Table of kubectl's columns without the objects (~100 bytes a pod; metadata alone
 managedFields). A server without Tables answers the plain list (the ``application/json`` fallback)."""
 
 
+CONNECTIONS = 32
+"""Connections kept per API server (the library keeps 5 per CPU): kopf's handler threads, the calls run
+off the event loop and several jobs' pod creates at once (``POD_CREATES_IN_FLIGHT`` each) share them;
+a request finding the pool full opens a connection (a TLS handshake) and throws it away after."""
+
+
 class TimedApiClient(kubernetes.client.ApiClient):
     """An ApiClient whose every request that names no ``_request_timeout`` of its own ends within
     ``request_timeout`` seconds (``urllib3`` raises a timeout error the callers treat as any failure)."""
@@ -66,6 +72,7 @@ def api_client(
             )
     else:
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, CONNECTIONS)
     kubernetes.client.Configuration.set_default(configuration)
     return TimedApiClient(configuration, request_timeout)
 
