@@ -77,8 +77,8 @@ def post_event(
     key: str,
     repeat: bool,
     now: datetime.datetime,
-) -> None:
-    """Post an Event named after ``key``, so the same happening is never two Events.
+) -> bool:
+    """Post an Event named after ``key``, so the same happening is never two Events; True if it is new.
 
     The name is derived from (target, key): a second post of the same key (a retry, a restarted
     operator, the other replica) finds it (409) and, if ``repeat``, counts it again on the same
@@ -113,12 +113,12 @@ def post_event(
     events = client.CoreV1Api(api)
     try:
         events.create_namespaced_event(namespace, body)
-        return
+        return True
     except ApiException as error:
         if error.status != 409:
             raise
     if not repeat:
-        return
+        return False
     existing = events.read_namespaced_event(event_name, namespace)
     events.patch_namespaced_event(
         event_name,
@@ -126,3 +126,4 @@ def post_event(
         {"count": (existing.count or 1) + 1, "lastTimestamp": stamp, "message": message},
         _content_type=MERGE_PATCH,
     )
+    return False

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.kube import TRANSIENT_ATTEMPTS, is_transient
 from rankwatch.operator import events
 from rankwatch.operator.events import EventTarget
 from rankwatch.operator.remediation import circuit_breaker, node_actions, node_marks
@@ -107,10 +108,14 @@ def remediate(
             for decision in decisions:
                 if decision.node in done or not decision.outcome.changes_node:
                     continue
+                if decision.resumed:  # an earlier try wrote it; only its Events are left to do
+                    done[decision.node] = decision
+                    continue
                 try:
                     written = _write_mark(api, nodes[decision.node], request, decision, moment)
-                except ApiException as error:  # 403, 422, 5xx: this node fails, the others go on
-                    message = f"writing to {decision.node} failed: HTTP {error.status} {error.reason}"
+                except ApiException as error:  # 403, 422, 5xx tried again and again: this node fails, the others go on
+                    tries = f" ({TRANSIENT_ATTEMPTS} tries)" if is_transient(error) else ""
+                    message = f"writing to {decision.node} failed: HTTP {error.status} {error.reason}{tries}"
                     done[decision.node] = NodeDecision(decision.node, Outcome.FAILED, message)
                     continue
                 if not written:
@@ -153,6 +158,7 @@ def _write_mark(
         evidence=node_marks.evidence_text(request.summary, request.evidence),
         moment=moment,
         dry_run=decision.outcome is Outcome.DRY_RUN,
+        diagnosis=request.diagnosis,
     )
     return node_actions.patch_node(api, view.name, patch)
 
@@ -207,13 +213,15 @@ def _report(
     request = result.request
     job = EventTarget.job(request.job_namespace, request.job_name, request.job_uid)
     why = f"{request.kind}: {request.summary}" if request.summary else request.kind
-    stamp = node_marks.format_time(moment)
+    # The cordon's Events are named after the diagnosis (not the call's time), so a repeat of the same
+    # request whose first answer was lost posts them once: not twice, not never.
+    decision_id = f"{request.job_uid or request.job}/{request.diagnosis}" if request.diagnosis else ""
+    stamp = decision_id or node_marks.format_time(moment)
     for decision in result.decisions:
         outcome, node = decision.outcome, decision.node
         posts: list[tuple[EventTarget, str, str, str, str, bool]] = []
         if outcome.changes_node:
             dry = outcome is Outcome.DRY_RUN
-            metrics.cordoned.labels(kind=request.kind, dry_run=str(dry).lower()).inc()
             view = nodes.get(node)  # None only if the node was deleted between two attempts
             target = EventTarget.node(view.name, view.uid) if view else EventTarget("v1", "Node", node, "")
             if dry:
@@ -233,13 +241,10 @@ def _report(
             posts += [(job, type_, reason, text, f"{outcome.value}/{node}", True)]
             level = logging.WARNING if type_ == "Warning" else logging.INFO
             log.log(level, "TrainingJob %s: %s", request.job, text)
-        for target, type_, reason, text, key, repeat in posts:
-            try:
-                events.post_event(
-                    api, target, type=type_, reason=reason, message=text, key=key, repeat=repeat, now=moment
-                )
-            except ApiException as error:
-                log.error("could not post Event %s on %s %s: HTTP %s", reason, target.kind, target.name, error.status)
+        posted = [_post(api, *post, moment) for post in posts]
+        # Counted once per cordon: a resumed one only if its Event was new (its first try stopped before).
+        if outcome.changes_node and (not decision.resumed or posted[0]):
+            metrics.cordoned.labels(kind=request.kind, dry_run=str(outcome is Outcome.DRY_RUN).lower()).inc()
     if result.breaker_open:
         metrics.breaker_trips.inc()
         log.warning(
@@ -251,6 +256,26 @@ def _report(
         d.outcome in (Outcome.CORDONED, Outcome.TAINTED, Outcome.BREAKER_OPEN) for d in result.decisions
     ):
         metrics.breaker_tripped.set(1 if result.breaker_open else 0)
+
+
+def _post(
+    api: client.ApiClient,
+    target: EventTarget,
+    type_: str,
+    reason: str,
+    text: str,
+    key: str,
+    repeat: bool,
+    moment: datetime.datetime,
+) -> bool:
+    """True if the Event is new; an Event that cannot be posted is logged, not fatal."""
+    try:
+        return events.post_event(
+            api, target, type=type_, reason=reason, message=text, key=key, repeat=repeat, now=moment
+        )
+    except ApiException as error:
+        log.error("could not post Event %s on %s %s: HTTP %s", reason, target.kind, target.name, error.status)
+        return False
 
 
 # ---- undo -----------------------------------------------------------------------------------
@@ -306,19 +331,7 @@ def uncordon(
         posts.append((EventTarget.job(namespace, name, mark.job_uid), "NodeUncordoned"))
     key = f"uncordon/{node_marks.format_time(moment)}"
     for target, reason in posts:
-        try:
-            events.post_event(
-                api,
-                target,
-                type="Normal",
-                reason=reason,
-                message=f"{message} (via {via})",
-                key=key,
-                repeat=False,
-                now=moment,
-            )
-        except ApiException as error:
-            log.error("could not post Event %s on %s %s: HTTP %s", reason, target.kind, target.name, error.status)
+        _post(api, target, "Normal", reason, f"{message} (via {via})", key, False, moment)
     return UncordonResult(node, True, message)
 
 

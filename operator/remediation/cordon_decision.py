@@ -17,7 +17,7 @@ from typing import Any
 from rankwatch.analysis.findings import Finding, FindingKind
 from rankwatch.operator.remediation import circuit_breaker
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
-from rankwatch.operator.remediation.node_marks import NodeView
+from rankwatch.operator.remediation.node_marks import Mark, NodeView
 from rankwatch.operator.spec import Remediation
 
 
@@ -29,7 +29,8 @@ class CordonRequest:
     ``maxNodesPerJob`` cuts the list); ``kind`` the finding's kind; ``confidence`` in [0, 1];
     ``summary`` one line a person can act on (it goes into Events); ``evidence`` the finding's
     numbers (kept, cut short, in a node annotation). ``job_uid`` tells a recreated job of the same
-    name apart; give it whenever known.
+    name apart; give it whenever known. ``diagnosis`` identifies the diagnosis (its time): the same
+    request made again (its first answer lost) finds its own mark and finishes, Events included.
     """
 
     job_namespace: str
@@ -41,6 +42,7 @@ class CordonRequest:
     confidence: float = 1.0
     summary: str = ""
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    diagnosis: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -56,8 +58,14 @@ class CordonRequest:
     def job(self) -> str:
         return f"{self.job_namespace}/{self.job_name}"
 
+    def wrote(self, mark: Mark) -> bool:
+        """``mark`` is this very request's (same job, same diagnosis): an earlier try of it wrote it."""
+        return bool(self.diagnosis) and mark.diagnosis == self.diagnosis and mark.is_for(self.job, self.job_uid)
+
     @classmethod
-    def from_finding(cls, job_namespace: str, job_name: str, job_uid: str, finding: Finding) -> CordonRequest:
+    def from_finding(
+        cls, job_namespace: str, job_name: str, job_uid: str, finding: Finding, diagnosis: str = ""
+    ) -> CordonRequest:
         """From an analysis finding; its ``nodes`` must be Kubernetes Node names (the pods' ``spec.nodeName``)."""
         return cls(
             job_namespace,
@@ -69,6 +77,7 @@ class CordonRequest:
             float(finding.confidence),
             finding.summary,
             dict(finding.evidence),
+            diagnosis,
         )
 
 
@@ -134,6 +143,9 @@ class NodeDecision:
     node: str
     outcome: Outcome
     message: str
+    resumed: bool = False
+    """The change is on the node already, written by an earlier try of the same request whose answer
+    was lost: nothing to write, but its Events (named after the diagnosis, so never two) are due."""
 
 
 def _unique(names: tuple[str, ...]) -> list[str]:
@@ -179,6 +191,8 @@ def decide(
             decision(Outcome.NOT_JOB_NODE, f"no pod of {request.job} ran on {name}; rankwatch leaves it alone")
         elif view is None:
             decision(Outcome.NODE_MISSING, f"node {name} does not exist (any more)")
+        elif mark is not None and request.wrote(mark) and mark.dry_run == spec.dryRun:
+            decisions.append(_change(name, mark.dry_run, mark.was_unschedulable, resumed=True))
         elif mark is not None and mark.cordoned:
             whose = "this job" if mark.is_for(request.job, request.job_uid) else f"job {mark.job}"
             decision(Outcome.ALREADY_CORDONED, f"already cordoned by rankwatch for {whose} ({mark.reason})")
@@ -197,14 +211,21 @@ def decide(
             )
         elif spec.dryRun:
             held.add(name)
-            decision(Outcome.DRY_RUN, f"dry run: would cordon and taint {name}")
+            decisions.append(_change(name, True, view.unschedulable))
         elif room <= 0:
             decision(Outcome.BREAKER_OPEN, f"circuit breaker open: {breaker.describe(guards.breaker)}")
         else:
             room -= 1
             held.add(name)
-            if view.unschedulable:
-                decision(Outcome.TAINTED, f"{name} was already unschedulable; tainted it so it stays out")
-            else:
-                decision(Outcome.CORDONED, f"cordoned and tainted {name}")
+            decisions.append(_change(name, False, view.unschedulable))
     return decisions
+
+
+def _change(name: str, dry_run: bool, unschedulable: bool, resumed: bool = False) -> NodeDecision:
+    """The decision to mark ``name`` (or, ``resumed``, that this request's earlier try marked it)."""
+    if dry_run:
+        return NodeDecision(name, Outcome.DRY_RUN, f"dry run: would cordon and taint {name}", resumed)
+    if unschedulable:
+        message = f"{name} was already unschedulable; tainted it so it stays out"
+        return NodeDecision(name, Outcome.TAINTED, message, resumed)
+    return NodeDecision(name, Outcome.CORDONED, f"cordoned and tainted {name}", resumed)

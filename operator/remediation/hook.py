@@ -29,7 +29,9 @@ async def remediate(
     metadata = job["metadata"]
     name = f"{metadata['namespace']}/{metadata['name']}"
     spec = TrainingJobSpec.from_manifest(dict(job.get("spec") or {}))
-    request = CordonRequest.from_finding(metadata["namespace"], metadata["name"], metadata.get("uid", ""), finding)
+    diagnosis = ((job.get("status") or {}).get("diagnosis") or {}).get("time", "")  # the same across its retries
+    request = CordonRequest.from_finding(metadata["namespace"], metadata["name"], metadata.get("uid", ""), finding,
+                                         diagnosis)  # fmt: skip
     result = await remediate_async(kube, request, RemediationPolicy.for_job(spec.remediation, safeguards))
     for decision in result.decisions:
         log.info("TrainingJob %s: node %s: %s (%s)", name, decision.node, decision.outcome.value, decision.message)

@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.kube import with_retries
 from rankwatch.operator import api as names
 from rankwatch.operator.events import MERGE_PATCH
 from rankwatch.operator.remediation.node_marks import NodeView
@@ -51,9 +52,19 @@ def nodes_of_job(api: client.ApiClient, namespace: str, name: str, uid: str) -> 
 
 
 def patch_node(api: client.ApiClient, name: str, patch: dict[str, Any]) -> bool:
-    """Apply a merge patch carrying a resourceVersion; False if the node changed meanwhile (409) or is gone."""
+    """Apply a merge patch carrying a resourceVersion; False if the node changed meanwhile (409) or is gone.
+
+    A transient failure (5xx, timeout, dropped connection) is tried again a few times (see
+    :func:`rankwatch.kube.with_retries`), then raised. Repeating is safe: if a try landed and only
+    its answer was lost, the next one carries a stale resourceVersion and gets 409 (False here), so
+    the caller reads the node again and finds its own mark.
+    """
     try:
-        client.CoreV1Api(api).patch_node(name, patch, _content_type=MERGE_PATCH)
+        with_retries(
+            lambda: client.CoreV1Api(api).patch_node(name, patch, _content_type=MERGE_PATCH),
+            api,
+            what=f"PATCH node {name}",
+        )
     except ApiException as error:
         if error.status in (404, 409):
             return False

@@ -27,9 +27,12 @@ JOB_UID = PREFIX + "cordon-job-uid"
 TIME = PREFIX + "cordon-time"
 """RFC 3339 with microseconds: orders cordons for the circuit breaker."""
 EVIDENCE = PREFIX + "cordon-evidence"
+DIAGNOSIS = PREFIX + "cordon-diagnosis"
+"""The identity of the diagnosis that asked for the mark (its time): a repeat of the same request (its
+first answer lost) knows the mark for its own and finishes it, Events included, instead of skipping."""
 WAS_UNSCHEDULABLE = PREFIX + "was-unschedulable"
 """``"true"`` when the node was already cordoned (by someone else) before rankwatch: undo leaves it so."""
-MARK_ANNOTATIONS = (CORDONED_BY, DRY_RUN, REASON, JOB, JOB_UID, TIME, EVIDENCE, WAS_UNSCHEDULABLE)
+MARK_ANNOTATIONS = (CORDONED_BY, DRY_RUN, REASON, JOB, JOB_UID, TIME, EVIDENCE, DIAGNOSIS, WAS_UNSCHEDULABLE)
 
 UNCORDON_REQUEST = PREFIX + "uncordon"
 """Set to ``"true"`` by a person: the operator undoes rankwatch's cordon and removes this annotation."""
@@ -92,6 +95,7 @@ class Mark:
     dry_run: bool
     was_unschedulable: bool
     evidence: str = ""
+    diagnosis: str = ""
 
     @property
     def cordoned(self) -> bool:
@@ -118,6 +122,7 @@ class Mark:
             dry_run=not cordoned,
             was_unschedulable=annotations.get(WAS_UNSCHEDULABLE) == "true",
             evidence=annotations.get(EVIDENCE, ""),
+            diagnosis=annotations.get(DIAGNOSIS, ""),
         )
 
 
@@ -185,6 +190,7 @@ def mark_patch(
     evidence: str,
     moment: datetime.datetime,
     dry_run: bool,
+    diagnosis: str = "",
 ) -> dict[str, Any]:
     """A JSON merge patch recording the mark, cordoning and tainting unless ``dry_run``.
 
@@ -197,6 +203,7 @@ def mark_patch(
         JOB_UID: job_uid,
         TIME: format_time(moment),
         EVIDENCE: evidence,
+        DIAGNOSIS: diagnosis or None,
         UNCORDONED_AT: None,
         UNCORDON_REQUEST: None,
     }

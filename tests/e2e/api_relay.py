@@ -4,7 +4,9 @@ It terminates TLS with the API server's own serving certificate (the operator's 
 a new address) and opens TLS to the API server with the operator's client certificate, or passes its
 bearer token on in the request heads (the API server sees the same identity). So it reads each
 request's method and path, and a test can act at the very moment a given request is made, before the
-API server sees it: restart the API server or etcd, or cut the link. Cutting is a network partition:
+API server sees it: restart the API server or etcd, or cut the link; or answer it with an error of its
+own (the API server never sees it), or pass it on and lose its answer (the API server applies it, the
+client never learns). Cutting is a network partition:
 nothing is refused or reset, bytes are held; a lossy cut also loses the connections open during it
 (they never carry another byte and are never closed, as after a partition that outlived the peers'
 connection state), so only new connections work after it.
@@ -15,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import re
 import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -34,6 +38,10 @@ class _Trigger:
     path: re.Pattern[str]
     body: re.Pattern[bytes] | None
     action: Action
+    status: int | None = None
+    """Answer the request with this HTTP status instead of passing it on."""
+    lose_answer: bool = False
+    """Pass the request on, then lose its connection (its answer never arrives)."""
     claimed: bool = False
     fired: threading.Event = field(default_factory=threading.Event)
 
@@ -101,8 +109,25 @@ class ApiRelay:
         """Run ``action`` (on a thread) when the first request ``method`` on a path matching the regular
         expression ``path`` (and a body matching ``body``, unless None) is made; the request waits until
         it returns, then goes on (or is held if the action cut the link). Returns an Event set once the
-        action has run."""
+        action has run. A request strikes one trigger, the first made: two made for the same request
+        strike it and the next one."""
         trigger = _Trigger(method.upper(), re.compile(path), re.compile(body) if body else None, action)
+        self._triggers.append(trigger)
+        return trigger.fired
+
+    def answer(self, method: str, path: str, body: bytes | None, status: int) -> threading.Event:
+        """Answer the first request that matches (as :meth:`when`) with HTTP ``status`` and a Status body,
+        without passing it on: the API server never sees it."""
+        trigger = _Trigger(method.upper(), re.compile(path), re.compile(body) if body else None, _nothing, status)
+        self._triggers.append(trigger)
+        return trigger.fired
+
+    def lose_answer(self, method: str, path: str, body: bytes | None) -> threading.Event:
+        """Pass the first request that matches (as :meth:`when`) on to the API server, which applies it,
+        and lose its connection from then on: the answer never arrives, as after a partition that came
+        just after the request."""
+        pattern = re.compile(body) if body else None
+        trigger = _Trigger(method.upper(), re.compile(path), pattern, _nothing, lose_answer=True)
         self._triggers.append(trigger)
         return trigger.fired
 
@@ -169,7 +194,7 @@ class ApiRelay:
                 writer.transport.abort()
                 return
             connection.tasks = [
-                asyncio.ensure_future(self._requests(reader, upstream_writer, connection)),
+                asyncio.ensure_future(self._requests(reader, upstream_writer, writer, connection)),
                 asyncio.ensure_future(self._responses(upstream_reader, writer, connection)),
             ]
             await asyncio.wait(connection.tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -181,7 +206,13 @@ class ApiRelay:
         finally:
             self._connections.discard(connection)
 
-    async def _requests(self, reader: asyncio.StreamReader, upstream: asyncio.StreamWriter, connection: _Connection):
+    async def _requests(
+        self,
+        reader: asyncio.StreamReader,
+        upstream: asyncio.StreamWriter,
+        client: asyncio.StreamWriter,
+        connection: _Connection,
+    ):
         """Client to API server, one request at a time (heads parsed, bodies by Content-Length)."""
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError, OSError):
             while True:
@@ -194,11 +225,18 @@ class ApiRelay:
                 body = await reader.readexactly(int(length.group(1))) if length else b""
                 request = (method.decode(), path.decode())
                 self.requests.append(request)
-                for trigger in self._triggers:
-                    if trigger.matches(*request, body):
-                        trigger.claimed = True
-                        await asyncio.to_thread(trigger.fire)
+                # One trigger per request, the first made: two on the same request strike it and the next.
+                trigger = next((t for t in self._triggers if t.matches(*request, body)), None)
+                if trigger is not None:
+                    trigger.claimed = True
+                    await asyncio.to_thread(trigger.fire)
                 await self._carry(connection)
+                if trigger is not None and trigger.status is not None:
+                    client.write(_error_response(trigger.status))
+                    await client.drain()
+                    continue
+                if trigger is not None and trigger.lose_answer:
+                    connection.lost = True  # no await before the write: the answer cannot slip through
                 upstream.write(head + body)
                 await upstream.drain()
 
@@ -208,3 +246,24 @@ class ApiRelay:
                 await self._carry(connection)
                 writer.write(data)
                 await writer.drain()
+
+
+def _nothing() -> None:
+    pass
+
+
+def _error_response(status: int) -> bytes:
+    """An HTTP/1.1 answer as the API server words its errors (a Status object)."""
+    reason = HTTPStatus(status).phrase
+    body = json.dumps(
+        {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": f"injected by the test relay: {reason}",
+            "reason": reason.replace(" ", ""),
+            "code": status,
+        }
+    ).encode()
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body

@@ -250,3 +250,13 @@ def test_partitions_at_the_diagnosis_and_cordon_writes_even_past_the_api_timeout
         f"partitioned {HOLD_S:.0f} s at the pod list and the Event, {lossy_s:.0f} s (lossy) at the node patch",
     )
     assert recovered_s < 10 * API_TIMEOUT_S, "the calls cut off were retried soon after the partition healed"
+
+
+def test_a_node_patch_answered_503_then_its_answer_lost_cordons_once_with_one_event(scene):
+    """The cordon's node patch meets a 503 (the API server's passing failure), then its next try lands
+    but its answer is lost: the operator tries again, finds its own mark and posts the cordon Event once."""
+    fired = [scene.relay.answer(*NODE_PATCH, 503), scene.relay.lose_answer(*NODE_PATCH)]
+    scene.start_job()
+    for struck, what in zip(fired, ("a 503", "a lost answer"), strict=True):
+        scene.eventually(struck.is_set, 120, interval=0.2, what=f"the node patch: {what}")
+    scene.assert_handled_once(time.monotonic(), "the node patch answered 503, then its answer lost")

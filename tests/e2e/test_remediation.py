@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import copy
+import dataclasses
 import os
 import re
 import subprocess
@@ -23,6 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
+from rankwatch.kube import TimedApiClient
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
@@ -35,12 +37,16 @@ from rankwatch.operator.remediation.cordon import (
 )
 from rankwatch.operator.spec import Remediation
 
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the relay beside this file
+from api_relay import ApiRelay
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).parents[2]
 GPU_NODES = [f"gpu-node-{i}" for i in range(4)]
 EXTRA_LABEL = "rankwatch.io/e2e-extra-node"
 NO_BREAKER = Safeguards(breaker=BreakerSettings(max_share=1.0))
+NODE_PATCH = ("PATCH", r"^/api/v1/nodes/[^/?]+(\?|$)", None)
 
 
 # ---- fixtures ---------------------------------------------------------------------------------
@@ -212,6 +218,50 @@ def test_running_again_after_a_restart_changes_nothing_and_posts_no_new_event(
     assert core.read_node("gpu-node-0").metadata.resource_version == version
     assert len(node_events(core, "gpu-node-0")) == 1
     assert len(job_events(core, unwatched_namespace, "llama", "NodeCordoned")) == 1
+
+
+@pytest.fixture
+def relay(kubeconfig, tmp_path):
+    """The API server through a relay that can answer a request with an error or lose its answer."""
+    if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
+        pytest.skip("the relay serves with the built-in local cluster's certificates")
+    from rankwatch.cluster.local import LocalCluster
+
+    root = os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or os.path.expanduser("~/.rankwatch/test-cluster")
+    relay = ApiRelay(Path(kubeconfig), LocalCluster(Path(root)).pki, tmp_path / "relay")
+    yield relay
+    relay.close()
+
+
+def test_a_cordon_answered_503_then_its_answer_lost_is_finished_by_its_tries_with_one_event(
+    core, api, relay, unwatched_namespace, clean_nodes, tmp_path
+):
+    """The node patch meets a 503 (tried again), then a partition that lets it land but loses its answer
+    (a timeout, tried again: 409, the node changed): the cordon finds its own mark and posts its Events,
+    once, and the operator's next follow-up of the same diagnosis posts nothing more."""
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    request = dataclasses.replace(suspect(job, "gpu-node-1"), diagnosis="2026-11-26T19:00:00.000000Z")
+    refused = relay.answer(*NODE_PATCH, 503)
+    lost = relay.lose_answer(*NODE_PATCH)
+    configuration = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(
+        str(relay.kubeconfig(tmp_path / "kubeconfig")), client_configuration=configuration
+    )
+    through_relay = TimedApiClient(configuration, request_timeout=2.0)
+
+    result = remediate(through_relay, request, policy())
+    again = remediate(through_relay, request, policy())
+
+    assert refused.is_set() and lost.is_set()
+    assert [method for method, _ in relay.requests].count("PATCH") == 3, relay.requests
+    assert [(d.node, d.outcome) for d in result.decisions] == [("gpu-node-1", Outcome.CORDONED)]
+    assert [(d.outcome, d.resumed) for d in again.decisions] == [(Outcome.CORDONED, True)]
+    node = core.read_node("gpu-node-1")
+    assert node.spec.unschedulable and node.metadata.annotations["rankwatch.io/cordon-job"] == request.job
+    [event] = node_events(core, "gpu-node-1", "CordonedByRankwatch")
+    assert (event.count or 1) == 1 and "cordoned and tainted gpu-node-1" in event.message
+    assert len(job_events(core, unwatched_namespace, "llama", "NodeCordoned")) == 1
+    assert is_untouched(core.read_node("gpu-node-0"))
 
 
 def test_dry_run_annotates_and_posts_events_but_cordons_nothing(api, core, unwatched_namespace, clean_nodes):

@@ -149,6 +149,21 @@ def test_already_cordoned_by_another_job_is_not_cordoned_again():
     assert "team-b/gpt" in decisions[0].message
 
 
+def test_a_repeat_of_the_same_diagnosis_finds_its_own_mark_and_finishes_it_but_a_new_one_does_not():
+    """The first try wrote the mark and lost the answer: the repeat is the same cordon (its Events are due),
+    a later diagnosis of the same job on the same node is nothing new."""
+    marks = {**cordoned_by("team-a/llama", "uid-1"), node_marks.DIAGNOSIS: "2026-11-26T19:00:00Z"}
+    nodes = cluster(2, n1=node("n1", annotations=marks, unschedulable=True))
+    first = CordonRequest("team-a", "llama", "uid-1", "straggler", ("n1",), diagnosis="2026-11-26T19:00:00Z")
+    [repeat] = decide(first, policy(), frozenset(nodes), nodes, NOW)
+    assert (repeat.outcome, repeat.resumed, repeat.message) == (Outcome.CORDONED, True, "cordoned and tainted n1")
+    later = CordonRequest("team-a", "llama", "uid-1", "straggler", ("n1",), diagnosis="2026-11-26T19:30:00Z")
+    [again] = decide(later, policy(), frozenset(nodes), nodes, NOW)
+    assert (again.outcome, again.resumed) == (Outcome.ALREADY_CORDONED, False)
+    recreated = CordonRequest("team-a", "llama", "uid-2", "straggler", ("n1",), diagnosis="2026-11-26T19:00:00Z")
+    assert outcomes(decide(recreated, policy(), frozenset(nodes), nodes, NOW)) == {"n1": Outcome.ALREADY_CORDONED}
+
+
 def test_dry_run_marks_are_upgraded_when_the_job_turns_dry_run_off():
     nodes = cluster(2, n1=node("n1", annotations=cordoned_by("team-a/llama", "uid-1", dry_run=True)))
     dry = decide(blame("n1"), policy(dryRun=True), frozenset(nodes), nodes, NOW)
