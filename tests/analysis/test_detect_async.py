@@ -128,9 +128,15 @@ def test_a_call_whose_gpu_end_was_lost_is_not_a_hang_when_its_peers_left_the_col
     simulate(tmp_path, True, world_size=8, tp=4, steps=40)
     slots = _slots(_ring_of(tmp_path, 3))
     done = _gpu_done_collectives(slots)
-    last_on_stream = done[np.argmax(slots["stamp"][done] * (slots["stream"][done] == slots["stream"][done[-1]]))]
-    later = slots["stamp"] > slots["stamp"][last_on_stream]
-    assert not (later & (slots["stream"] == slots["stream"][last_on_stream]) & (slots["gpu_start_ns"] > 0)).any()
+    started = slots["gpu_start_ns"] > 0
+
+    def nothing_started_after(index: int) -> bool:
+        later = slots["stamp"] > slots["stamp"][index]
+        return not (later & (slots["stream"] == slots["stream"][index]) & started).any()
+
+    # the run may end with a later call on that stream already started (a send, a compute event): take the
+    # last GPU-done collective that nothing on its stream started after
+    last_on_stream = next(int(i) for i in done[np.argsort(-slots["stamp"][done])] if nothing_started_after(int(i)))
     slots["state"][last_on_stream], slots["gpu_end_ns"][last_on_stream] = State.RETURNED, 0
     slots.flush()
     trace = load_path(tmp_path)
