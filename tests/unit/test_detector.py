@@ -169,13 +169,18 @@ def test_no_progress_for_the_sensitivity_is_a_hang_even_without_in_flight_calls(
     assert suspicion.kind == "hang" and suspicion.evidence["source"] == "no_progress"
 
 
-def test_stall_report_is_a_hang_until_the_stalled_rank_moves():
-    state, now = run(3)
-    report = StallReport(
+def rank_5_stalled() -> StallReport:
+    """What rank 5's sidecar sends once it made no NCCL call for the sensitivity (60 s)."""
+    return StallReport(
         schema=1, namespace="ns", job="job", pod="job-worker-1", node="gpu-node-1", replica_index=1, detected_ns=1,
         sensitivity_s=60.0, stalled_ranks=[5], summary="rank 5 made no NCCL call for 60 s", megatrace_dir=None,
         positions=[],
     )  # fmt: skip
+
+
+def test_stall_report_is_a_hang_until_the_stalled_rank_moves():
+    state, now = run(3)
+    report = rank_5_stalled()
     state.add_stall(report, now=now)
     (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now + 1)
     assert suspicion.kind == "hang" and suspicion.ranks == [5]
@@ -260,11 +265,7 @@ def test_a_job_whose_sidecars_went_silent_keeps_its_hang_detection():
     assert host_starved(state, LAYOUT, THRESHOLDS, later) is None and step_time_up(state, THRESHOLDS, later) is None
     assert detect(state, THRESHOLDS, LAYOUT, later) == []
 
-    report = StallReport(
-        schema=1, namespace="ns", job="job", pod="job-worker-1", node="gpu-node-1", replica_index=1, detected_ns=1,
-        sensitivity_s=60.0, stalled_ranks=[5], summary="rank 5 made no NCCL call for 60 s", megatrace_dir=None,
-        positions=[],
-    )  # fmt: skip
+    report = rank_5_stalled()
     state.add_stall(report, now=now)
     (suspicion,) = detect(state, THRESHOLDS, LAYOUT, now + silence)
     assert suspicion.kind == "hang" and suspicion.ranks == [5]
