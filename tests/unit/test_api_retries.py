@@ -8,10 +8,8 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.kube import TRANSIENT_ATTEMPTS, api_client
@@ -49,24 +47,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator:
+def serve(loopback_kubeconfig) -> Iterator:
     servers: list[ScriptedApiServer] = []
 
     def start(*script: int, timeout: float = 4.0):
         server = ScriptedApiServer(list(script))
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c",
-        }
-        path = tmp_path / f"kubeconfig-{len(servers)}"
-        path.write_text(yaml.safe_dump(config))
-        return server, api_client(str(path), request_timeout=timeout)
+        return server, api_client(loopback_kubeconfig(server.server_address[1]), request_timeout=timeout)
 
     yield start
     for server in servers:

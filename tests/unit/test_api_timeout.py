@@ -8,12 +8,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import kubernetes
 import pytest
 import urllib3
-import yaml
 
 from rankwatch.kube import api_client
 
@@ -39,26 +37,9 @@ def silent_server() -> Iterator[int]:
         connection.close()
 
 
-def _kubeconfig(tmp_path: Path, port: int) -> str:
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    return str(path)
-
-
 @pytest.mark.parametrize("call", ["patch_node", "create_namespaced_event"])
-def test_a_call_to_a_server_that_never_answers_fails_within_the_timeout(tmp_path, silent_server, call):
-    kube = api_client(_kubeconfig(tmp_path, silent_server), request_timeout=0.5)
+def test_a_call_to_a_server_that_never_answers_fails_within_the_timeout(loopback_kubeconfig, silent_server, call):
+    kube = api_client(loopback_kubeconfig(silent_server), request_timeout=0.5)
     core = kubernetes.client.CoreV1Api(kube)
     started = time.monotonic()
     with pytest.raises(urllib3.exceptions.HTTPError):  # a read timeout: not retried for a write
@@ -69,8 +50,8 @@ def test_a_call_to_a_server_that_never_answers_fails_within_the_timeout(tmp_path
     assert time.monotonic() - started < 5
 
 
-def test_a_call_may_still_name_its_own_timeout(tmp_path, silent_server):
-    kube = api_client(_kubeconfig(tmp_path, silent_server), request_timeout=60)
+def test_a_call_may_still_name_its_own_timeout(loopback_kubeconfig, silent_server):
+    kube = api_client(loopback_kubeconfig(silent_server), request_timeout=60)
     started = time.monotonic()
     with pytest.raises(urllib3.exceptions.HTTPError):
         kubernetes.client.CoreV1Api(kube).patch_node("node-1", {}, _request_timeout=0.3)
