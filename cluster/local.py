@@ -263,11 +263,17 @@ class LocalCluster:
         log("cluster removed")
 
     def restart_component(
-        self, name: str, down_seconds: float = 0.0, log: Log = print, timeout: float = 120.0
+        self,
+        name: str,
+        down_seconds: float = 0.0,
+        log: Log = print,
+        timeout: float = 120.0,
+        grace_seconds: float = 10.0,
     ) -> float:
-        """Stop one running component, keep it down ``down_seconds``, start it again on the same ports and
-        data, and wait until the API server answers /readyz again; returns the seconds that took after the
-        start. For failure tests: the API server or etcd going away under a running operator."""
+        """Stop one running component (SIGTERM, SIGKILL after ``grace_seconds``: 0 is a crash), keep it down
+        ``down_seconds``, start it again on the same ports and data, and wait until the API server answers
+        /readyz again; returns the seconds that took after the start. For failure tests: the API server or
+        etcd going away under a running operator."""
         if name not in ORDER:
             raise ClusterError(f"unknown component {name!r}; one of {', '.join(ORDER)}")
         state = ClusterState.load(self.state_path)
@@ -278,7 +284,7 @@ class LocalCluster:
         if not processes.is_running(pid, paths[name]):
             raise ClusterError(f"{name} is not running (pid {pid}); `rankwatch cluster up` starts it")
         log(f"stopping {name}")
-        processes.stop(pid, paths[name])
+        processes.stop(pid, paths[name], grace_seconds)
         time.sleep(down_seconds)
         deadline = time.monotonic() + timeout
         for port_name in LISTENS_ON[name]:

@@ -3,9 +3,10 @@ a relay that sees each of its requests, paging a local Feishu) while it handles 
 strikes at the very moment the operator sends a request, before the API server sees it: when the
 diagnosis asks for the job's pods, when it posts the Hang Event, when the cordon patches the node.
 
-- the kube-apiserver restarts at each of the three (the request's connection drops, new ones are
-  refused, for DOWN_S plus its start-up);
-- etcd restarts at the pod list and at the node patch (the API server holds or fails the request);
+- the kube-apiserver crashes (killed) and restarts at each of the three (the request's connection
+  drops, new ones are refused, for DOWN_S plus its start-up);
+- etcd crashes and restarts at the pod list and at the node patch (the API server holds or fails the
+  request);
 - a partition between the operator and the API server (nothing refused or reset, bytes held) for
   HOLD_S at the pod list and at the Event, shorter than the operator's API timeout (the held requests
   go through), then at the node patch for three API timeouts and lossy: the connections open then are
@@ -96,7 +97,11 @@ class Scene:
 
         def act() -> None:
             self.wait_restarted()  # one restart at a time
-            thread = threading.Thread(target=self.cluster.restart_component, args=(component, DOWN_S, self.note))
+            thread = threading.Thread(
+                target=self.cluster.restart_component,
+                args=(component, DOWN_S, self.note),
+                kwargs={"grace_seconds": 0.0},  # a crash: a graceful stop only waits out the open watches
+            )
             thread.start()
             self.eventually(lambda: _refuses(port), 30, interval=0.02, what=f"{component} stopped")
             self.restarted = thread
