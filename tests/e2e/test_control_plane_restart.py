@@ -100,7 +100,7 @@ class Scene:
             thread = threading.Thread(
                 target=self.cluster.restart_component,
                 args=(component, DOWN_S, self.note),
-                kwargs={"grace_seconds": 0.0},  # a crash: a graceful stop only waits out the open watches
+                kwargs={"grace_seconds": 0.0},  # a crash (a graceful API server stop took all 10 s of grace)
             )
             thread.start()
             self.eventually(lambda: _refuses(port), 30, interval=0.02, what=f"{component} stopped")
