@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|async|scale|all] [--repeat 3] [--seeds 20]
 
-``simulate``: real `rankwatch simulate` runs (stand-in NCCL, tracer preloaded) on this machine.
+``simulate``: real `rankwatch simulate` runs (stand-in NCCL, tracer preloaded) on this machine, on the
+synchronous device without GPU timing (host waits are GPU waits), for comparison with the ``async`` suite.
 ``async``: real runs on the asynchronous stand-in device (NCCL calls return at once, the GPU runs behind
 the host), GPU timing on and off, 8 or 16 processes in ten TP x PP layouts (TP and PP 1/2/4/8) taken in
 turn by seed, the culprit drawn by seed; see :func:`async_suite` for what counts as right.
@@ -322,7 +323,8 @@ def main() -> None:
         started = time.monotonic()
         for _ in range(args.repeat):
             with tempfile.TemporaryDirectory() as out:
-                sim = Simulation(**{"steps": args.steps, **layout}, compute_us=args.compute_us, faults=faults)
+                sim = Simulation(**{"steps": args.steps, **layout}, compute_us=args.compute_us, faults=faults,
+                                 device="sync", gpu_timing=False)  # fmt: skip
                 run(sim, Path(out), log=lambda _m: None)
                 findings = analyze(load_path(out))["findings"]
             hit, wrong = score(findings, kind, culprits or [])

@@ -1,4 +1,6 @@
-"""`rankwatch analyze` on real traces of `rankwatch simulate` runs with known ground truth."""
+"""`rankwatch analyze` on real traces of `rankwatch simulate` runs with known ground truth, on the synchronous
+device without GPU timing (host waits are GPU waits). The asynchronous device, the default, with GPU timing
+on and off, is in test_detect_async.py and test_detect_async_accuracy.py."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.trace import CALL_DTYPE, Trace, load_path
 from rankwatch.simulate import Faults, Simulation, run
 
+SYNC = {"device": "sync", "gpu_timing": False}
+
 
 def simulate(tmp_path, compute_us: int = 1000, **kwargs) -> dict:
     faults = kwargs.pop("faults", Faults())
-    run(Simulation(compute_us=compute_us, ranks_per_node=4, faults=faults, **kwargs), tmp_path)
+    run(Simulation(**SYNC, compute_us=compute_us, ranks_per_node=4, faults=faults, **kwargs), tmp_path)
     return analyze(load_path(tmp_path))
 
 
@@ -99,7 +103,10 @@ def test_rank_stuck_inside_a_collective_is_told_apart_from_waiting(tmp_path):
 
 
 def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
-    run(Simulation(world_size=4, tp=2, steps=10, compute_us=500, faults=Faults(hang_rank=1, hang_at=8)), tmp_path)
+    run(
+        Simulation(**SYNC, world_size=4, tp=2, steps=10, compute_us=500, faults=Faults(hang_rank=1, hang_at=8)),
+        tmp_path,
+    )
     (tmp_path / "rankwatch-garbage-1.ring").write_bytes(b"not a ring at all" * 300)
     out = tmp_path / "report.json"
     timeline = tmp_path / "timeline.json"
@@ -123,7 +130,7 @@ def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
 
 
 def test_layout_names_the_group_and_coordinates(tmp_path):
-    run(Simulation(world_size=16, tp=4, pp=2, steps=12, compute_us=3000, ranks_per_node=4,
+    run(Simulation(**SYNC, world_size=16, tp=4, pp=2, steps=12, compute_us=3000, ranks_per_node=4,
                    faults=Faults(slow_rank=6, slowdown=0.3)), tmp_path)  # fmt: skip
     (tmp_path / "config.yaml").write_text("TP: 4\nPP: 2\nworld_size: 16\n")
     result = subprocess.run(
@@ -148,7 +155,7 @@ def test_hang_found_from_megatrace_logs_of_the_same_run(tmp_path):
     """A run written out in Megatrace's format (call times only) still names the culprit."""
     from rankwatch.analysis.megatrace import read_logs, write_logs
 
-    run(Simulation(world_size=8, tp=2, pp=2, steps=50, compute_us=1000, faults=Faults(hang_rank=5, hang_at=30)),
+    run(Simulation(**SYNC, world_size=8, tp=2, pp=2, steps=50, compute_us=1000, faults=Faults(hang_rank=5, hang_at=30)),
         tmp_path / "rings")  # fmt: skip
     write_logs(load_path(tmp_path / "rings"), tmp_path / "megatrace")
     document = analyze(read_logs(tmp_path / "megatrace"))

@@ -1,4 +1,6 @@
-"""`rankwatch simulate`: a Megatron-shaped job traced end to end, with faults that show in the trace."""
+"""`rankwatch simulate`: a Megatron-shaped job traced end to end, with faults that show in the trace, on the
+synchronous device (each call returns when its work is done: host waits are GPU waits). The asynchronous
+device, the default, has its own tests in test_async_device.py."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pytest
 from rankwatch.analysis.ring import Op, State, read_ring
 from rankwatch.simulate import Faults, Simulation, SimulationError, run
 
+SYNC = {"device": "sync", "gpu_timing": False}
+
 
 def load(out):
     meta = json.loads((out / "simulation.json").read_text())
@@ -23,7 +27,7 @@ def wait_ns(records: np.ndarray) -> np.ndarray:
 
 
 def test_megatron_run_records_every_call_of_every_rank(tmp_path):
-    outcomes = run(Simulation(world_size=8, tp=2, pp=2, steps=4, compute_us=500, ranks_per_node=4), tmp_path)
+    outcomes = run(Simulation(**SYNC, world_size=8, tp=2, pp=2, steps=4, compute_us=500, ranks_per_node=4), tmp_path)
     assert [o.exit_code for o in outcomes] == [0] * 8
     meta, rings = load(tmp_path)
     assert meta["ranks"][5]["node"] == "sim-node-1"
@@ -46,7 +50,7 @@ def test_megatron_run_records_every_call_of_every_rank(tmp_path):
 
 def test_slowed_rank_waits_least_in_its_collectives(tmp_path):
     slow = 5
-    run(Simulation(world_size=8, tp=4, pp=1, steps=12, compute_us=3000,
+    run(Simulation(**SYNC, world_size=8, tp=4, pp=1, steps=12, compute_us=3000,
                    faults=Faults(slow_rank=slow, slowdown=0.5)), tmp_path)  # fmt: skip
     _, rings = load(tmp_path)
     tp_peers = [4, 5, 6, 7]
@@ -63,7 +67,7 @@ def test_slowed_rank_waits_least_in_its_collectives(tmp_path):
 
 def test_hang_before_a_call_leaves_the_culprit_behind_its_peers(tmp_path):
     culprit = 3
-    outcomes = run(Simulation(world_size=4, tp=4, steps=50, compute_us=500,
+    outcomes = run(Simulation(**SYNC, world_size=4, tp=4, steps=50, compute_us=500,
                               faults=Faults(hang_rank=culprit, hang_at=20)), tmp_path)  # fmt: skip
     assert all(o.exit_code is None for o in outcomes), "everyone is stuck and stopped by the launcher"
     _, rings = load(tmp_path)
@@ -75,7 +79,10 @@ def test_hang_before_a_call_leaves_the_culprit_behind_its_peers(tmp_path):
 
 
 def test_stuck_call_is_entered_by_everyone_and_never_returns(tmp_path):
-    run(Simulation(world_size=4, tp=4, steps=50, compute_us=500, faults=Faults(stuck_rank=2, stuck_at=10)), tmp_path)
+    run(
+        Simulation(**SYNC, world_size=4, tp=4, steps=50, compute_us=500, faults=Faults(stuck_rank=2, stuck_at=10)),
+        tmp_path,
+    )
     _, rings = load(tmp_path)
     for records in rings.values():
         calls = records[records["op"] < Op.COMM_INIT]
@@ -83,7 +90,7 @@ def test_stuck_call_is_entered_by_everyone_and_never_returns(tmp_path):
 
 
 def test_slow_link_delays_only_that_pair(tmp_path):
-    run(Simulation(world_size=8, tp=2, pp=4, steps=6, compute_us=500,
+    run(Simulation(**SYNC, world_size=8, tp=2, pp=4, steps=6, compute_us=500,
                    faults=Faults(slow_link=(2, 4), link_latency_us=20000)), tmp_path)  # fmt: skip
     _, rings = load(tmp_path)
 
