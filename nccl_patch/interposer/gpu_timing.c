@@ -8,12 +8,17 @@
  * float milliseconds of cuEventElapsedTime never span long. The GPU start is written as soon as the
  * stream reaches the start event, before the operation ends: a collective that started on the GPU and
  * never completes (a hang) shows a start and no end, one that never started shows neither.
+ * RANKWATCH_GPU_POLL_US sets the poller's interval (default 1000 us). A process that ends right after
+ * its last synchronisation (the end of training) gets one last pass at exit, so the GPU times of its
+ * final calls are written rather than lost with the poller: a finished rank must not read as one whose
+ * last collectives never started or ended (a hang).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "../include/cuda_abi.h"
@@ -23,6 +28,7 @@
 #define MAX_GROUPED 1024
 #define REANCHOR_NS 5000000000LL
 #define POLL_NS 1000000L
+#define EXIT_LOCK_WAIT_NS 1000000000L
 
 enum { FREE = 0, STARTED = 1, READY = 2 };
 
@@ -55,11 +61,28 @@ static CUcontext context;
 static CUstream anchor_stream;
 static CUevent anchor_event;
 static int64_t anchor_ns;
+static struct timespec poll_pause = {0, POLL_NS};
+/* One pass over the slots at a time: the poller's, or the last one at exit (on the exiting thread). */
+static pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
 static RW_HOT_TLS int current = -1;
 static __thread int grouped[MAX_GROUPED];
 static __thread int grouped_count;
 
 static void* poller(void* unused);
+static void last_pass(void);
+
+static void set_poll_interval(void) {
+  const char* wanted = getenv("RANKWATCH_GPU_POLL_US");
+  if (!wanted || !*wanted) return;
+  char* rest = NULL;
+  long long micros = strtoll(wanted, &rest, 10);
+  if (*rest || micros < 1 || micros > 60000000LL) {
+    fprintf(stderr, "rankwatch: ignoring RANKWATCH_GPU_POLL_US=%s (want 1..60000000)\n", wanted);
+    return;
+  }
+  poll_pause.tv_sec = (time_t)(micros / 1000000);
+  poll_pause.tv_nsec = (long)(micros % 1000000) * 1000;
+}
 
 static int load(void) {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -111,11 +134,13 @@ static void init(void) {
       return;
     }
   reanchor();
+  set_poll_interval();
   pthread_t thread;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   if (pthread_create(&thread, &attr, poller, NULL) != 0) return;
+  atexit(last_pass); /* before the CUDA library's own destructors (they run after atexit handlers) */
   ready = 1;
 }
 
@@ -196,25 +221,47 @@ static void write_start(gpu_slot* slot) {
   slot->start_written = 1;
 }
 
+/* Completes every slot whose end the stream reached, publishes the start of those still running. */
+static void pass(void) {
+  uint64_t end = atomic_load_explicit(&cursor, memory_order_relaxed);
+  uint64_t begin = end > SLOTS ? end - SLOTS : 0;
+  for (uint64_t i = begin; i < end; i++) {
+    gpu_slot* slot = &slots[i % SLOTS];
+    if (atomic_load_explicit(&slot->state, memory_order_acquire) != READY) continue;
+    if (cu.event_query(slot->end) == CUDA_SUCCESS) complete(slot);
+    else if (!slot->start_written) write_start(slot);
+  }
+}
+
+/* At exit the poller may be a pass behind (it sleeps between passes, and on a loaded machine it may not
+ * have run since the last synchronisation): one more pass writes what the stream reached. It never waits
+ * for the device; the lock is awaited a bounded time (a poller stuck in a re-anchor on a stopped device
+ * must not keep the process from ending). */
+static void last_pass(void) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += EXIT_LOCK_WAIT_NS / 1000000000L;
+  if (pthread_mutex_timedlock(&pass_lock, &deadline) != 0) return;
+  CUcontext own = NULL;
+  int switched = cu.ctx_get(&own) == CUDA_SUCCESS && own != context && cu.ctx_set(context) == CUDA_SUCCESS;
+  pass();
+  if (switched) cu.ctx_set(own);
+  pthread_mutex_unlock(&pass_lock);
+}
+
 static void* poller(void* unused) {
   (void)unused;
   cu.ctx_set(context);
   int64_t last_anchor = rw_realtime_ns();
-  struct timespec pause = {0, POLL_NS};
   for (;;) {
-    nanosleep(&pause, NULL);
-    uint64_t end = atomic_load_explicit(&cursor, memory_order_relaxed);
-    uint64_t begin = end > SLOTS ? end - SLOTS : 0;
-    for (uint64_t i = begin; i < end; i++) {
-      gpu_slot* slot = &slots[i % SLOTS];
-      if (atomic_load_explicit(&slot->state, memory_order_acquire) != READY) continue;
-      if (cu.event_query(slot->end) == CUDA_SUCCESS) complete(slot);
-      else if (!slot->start_written) write_start(slot);
-    }
+    nanosleep(&poll_pause, NULL);
+    pthread_mutex_lock(&pass_lock);
+    pass();
     if (rw_realtime_ns() - last_anchor > REANCHOR_NS) {
       reanchor();
       last_anchor = rw_realtime_ns();
     }
+    pthread_mutex_unlock(&pass_lock);
   }
   return NULL;
 }
