@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../include/cuda_abi.h"
 #include "interposer.h"
@@ -64,6 +65,7 @@ static int64_t anchor_ns;
 static struct timespec poll_pause = {0, POLL_NS};
 /* One pass over the slots at a time: the poller's, or the last one at exit (on the exiting thread). */
 static pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
+static pid_t owner; /* the process whose poller this is: a forked child inherits the exit handler, not the poller */
 static RW_HOT_TLS int current = -1;
 static __thread int grouped[MAX_GROUPED];
 static __thread int grouped_count;
@@ -140,6 +142,7 @@ static void init(void) {
   pthread_attr_init(&attr);
   pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
   if (pthread_create(&thread, &attr, poller, NULL) != 0) return;
+  owner = getpid();
   atexit(last_pass); /* before the CUDA library's own destructors (they run after atexit handlers) */
   ready = 1;
 }
@@ -238,6 +241,7 @@ static void pass(void) {
  * for the device; the lock is awaited a bounded time (a poller stuck in a re-anchor on a stopped device
  * must not keep the process from ending). */
 static void last_pass(void) {
+  if (getpid() != owner) return; /* a forked child (CUDA is unusable there; the parent's pass is the parent's) */
   struct timespec deadline;
   clock_gettime(CLOCK_REALTIME, &deadline);
   deadline.tv_sec += EXIT_LOCK_WAIT_NS / 1000000000L;

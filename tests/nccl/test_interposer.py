@@ -227,6 +227,14 @@ def test_gpu_timing_fills_gpu_times_and_skips_graph_capture(run_ranks, tmp_path)
         assert (captured["gpu_start_ns"] == 0).all() and (captured["state"] == State.RETURNED).all()
 
 
+def test_bad_gpu_poll_interval_is_named_and_the_default_kept(run_ranks, tmp_path):
+    seen = run_ranks("gpu", 2, trace_dir=tmp_path, env={"RANKWATCH_GPU_TIMING": "1", "RANKWATCH_GPU_POLL_US": "1ms"})
+    assert all("ignoring RANKWATCH_GPU_POLL_US=1ms (want 1..60000000)" in r["stderr"] for r in seen)
+    for records in rings_by_rank(tmp_path).values():
+        timed = records[records["op"] == Op.ALLREDUCE][:20]
+        assert (timed["state"] == State.GPU_DONE).all(), "timing goes on at the default interval"
+
+
 def test_single_process_clique_from_comm_init_all(run_ranks, tmp_path):
     [seen] = run_ranks("init_all", 1, trace_dir=tmp_path)
     assert seen["sums"] == [[3.0], [3.0]]
