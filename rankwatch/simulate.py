@@ -6,11 +6,10 @@ output directory, with ``simulation.json`` describing the run (layout, faults, r
 A run with a hang ends once every ring has been still for ``settle`` seconds; the processes are then
 killed, as an operator would after diagnosis.
 
-``device`` picks the stand-in GPU model (``RANKWATCH_STANDIN_DEVICE``): ``async`` (the default of the
-``rankwatch simulate`` / ``simulate-pod`` commands) runs kernels and collectives on per-stream executors
-behind the host, as a real GPU does (nccl_patch/standin/cuda_standin.c); ``sync`` performs each inside
-the call that launches it, for comparison. The ``Simulation`` dataclass keeps ``sync`` as its default
-for the Python callers (tests, benches) written against the synchronous model.
+``device`` picks the stand-in GPU model (``RANKWATCH_STANDIN_DEVICE``): ``async`` (the default
+everywhere) runs kernels and collectives on per-stream executors behind the host, as a real GPU does
+(nccl_patch/standin/cuda_standin.c); ``sync`` performs each inside the call that launches it, for
+comparison. GPU timing is on by default, as ``spec.tracing.gpuTiming``.
 """
 
 from __future__ import annotations
@@ -35,8 +34,9 @@ class SimulationError(RuntimeError):
 
 DEVICE_MODELS = ("sync", "async")
 DEVICE_VARIABLE = "RANKWATCH_STANDIN_DEVICE"
-DEFAULT_POD_DEVICE = "async"
-"""A pod's stand-in GPU when neither --device nor RANKWATCH_STANDIN_DEVICE says: the GPU runs behind the host."""
+DEFAULT_DEVICE = "async"
+"""The stand-in GPU when nothing (--device, RANKWATCH_STANDIN_DEVICE, Simulation.device) says: the GPU runs
+behind the host."""
 
 
 def _check_device(device: str) -> None:
@@ -98,8 +98,8 @@ class Simulation:
     microbatches: int = 2
     compute_us: int = 2000
     ranks_per_node: int = 8
-    gpu_timing: bool = False
-    device: str = "sync"
+    gpu_timing: bool = True
+    device: str = DEFAULT_DEVICE
     p2p_sync: bool = False  # Megatron's batch_p2p_sync: the host synchronises after each pipeline exchange
     faults: Faults = field(default_factory=Faults)
     timeout: float = 300.0
@@ -326,7 +326,7 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
         _check_device(pod.device)
         environ[DEVICE_VARIABLE] = pod.device
     elif not environ.get(DEVICE_VARIABLE):
-        environ[DEVICE_VARIABLE] = DEFAULT_POD_DEVICE
+        environ[DEVICE_VARIABLE] = DEFAULT_DEVICE
     nproc = int(environ.get("NPROC_PER_NODE", "0") or 0)
     default_dir = f"/tmp/rankwatch-standin/{environ.get('MASTER_ADDR', 'local')}-{environ.get('MASTER_PORT', '0')}"
     rendezvous = Path(environ.get(RENDEZVOUS) or default_dir)
