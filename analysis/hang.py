@@ -257,6 +257,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
     completion_known = trace.has_returns or trace.pending_known
     findings = _detect(trace, stall_seconds, end, completion_known)
+    if not completion_known:  # call times only (Megatrace): hosts ran ahead of their GPUs there too
+        findings = _pinned_on_their_ranks(trace, findings)
     if not findings and completion_known and not trace.pending_known and not (calls["gpu_start"] > 0).any():
         # Rings without GPU times: on an asynchronous GPU every call returns at once, so a hang leaves
         # no call in flight (the hosts block in a synchronisation instead). Who stopped calling is
