@@ -10,6 +10,26 @@ run with the most lateness (median times duration). A finding without one is dro
 with its numbers); a pipeline neighbour (same tp and dp, adjacent stage: it receives the late rank's
 activations or gradients) late in the same window by less is the lateness passed on; the rank left
 gets its window as evidence.
+
+What run-ahead cannot explain. On a GPU the host enqueues and goes on, blocking only where it
+synchronises, so the order in which hosts reach a call is mostly launch order and host habits, not who
+the GPUs wait for: a GPU-bound job shows persistent sub-millisecond lateness of some host (the first
+rank of a TP group), the last pipeline stage's host arrives last by tens of milliseconds (it alone
+blocks on the loss), and a GPU slowdown hides behind the hosts' run-ahead (the stand-in device shows
+all three). A host that is itself the bottleneck is different: its peers' GPUs wait for its launches,
+so it is behind them by as much as it holds the job back, step after step. Hence, from call times of
+NCCL (Megatrace logs), a rank is named only when
+- it is late behind peers of its own pipeline stage: a communicator spanning stages (by the layout,
+  else two members in one communicator that carries sends and receives) is not evidence;
+- its window's median lateness is at least ``HOST_LATE_MS`` (1 ms: beyond launch order, host jitter
+  and the run-ahead slack of the jobs where it would matter);
+- the window lasts ``HOST_LATE_SECONDS`` (10 s) or more: a host that fell behind for a burst (a
+  garbage collection, a checkpoint) is not a node to cordon.
+Otherwise the report says the slowdown is not localisable from call times and names nobody (a GPU
+slowdown is what GPU timing finds). Megatrace's published sample (rank 2 behind its TP partner by
+2.1 ms for 35 s) passes all three. Calls that block on the host until their collective is done (gloo
+on CPU: ``Trace.calls_block_on_host``) have no GPU running behind them: there the window alone
+decides, as before.
 """
 
 from __future__ import annotations
@@ -179,7 +199,7 @@ def windowed_stragglers(trace: Trace, findings: list[Finding], problems: list[st
         if finding.kind != "straggler" or not finding.communicator:
             kept.append(finding)
             continue
-        if spans_stages(trace, int(finding.communicator, 16), pipelines):
+        if not trace.calls_block_on_host and spans_stages(trace, int(finding.communicator, 16), pipelines):
             why = f"{finding.evidence.get('delay_ms', 0):.2f} ms, in a communicator spanning pipeline stages"
             problems.append(_not_localisable(trace, finding, why))
             continue
@@ -212,7 +232,7 @@ def windowed_stragglers(trace: Trace, findings: list[Finding], problems: list[st
     bound = []
     for finding in accepted:
         window = finding.evidence["late_window"]
-        if host_bound(window):
+        if trace.calls_block_on_host or host_bound(window):
             bound.append(finding)
         else:
             why = (

@@ -11,7 +11,8 @@ turn by seed, the culprit drawn by seed; see :func:`async_suite` for what counts
 out as Megatrace logs (call times only, ``write_logs``) and read back as `rankwatch analyze` reads Megatrace
 logs, clocks taken as aligned and again with ``--ranks-per-node``: stragglers are GPU slowdowns, which host
 call times of a run-ahead host cannot localise (nobody else may be named), the hang's culprit must come first.
-``--logs DIR`` keeps the logs, and reads them from there when present (the same runs before and after a change).
+8 to 32 processes (the async layouts, and TP4 PP2 and TP2 PP4 at 32). ``--logs DIR`` keeps the logs, and
+reads them from there when present (the same runs before and after a change).
 ``scale``: a scale mode, the same model with its hosts running ahead of their GPUs (calls return at once,
 the host waits at each step's end), 64 to 1,024 ranks in ten TP x PP layouts (TP and PP 1/2/4/8), GPU
 timing on and off, for stragglers, slow links and healthy runs (no hangs: the model does not run hosts
@@ -19,7 +20,8 @@ ahead into a hang); a model, not real processes: the async suite stays the judge
 ``model``: the vectorised Megatron model (analysis/scenario.py), 256 ranks TP4 PP4 with clock skew
 +-2 ms and jitter, written as wrapped ring files, Megatrace logs or flight-recorder dumps; the culprit
 changes with the seed. Top-1 means the most likely finding has the right kind and names exactly the
-culprit rank(s); false findings are other findings naming other ranks.
+culprit rank(s) (for stragglers in Megatrace logs: nobody else is named; call times of slowdowns this
+small and short are not localisable); false findings are other findings naming other ranks.
 """
 
 from __future__ import annotations
@@ -98,7 +100,10 @@ def model_suite(seeds: int) -> None:
                         write_dumps(synthetic.trace, out, as_pickle=True, buffer_size=2000)
                     trace = load_path(out)
                     trace.layout, trace.ranks_per_node = synthetic.trace.layout, sc.ranks_per_node
-                    hit, wrong = score(analyze(trace)["findings"], expected, culprits)
+                    findings = analyze(trace)["findings"]
+                    hit, wrong = score(findings, expected, culprits)
+                    if fmt == "megatrace" and expected == "straggler":  # call times: not localisable, see
+                        hit = all(set(f["ranks"]) <= set(culprits) for f in findings)  # late_windows.py
                 hits += hit
                 false += wrong
             name = f"{kind} ({fmt})"
@@ -130,11 +135,11 @@ class AsyncCase:
     mode: str
 
 
-def async_case(scenario: str, seed: int, gpu_timing: bool, steps: int = 20) -> AsyncCase:
+def async_case(scenario: str, seed: int, gpu_timing: bool, steps: int = 20, layouts=ASYNC_LAYOUTS) -> AsyncCase:
     import numpy as np
 
     rng = np.random.default_rng([seed, ASYNC_SCENARIOS.index(scenario)])  # another culprit per scenario
-    layouts = ASYNC_LAYOUTS if scenario != "slow link" else [x for x in ASYNC_LAYOUTS if x[2] > 1]
+    layouts = layouts if scenario != "slow link" else [x for x in layouts if x[2] > 1]
     world, tp, pp = layouts[seed % len(layouts)]
     rank = int(rng.integers(world))
     base = dict(world_size=world, tp=tp, pp=pp, ranks_per_node=RANKS_PER_NODE, device="async", gpu_timing=gpu_timing)
@@ -249,6 +254,7 @@ def async_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> N
 
 
 MEGATRACE_SCENARIOS = ["healthy", "straggler 5%", "straggler 10%", "straggler 20%", "hang"]
+MEGATRACE_LAYOUTS = [*ASYNC_LAYOUTS, (32, 4, 2), (32, 2, 4)]  # 12 seeds: each layout once
 MEGATRACE_EVIDENCE = (("megatrace", None), ("mt+nodes", RANKS_PER_NODE))  # clocks aligned; offsets per node
 
 
@@ -259,8 +265,9 @@ def megatrace_suite(seeds: int, only: list[str] | None = None, steps: int = 20, 
     keep = logs or Path(tempfile.mkdtemp(prefix="rankwatch-megatrace-bench-"))
 
     def score(scenario: str, seed: int, ranks_per_node: int | None):
-        case = async_case(scenario, seed, gpu_timing=False, steps=steps)  # Megatrace records no GPU times
-        directory = keep / f"{scenario.replace(' ', '-').rstrip('%')}-seed{seed}"
+        case = async_case(scenario, seed, False, steps, MEGATRACE_LAYOUTS)  # Megatrace records no GPU times
+        sim = case.simulation
+        directory = keep / f"{scenario.replace(' ', '-').rstrip('%')}-seed{seed}-{sim.world_size}x{sim.tp}x{sim.pp}"
         if not any(directory.glob("*.log")):
             with tempfile.TemporaryDirectory() as out:
                 run(case.simulation, Path(out), log=lambda _m: None)
