@@ -111,6 +111,8 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
 
     def stragglers_after(onset_ns: int) -> list[int]:
         later = detect_stragglers(trace, explained_by_links=explained, since_ns=max(onset_ns, recent_since(trace) or 0))
+        # call times alone name a rank only where run-ahead cannot explain its lateness (as for stragglers)
+        later = windowed_stragglers(trace, later, [])
         return sorted({rank for finding in later for rank in finding.ranks})
 
     return detect_fail_slow(trace, stragglers_after)

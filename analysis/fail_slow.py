@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
+from rankwatch.analysis.late_windows import NOT_LOCALISABLE_FROM_CALLS
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 MIN_STEPS = 12
@@ -96,6 +97,8 @@ def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | 
         return []
     ranks = sorted(culprits_after(int(starts[onset]))) if culprits_after else []
     who = f"; ranks behind it: {', '.join(trace.label(r) for r in ranks)}" if ranks else ""
+    if not ranks and culprits_after and not trace.has_returns:
+        who = f"; the ranks behind it are {NOT_LOCALISABLE_FROM_CALLS}"
     return [
         Finding(
             kind="fail_slow",

@@ -492,6 +492,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
             "compared by when they called"
         )
     p2p_unrecorded = {r.backend for r in records} == {"gloo"}  # gloo's recorder leaves send/recv out
+    trace.calls_block_on_host = p2p_unrecorded  # gloo: collectives on the CPU, no GPU running behind
     if p2p_unrecorded and (layout is None or layout.pp > 1):
         trace.unrecorded_partners = {d.rank: _pipeline_neighbours(layout, d.rank) if layout else set() for d in dumps}
     return trace

@@ -257,6 +257,8 @@ def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = 
     end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
     completion_known = trace.has_returns or trace.pending_known
     findings = _detect(trace, stall_seconds, end, completion_known)
+    if not completion_known:  # call times only (Megatrace): hosts ran ahead of their GPUs there too
+        findings = _pinned_on_their_ranks(trace, findings)
     if not findings and completion_known and not trace.pending_known and not (calls["gpu_start"] > 0).any():
         # Rings without GPU times: on an asynchronous GPU every call returns at once, so a hang leaves
         # no call in flight (the hosts block in a synchronisation instead). Who stopped calling is
@@ -327,6 +329,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     stuck: dict[tuple[int, int], np.ndarray] = {}  # collectives everyone entered and nobody left
     stuck_pairs: set[frozenset[int]] = set()  # sends/receives both sides started and neither left
     unstarted: set[int] = set()  # ranks whose send/receive never started on the GPU while the peer's did
+    guessed: set[int] = set()  # ranks whose wait is a send/receive with an unnamed peer (Megatrace)
     for row in stalled:
         rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
         comm = trace.comms.get(comm_id)
@@ -336,6 +339,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
                 behind = _behind_in(trace, comm, seq, progress_in) if comm else set()
                 if behind:
                     waits_for.setdefault(rank, set()).update(behind)
+                    guessed.add(rank)
                 else:
                     unknown_peer.add(rank)  # waits for someone the trace does not name
                 continue
@@ -367,6 +371,15 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     pair_culprits, undecided_pairs = _stuck_pair_culprits(waits_for, stuck_pairs)
     stopped |= pair_culprits | (unstarted - set(waits_for))
     roots = _roots_behind(waits_for, stopped)
+    if not roots and guessed and not completion_known:
+        # Waits that only go round: a send/receive's unnamed peer was guessed as a member whose count
+        # there is lower, but pipeline stages make different numbers of sends and receives. A rank that
+        # others wait for in a collective it never entered is known to have stopped; the guess is dropped.
+        awaited = {rank for missing in missing_in.values() for rank in missing}
+        for rank in guessed & awaited:
+            waits_for.pop(rank, None)
+        stopped = {rank for targets in waits_for.values() for rank in targets if rank not in waits_for}
+        roots = _roots_behind(waits_for, stopped)
     if not completion_known:
         _merge_stopped_together(trace, stalled, roots, members_of, stuck)
 

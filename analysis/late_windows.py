@@ -10,6 +10,26 @@ run with the most lateness (median times duration). A finding without one is dro
 with its numbers); a pipeline neighbour (same tp and dp, adjacent stage: it receives the late rank's
 activations or gradients) late in the same window by less is the lateness passed on; the rank left
 gets its window as evidence.
+
+What run-ahead cannot explain. On a GPU the host enqueues and goes on, blocking only where it
+synchronises, so the order in which hosts reach a call is mostly launch order and host habits, not who
+the GPUs wait for: a GPU-bound job shows persistent sub-millisecond lateness of some host (the first
+rank of a TP group), the last pipeline stage's host arrives last by tens of milliseconds (it alone
+blocks on the loss), and a GPU slowdown hides behind the hosts' run-ahead (the stand-in device shows
+all three). A host that is itself the bottleneck is different: its peers' GPUs wait for its launches,
+so it is behind them by as much as it holds the job back, step after step. Hence, from call times of
+NCCL (Megatrace logs), a rank is named only when
+- it is late behind peers of its own pipeline stage: a communicator spanning stages (by the layout,
+  else two members in one communicator that carries sends and receives) is not evidence;
+- its window's median lateness is at least ``HOST_LATE_MS`` (1 ms: beyond launch order, host jitter
+  and the run-ahead slack of the jobs where it would matter);
+- the window lasts ``HOST_LATE_SECONDS`` (10 s) or more: a host that fell behind for a burst (a
+  garbage collection, a checkpoint) is not a node to cordon.
+Otherwise the report says the slowdown is not localisable from call times and names nobody (a GPU
+slowdown is what GPU timing finds). Megatrace's published sample (rank 2 behind its TP partner by
+2.1 ms for 35 s) passes all three. Calls that block on the host until their collective is done (gloo
+on CPU: ``Trace.calls_block_on_host``) have no GPU running behind them: there the window alone
+decides, as before.
 """
 
 from __future__ import annotations
@@ -19,13 +39,18 @@ import warnings
 import numpy as np
 
 from rankwatch.analysis.findings import Finding
-from rankwatch.analysis.trace import Trace
+from rankwatch.analysis.trace import P2P_OPS, Trace
 
 WINDOW_S = 5.0
 LATE_FLOOR_MS = 0.02  # below this nobody would act on lateness (the straggler floor)
 LATE_SHARE = 0.03  # ... nor below 3% of the time between the rank's calls there (the straggler rule)
 MIN_BINS = 2
 MAX_MEMBERS = 2048  # lateness against peers is computed member by member
+HOST_LATE_MS = 1.0  # a host this far behind its stage's peers holds their GPUs back (see the module)
+HOST_LATE_SECONDS = 10.0  # ... for this long: not a burst
+NOT_LOCALISABLE_FROM_CALLS = (
+    "not localisable from call times; enable GPU timing (rankwatch rings, spec.tracing.gpuTiming)"
+)
 
 
 def _lateness(trace: Trace, rank: int, comm_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,17 +154,54 @@ def _overlap(x: dict[str, float], y: dict[str, float]) -> bool:
     return x["start_ns"] <= y["end_ns"] and y["start_ns"] <= x["end_ns"]
 
 
+def _pipeline_comms(trace: Trace) -> list[set[int]]:
+    """Members of each communicator that carries sends and receives: a pipeline, one rank per stage."""
+    calls = trace.calls
+    comm_ids = np.unique(calls["comm"][np.isin(calls["op"], P2P_OPS)]).tolist()
+    return [set(trace.comms[c].members.values()) for c in comm_ids if c in trace.comms]
+
+
+def spans_stages(trace: Trace, comm_id: int, pipelines: list[set[int]]) -> bool:
+    """The communicator's members lie in more than one pipeline stage (by the layout when known, else
+    two of them in one pipeline communicator)."""
+    comm = trace.comms.get(comm_id)
+    if comm is None:
+        return True
+    members = set(comm.members.values())
+    if trace.layout is not None:
+        return len({trace.layout.coords(rank)[2] for rank in members}) > 1
+    return any(len(members & pipeline) > 1 for pipeline in pipelines)
+
+
+def _not_localisable(trace: Trace, finding: Finding, why: str) -> str:
+    return (
+        f"{trace.label(finding.ranks[0])} arrives after its peers at {trace.comm_name(int(finding.communicator, 16))}"
+        f" ({why}): what hosts running ahead of their GPUs show; a slowdown is {NOT_LOCALISABLE_FROM_CALLS}"
+    )
+
+
+def host_bound(window: dict[str, float]) -> bool:
+    """A window of lateness that run-ahead cannot explain (see the module)."""
+    return window["median_late_ms"] >= HOST_LATE_MS and window["seconds"] >= HOST_LATE_SECONDS
+
+
 def windowed_stragglers(trace: Trace, findings: list[Finding], problems: list[str]) -> list[Finding]:
-    """The straggler findings of a call-times-only trace that a lateness window bears out (others kept)."""
+    """The straggler findings of a call-times-only trace that a lateness window bears out and run-ahead
+    cannot explain (others kept); those it can are dropped, and the problems say so."""
     if trace.has_returns:
         return findings
     structural = _structural_lateness(trace, findings)
     windows: dict[int, dict[str, float]] = {}
     kept: list[Finding] = []
     candidates = []
+    pipelines = _pipeline_comms(trace)
     for finding in findings:
         if finding.kind != "straggler" or not finding.communicator:
             kept.append(finding)
+            continue
+        if not trace.calls_block_on_host and spans_stages(trace, int(finding.communicator, 16), pipelines):
+            why = f"{finding.evidence.get('delay_ms', 0):.2f} ms, in a communicator spanning pipeline stages"
+            problems.append(_not_localisable(trace, finding, why))
             continue
         rank = finding.ranks[0]
         window = late_window(trace, rank, int(finding.communicator, 16), structural.get(rank, 0.0))
@@ -167,4 +229,15 @@ def windowed_stragglers(trace: Trace, findings: list[Finding], problems: list[st
             continue
         finding.evidence["late_window"] = windows[rank]
         accepted.append(finding)
-    return kept + accepted
+    bound = []
+    for finding in accepted:
+        window = finding.evidence["late_window"]
+        if trace.calls_block_on_host or host_bound(window):
+            bound.append(finding)
+        else:
+            why = (
+                f"{window['median_late_ms']:.2f} ms for {window['seconds']:.1f} s; "
+                f"a host holding its job back: {HOST_LATE_MS:g} ms or more for {HOST_LATE_SECONDS:g} s or more"
+            )
+            problems.append(_not_localisable(trace, finding, why))
+    return kept + bound

@@ -75,6 +75,9 @@ class Trace:
     comms: dict[int, Communicator]
     problems: list[str] = field(default_factory=list)
     has_returns: bool = True  # False for sources that log only call times (Megatrace)
+    # the calls return when their collective is done on the host (gloo on CPU): call times are the ranks'
+    # own pace, not launches onto a GPU that runs behind the host (late_windows.py)
+    calls_block_on_host: bool = False
     layout: Layout | None = None  # Megatron layout, when given
     ranks_per_node: int | None = None  # names nodes node-<rank // n> when sources do not
     # t_return 0 means "still inside" even without return times (flight-recorder dumps record completion)

@@ -149,3 +149,29 @@ def test_a_call_whose_gpu_end_was_lost_is_not_a_hang_when_its_peers_left_the_col
     assert calls["t_return"][mine].tolist() == [0]  # read as in flight: nothing on its GPU says otherwise
     document = analyze(trace)
     assert [f for f in document["findings"] if f["kind"] == "hang"] == [], document["findings"]
+
+
+def test_megatrace_logs_of_a_run_ahead_job_name_the_hang_and_no_straggler(tmp_path):
+    # Megatrace logs carry call times only. A host running ahead of its GPU reaches a call early or late
+    # for reasons of its own: launch order (rank 0 behind its TP partner by a fraction of a millisecond
+    # at every collective), the last pipeline stage's host blocking on the loss (behind the world by tens
+    # of ms). Neither is who the GPUs wait for: the hang is named, nobody else, and the report says why.
+    from rankwatch.analysis.megatrace import read_logs, write_logs
+
+    for name, layout, faults, expected in (
+        ("hang", dict(world_size=8, tp=2, pp=2, steps=50), Faults(hang_rank=5, hang_at=30), [("hang", [5])]),
+        # a pipeline of 8: the culprit's last call is a send, whose peer the format does not name
+        ("pipeline", dict(world_size=8, tp=1, pp=8, steps=30), Faults(hang_rank=6, hang_at=141), [("hang", [6])]),
+        ("healthy", dict(world_size=8, tp=2, pp=4, steps=20), Faults(), []),
+    ):
+        simulation = Simulation(**layout, compute_us=1000, ranks_per_node=4, device="async", gpu_timing=True,
+                                faults=faults)  # fmt: skip
+        run(simulation, tmp_path / name / "rings")
+        write_logs(load_path(tmp_path / name / "rings"), tmp_path / name / "megatrace")
+        for ranks_per_node in (None, 4):  # host clocks taken as aligned, and offsets removed per node
+            trace = read_logs(tmp_path / name / "megatrace")
+            trace.ranks_per_node = ranks_per_node
+            document = analyze(trace)
+            assert [(f["kind"], f["ranks"]) for f in document["findings"]] == expected, document["findings"]
+    # the healthy run's last-stage host, behind the world by tens of ms: set aside, and said why
+    assert any("not localisable from call times" in p for p in document["problems"]), document["problems"]

@@ -75,6 +75,14 @@ def test_the_culprit_is_named(runs, tmp_path, name, kind):
     if "slow_link" in truth.kinds and kind == "megatrace":
         assert any("slow links need return times" in p for p in document["problems"])
         return
+    if kind == "megatrace" and not {"hang"} & set(truth.kinds):
+        # call times only: these slowdowns are tenths of a millisecond over a fraction of a second, what
+        # hosts running ahead of their GPUs show; nobody else is named and the report says why
+        assert all(set(f["ranks"]) <= set(truth.ranks) for f in findings), findings
+        assert any("not localisable from call times" in p for p in document["problems"]) or any(
+            "not localisable from call times" in f["summary"] for f in findings
+        ), document["problems"]
+        return
     top = findings[0]
     if "hang" in truth.kinds and run.scenario.stuck_rank is not None and kind == "megatrace":
         # call times alone show the collective nobody left, not which member is stuck in it
