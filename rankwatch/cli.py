@@ -256,11 +256,11 @@ def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) 
     parser.add_argument(
         "--host-us-per-step",
         type=int,
-        help="CPU microseconds the host spends each step (optimizer bookkeeping, the next batch); default 1000 "
+        help="CPU microseconds the host spends each step (optimizer bookkeeping, the next batch); default 500 "
         "on the async device, 0 on sync",
     )
     parser.add_argument(
-        "--kernel-us", type=int, help="GPU time of one launched kernel a compute chunk stands for (default 200)"
+        "--kernel-us", type=int, help="GPU time of one launched kernel a compute chunk stands for (default 500)"
     )
 
 

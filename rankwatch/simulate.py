@@ -50,7 +50,7 @@ class HostCost:
     per launched op (Python, dispatcher, launch), a compute chunk standing for one kernel per ``kernel_us``
     of GPU time, and per step (optimizer bookkeeping, the next batch). Real CPU work, so a host starved of
     CPU launches late and its GPU idles. None keeps the driver's default: on the asynchronous device 20 us
-    a launch, 200 us kernels, 1,000 us a step; on the synchronous one none."""
+    a launch, 500 us kernels, 500 us a step (the host busy ~5% of its GPU's time); on the synchronous one none."""
 
     launch_us: int | None = None
     step_us: int | None = None

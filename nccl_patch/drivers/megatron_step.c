@@ -24,12 +24,15 @@
  * batch), so a host starved of CPU by busy neighbours launches late and its GPU idles. The driver spends
  * that time as real CPU work (a loop on its thread's CPU clock, not a sleep, so a shared CPU stretches it):
  *   --host-us-per-launch L  CPU microseconds before each NCCL call and each kernel launch; a compute chunk
- *                           of U us stands for ceil(U / --kernel-us) kernels, each launched for L us
+ *                           of U us stands for ceil(U / --kernel-us) kernels, each launched for L us (the
+ *                           chunk goes to the GPU after the first, the others' cost is spent while it runs)
  *   --kernel-us K           the GPU time of one real kernel a chunk stands for
  *   --host-us-per-step S    CPU microseconds at the start of each step, after the last synchronisation
- * Defaults on the asynchronous device: L 20, K 200, S 1000 (the host busy about 15% of the GPU's time:
- * it keeps ahead of its GPU on a whole CPU, not on a quarter of one); on the synchronous device 0 (the
- * comparison model keeps its host doing nothing but calling).
+ * Defaults on the asynchronous device: L 20, K 500, S 500: the host busy about 5% of its GPU's time, so it
+ * keeps ahead of its GPU on a whole CPU, not on a twelfth of one. (L 20, K 200, S 1000, about 15%, put 8
+ * or 16 ranks' hosts on this project's two shared cores past what they can give: the scheduler starved
+ * ranks unevenly and 3 of 5 healthy runs had a straggler.) On the synchronous device the defaults are 0:
+ * the comparison model keeps its host doing nothing but calling.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -86,7 +89,7 @@ typedef struct {
 static CUstream compute_stream;
 static CUevent compute_ready;
 
-enum { DEFAULT_HOST_US_PER_LAUNCH = 20, DEFAULT_KERNEL_US = 200, DEFAULT_HOST_US_PER_STEP = 1000 };
+enum { DEFAULT_HOST_US_PER_LAUNCH = 20, DEFAULT_KERNEL_US = 500, DEFAULT_HOST_US_PER_STEP = 500 };
 static int64_t host_us_per_launch, kernel_us = DEFAULT_KERNEL_US, host_us_per_step;
 
 /* `us` microseconds of this thread's CPU time: work a starved CPU stretches, as it does a real host's. */
@@ -102,11 +105,15 @@ static void host_work(int64_t us) {
   } while ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec < end);
 }
 
-/* A compute kernel (a slow device stretches it: RANKWATCH_STANDIN_SLOWDOWN), after the host cost of
- * launching the real kernels it stands for. */
+/* A compute kernel (a slow device stretches it: RANKWATCH_STANDIN_SLOWDOWN) standing for the chunk's real
+ * kernels: the host spends the first one's launch cost, launches the chunk (the GPU starts at once, as on
+ * the first real kernel), then the launch cost of the others while the GPU runs. A host that keeps ahead
+ * never delays its GPU; one that cannot (starved) launches the next operation late and the GPU idles. */
 static void compute(int64_t us) {
-  host_work(host_us_per_launch * ((us + kernel_us - 1) / kernel_us));
+  int64_t kernels = (us + kernel_us - 1) / kernel_us;
+  host_work(host_us_per_launch);
   CHECK_CUDA(rwStandinLaunchKernel(compute_stream, us * 1000));
+  host_work(host_us_per_launch * (kernels - 1));
 }
 
 /* ProcessGroupNCCL before a collective: its stream waits for the compute issued so far. */

@@ -55,7 +55,7 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     # workers, another tenant's processes on the same core. On the asynchronous device (the default) with GPU
     # timing on (the CRD's default). The driver's host spends real CPU time per launch and per step, as a
     # PyTorch host does (`simulate-pod --host-us-per-launch`, `--host-us-per-step`; defaults 20 us a launch
-    # of a 200 us kernel, 1 ms a step): on a whole CPU it keeps ahead of its GPU; on a twelfth of one it
+    # of a 500 us kernel, 0.5 ms a step): on a whole CPU it keeps ahead of its GPU; on a twelfth of one it
     # cannot, its GPU idles, its collectives start last and its TP peers wait for it (p50 3 ms vs its
     # 0.35 ms in a run by hand, the step 53 ms against 30 ms healthy). With three neighbours (2026-11-26)
     # it was named as quickly, but its host sleeps in its synchronisations much of the time, so its run-queue
