@@ -56,10 +56,13 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     # timing on (the CRD's default). The driver's host spends real CPU time per launch and per step, as a
     # PyTorch host does (`simulate-pod --host-us-per-launch`, `--host-us-per-step`; defaults 20 us a launch
     # of a 500 us kernel, 0.5 ms a step): on a whole CPU it keeps ahead of its GPU; on a twelfth of one it
-    # cannot, its GPU idles, its collectives start last and its TP peers wait for it (p50 3 ms vs its
-    # 0.35 ms in a run by hand, the step 53 ms against 30 ms healthy). With three neighbours (2026-11-26)
-    # it was named as quickly, but its host sleeps in its synchronisations much of the time, so its run-queue
-    # delay was only 1.6x its peers' (136 vs 85 ms/s; the rule wants 3x) and the cause came out `compute`.
+    # cannot, its GPU idles, its collectives start last and its TP peers wait for it (2026-11-26: named
+    # 6 s after Running, its peers waiting 1.3-1.7 ms per collective against its 0.34-0.36 ms; step 44 ms
+    # against 29 ms healthy in runs by hand). With three neighbours (and a heavier host cost, 20 us per
+    # 200 us kernel, 1 ms a step) it was named as quickly, but its host slept in its synchronisations much
+    # of the time: its run-queue delay was 1.6x its peers' (136 vs 85 ms/s; the rule wants 3x) and the
+    # cause came out `compute`. This test has no GPU-timing-off variant: with host call times only, a
+    # starved rank's host waits are ~0 like everyone's (the call returns at once) and cannot single it out.
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_CPU_NEIGHBOURS": "11"}
     create_job(api, namespace, standin_job("starved", faults))
     started = wait_running(api, namespace, "starved", eventually)
