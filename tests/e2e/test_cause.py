@@ -61,8 +61,10 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     # against 29 ms healthy in runs by hand). With three neighbours (and a heavier host cost, 20 us per
     # 200 us kernel, 1 ms a step) it was named as quickly, but its host slept in its synchronisations much
     # of the time: its run-queue delay was 1.6x its peers' (136 vs 85 ms/s; the rule wants 3x) and the
-    # cause came out `compute`. This test has no GPU-timing-off variant: with host call times only, a
-    # starved rank's host waits are ~0 like everyone's (the call returns at once) and cannot single it out.
+    # cause came out `compute`. This test has no GPU-timing-off variant; there the expected answer is
+    # "not localisable": in a run by hand (11 neighbours, RANKWATCH_GPU_TIMING=0) every rank's host wait in
+    # its TP collectives was p50 0-1 us (the call returns at once) and `rankwatch analyze` said "a slowdown
+    # is not localisable from call times; enable GPU timing" and named nobody.
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_CPU_NEIGHBOURS": "11"}
     create_job(api, namespace, standin_job("starved", faults))
     started = wait_running(api, namespace, "starved", eventually)
