@@ -353,6 +353,12 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     memory (``RANKWATCH_STANDIN_SESSION``): every pod of a job must run on this machine with the same two
     values (the e2e pod runner sets them per job). SIGTERM stops the ranks."""
     environ = dict(os.environ if environ is None else environ)
+    pod.host_cost.validate()
+    if pod.python and pod.host_cost.driver_args():
+        raise SimulationError(
+            "--host-us-per-launch, --host-us-per-step and --kernel-us are the C driver's; a --python rank's "
+            "host cost is its Python"
+        )
     if pod.device is not None:
         _check_device(pod.device)
         environ[DEVICE_VARIABLE] = pod.device
@@ -362,7 +368,6 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     default_dir = f"/tmp/rankwatch-standin/{environ.get('MASTER_ADDR', 'local')}-{environ.get('MASTER_PORT', '0')}"
     rendezvous = Path(environ.get(RENDEZVOUS) or default_dir)
     rendezvous.mkdir(parents=True, exist_ok=True)
-    pod.host_cost.validate()
     driver = native_artifacts().megatron_driver
     argv = [
         str(driver), "--rendezvous", str(rendezvous), "--tp", str(pod.tp), "--pp", str(pod.pp),

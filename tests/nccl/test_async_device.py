@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.ring import Flag, Op, State, read_ring
-from rankwatch.simulate import Faults, HostCost, Simulation, SimulationError, run
+from rankwatch.simulate import Faults, HostCost, PodRun, Simulation, SimulationError, run, run_pod
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
@@ -166,6 +166,8 @@ def test_the_host_spends_cpu_time_each_step_while_its_gpu_waits_for_the_next_lau
 def test_bad_host_cost_is_refused_clearly(tmp_path):
     with pytest.raises(SimulationError, match="--host-us-per-step -1: must be at least 0"):
         run(Simulation(world_size=1, device="async", host_cost=HostCost(step_us=-1)), tmp_path)
+    with pytest.raises(SimulationError, match="a --python rank's host cost is its Python"):
+        run_pod(PodRun(python=True, host_cost=HostCost(launch_us=20)), {"NPROC_PER_NODE": "1"})
 
 
 def test_batch_p2p_sync_makes_the_host_wait_after_each_pipeline_exchange(tmp_path):
