@@ -6,6 +6,10 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rankwatch.simulate import HostCost
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -90,6 +94,7 @@ def _simulate(args: argparse.Namespace) -> int:
         gpu_timing=args.gpu_timing,
         device=args.device,
         p2p_sync=args.p2p_sync,
+        host_cost=_host_cost(args),
         timeout=args.timeout,
         faults=Faults(
             slow_rank=args.slow_rank,
@@ -121,7 +126,15 @@ def _simulate_pod(args: argparse.Namespace) -> int:
 
     try:
         pod = PodRun(
-            args.tp, args.pp, args.steps, args.microbatches, args.compute_us, args.python, args.device, args.p2p_sync
+            args.tp,
+            args.pp,
+            args.steps,
+            args.microbatches,
+            args.compute_us,
+            args.python,
+            args.device,
+            args.p2p_sync,
+            _host_cost(args),
         )
         return run_pod(pod)
     except (SimulationError, NativeBuildError) as error:
@@ -234,6 +247,28 @@ def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) 
     parser.add_argument(
         "--p2p-sync", action="store_true", help="synchronise the host after each pipeline exchange (batch_p2p_sync)"
     )
+    parser.add_argument(
+        "--host-us-per-launch",
+        type=int,
+        help="CPU microseconds the host spends on each launched op (Python, dispatcher, launch); default 20 on "
+        "the async device, 0 on sync",
+    )
+    parser.add_argument(
+        "--host-us-per-step",
+        type=int,
+        help="CPU microseconds the host spends each step (optimizer bookkeeping, the next batch); default 500 "
+        "on the async device, 0 on sync",
+    )
+    parser.add_argument(
+        "--kernel-us", type=int, help="GPU time of one launched kernel a compute chunk stands for (default 500)"
+    )
+
+
+def _host_cost(args: argparse.Namespace) -> HostCost:
+    """The driver's host cost from --host-us-per-launch, --host-us-per-step and --kernel-us (None: its default)."""
+    from rankwatch.simulate import HostCost
+
+    return HostCost(launch_us=args.host_us_per_launch, step_us=args.host_us_per_step, kernel_us=args.kernel_us)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,34 @@ def _check_device(device: str) -> None:
         raise SimulationError(f"--device {device!r}: choose one of {', '.join(DEVICE_MODELS)}")
 
 
+@dataclass(frozen=True)
+class HostCost:
+    """The CPU time the driver's host spends, as a real PyTorch host does (nccl_patch/drivers/megatron_step.c):
+    per launched op (Python, dispatcher, launch), a compute chunk standing for one kernel per ``kernel_us``
+    of GPU time, and per step (optimizer bookkeeping, the next batch). Real CPU work, so a host starved of
+    CPU launches late and its GPU idles. None keeps the driver's default: on the asynchronous device 20 us
+    a launch, 500 us kernels, 500 us a step (the host busy ~5% of its GPU's time); on the synchronous one none."""
+
+    launch_us: int | None = None
+    step_us: int | None = None
+    kernel_us: int | None = None
+
+    def validate(self) -> None:
+        for flag, value, least in (
+            ("--host-us-per-launch", self.launch_us, 0),
+            ("--host-us-per-step", self.step_us, 0),
+            ("--kernel-us", self.kernel_us, 1),
+        ):
+            if value is not None and value < least:
+                raise SimulationError(f"{flag} {value}: must be at least {least}")
+
+    def driver_args(self) -> list[str]:
+        """The driver's flags for the values that are set."""
+        flags = (("--host-us-per-launch", self.launch_us), ("--host-us-per-step", self.step_us),
+                 ("--kernel-us", self.kernel_us))  # fmt: skip
+        return [part for flag, value in flags if value is not None for part in (flag, str(value))]
+
+
 @dataclass
 class Faults:
     slow_rank: int | None = None
@@ -101,12 +129,14 @@ class Simulation:
     gpu_timing: bool = True
     device: str = DEFAULT_DEVICE
     p2p_sync: bool = False  # Megatron's batch_p2p_sync: the host synchronises after each pipeline exchange
+    host_cost: HostCost = field(default_factory=HostCost)
     faults: Faults = field(default_factory=Faults)
     timeout: float = 300.0
     settle: float = 2.0
 
     def validate(self) -> None:
         _check_device(self.device)
+        self.host_cost.validate()
         if self.world_size < 1:
             raise SimulationError(f"--world-size must be at least 1, got {self.world_size}")
         if self.tp < 1 or self.pp < 1 or self.world_size % (self.tp * self.pp):
@@ -194,7 +224,7 @@ def run(simulation: Simulation, out: Path, log=print) -> list[RankOutcome]:
             str(artifacts.megatron_driver), "--rendezvous", str(rendezvous),
             "--tp", str(simulation.tp), "--pp", str(simulation.pp), "--steps", str(simulation.steps),
             "--microbatches", str(simulation.microbatches), "--compute-us", str(simulation.compute_us),
-        ] + (["--p2p-sync"] if simulation.p2p_sync else [])  # fmt: skip
+        ] + (["--p2p-sync"] if simulation.p2p_sync else []) + simulation.host_cost.driver_args()  # fmt: skip
         with open(out / f"rank-{rank}.log", "wb") as rank_log:
             processes.append((rank, subprocess.Popen(argv, env=env, stdout=rank_log, stderr=subprocess.STDOUT)))
 
@@ -288,6 +318,7 @@ class PodRun:
     python: bool = False  # ranks are Python processes (``rankwatch.python_rank``), not the C driver
     device: str | None = None  # None: RANKWATCH_STANDIN_DEVICE from the pod's environment (else async)
     p2p_sync: bool = False
+    host_cost: HostCost = field(default_factory=HostCost)  # the C driver's; a Python rank's host cost is Python's
 
 
 def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
@@ -322,6 +353,12 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     memory (``RANKWATCH_STANDIN_SESSION``): every pod of a job must run on this machine with the same two
     values (the e2e pod runner sets them per job). SIGTERM stops the ranks."""
     environ = dict(os.environ if environ is None else environ)
+    pod.host_cost.validate()
+    if pod.python and pod.host_cost.driver_args():
+        raise SimulationError(
+            "--host-us-per-launch, --host-us-per-step and --kernel-us are the C driver's; a --python rank's "
+            "host cost is its Python"
+        )
     if pod.device is not None:
         _check_device(pod.device)
         environ[DEVICE_VARIABLE] = pod.device
@@ -335,7 +372,7 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     argv = [
         str(driver), "--rendezvous", str(rendezvous), "--tp", str(pod.tp), "--pp", str(pod.pp),
         "--steps", str(pod.steps), "--microbatches", str(pod.microbatches), "--compute-us", str(pod.compute_us),
-    ] + (["--p2p-sync"] if pod.p2p_sync else [])  # fmt: skip
+    ] + (["--p2p-sync"] if pod.p2p_sync else []) + pod.host_cost.driver_args()  # fmt: skip
     if pod.python:
         environ[RENDEZVOUS] = str(rendezvous)
         argv = [sys.executable, "-m", "rankwatch.python_rank", "--steps", str(pod.steps),

@@ -18,15 +18,32 @@
  * ahead of its GPU between those points; on a synchronous one every call returns when done.
  * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops the host before its N-th NCCL call; the other faults act
  * in the stand-in device and NCCL (faults.h).
+ *
+ * Host cost: a real host spends CPU time on every op it launches (Python, the dispatcher, the launch:
+ * tens of microseconds an op, more under Megatron) and on every step (optimizer bookkeeping, the next
+ * batch), so a host starved of CPU by busy neighbours launches late and its GPU idles. The driver spends
+ * that time as real CPU work (a loop on its thread's CPU clock, not a sleep, so a shared CPU stretches it):
+ *   --host-us-per-launch L  CPU microseconds before each NCCL call and each kernel launch; a compute chunk
+ *                           of U us stands for ceil(U / --kernel-us) kernels, each launched for L us (the
+ *                           chunk goes to the GPU after the first, the others' cost is spent while it runs)
+ *   --kernel-us K           the GPU time of one real kernel a chunk stands for
+ *   --host-us-per-step S    CPU microseconds at the start of each step, after the last synchronisation
+ * Defaults on the asynchronous device: L 20, K 500, S 500: the host busy about 5% of its GPU's time, so it
+ * keeps ahead of its GPU on a whole CPU, not on a twelfth of one. (L 20, K 200, S 1000, about 15%, put 8
+ * or 16 ranks' hosts on this project's two shared cores past what they can give: the scheduler starved
+ * ranks unevenly and 3 of 5 healthy runs had a straggler.) On the synchronous device the defaults are 0:
+ * the comparison model keeps its host doing nothing but calling.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../include/nccl_abi.h"
@@ -72,8 +89,32 @@ typedef struct {
 static CUstream compute_stream;
 static CUevent compute_ready;
 
-/* A compute kernel (a slow device stretches it: RANKWATCH_STANDIN_SLOWDOWN). */
-static void compute(int64_t us) { CHECK_CUDA(rwStandinLaunchKernel(compute_stream, us * 1000)); }
+enum { DEFAULT_HOST_US_PER_LAUNCH = 20, DEFAULT_KERNEL_US = 500, DEFAULT_HOST_US_PER_STEP = 500 };
+static int64_t host_us_per_launch, kernel_us = DEFAULT_KERNEL_US, host_us_per_step;
+
+/* `us` microseconds of this thread's CPU time: work a starved CPU stretches, as it does a real host's. */
+static void host_work(int64_t us) {
+  if (us <= 0) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  int64_t end = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + us * 1000;
+  volatile uint64_t sink = 0;
+  do {
+    for (int i = 0; i < 4096; i++) sink += (uint64_t)i * 2654435761u; /* ~2 us between clock reads (system calls) */
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  } while ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec < end);
+}
+
+/* A compute kernel (a slow device stretches it: RANKWATCH_STANDIN_SLOWDOWN) standing for the chunk's real
+ * kernels: the host spends the first one's launch cost, launches the chunk (the GPU starts at once, as on
+ * the first real kernel), then the launch cost of the others while the GPU runs. A host that keeps ahead
+ * never delays its GPU; one that cannot (starved) launches the next operation late and the GPU idles. */
+static void compute(int64_t us) {
+  int64_t kernels = (us + kernel_us - 1) / kernel_us;
+  host_work(host_us_per_launch);
+  CHECK_CUDA(rwStandinLaunchKernel(compute_stream, us * 1000));
+  host_work(host_us_per_launch * (kernels - 1));
+}
 
 /* ProcessGroupNCCL before a collective: its stream waits for the compute issued so far. */
 static void nccl_stream_waits_for_compute(process_group* group) {
@@ -140,6 +181,7 @@ static const char* arg_str(int argc, char** argv, const char* name) {
 static int p2p_sync; /* --p2p-sync: Megatron's batch_p2p_sync */
 
 static void p2p(int send, float* buffer, size_t count, int peer, process_group* pp) {
+  host_work(host_us_per_launch);
   nccl_stream_waits_for_compute(pp);
   before_call();
   CHECK(ncclGroupStart()); /* PyTorch wraps every point-to-point call in a group */
@@ -151,6 +193,7 @@ static void p2p(int send, float* buffer, size_t count, int peer, process_group* 
 }
 
 static void allreduce(void* buffer, size_t count, ncclDataType_t type, ncclRedOp_t op, process_group* group) {
+  host_work(host_us_per_launch);
   nccl_stream_waits_for_compute(group);
   before_call();
   CHECK(ncclAllReduce(buffer, buffer, count, type, op, group->comm, group->stream));
@@ -175,12 +218,20 @@ int main(int argc, char** argv) {
   int steps = arg_int(argc, argv, "--steps", 10), microbatches = arg_int(argc, argv, "--microbatches", 2);
   int compute_us = arg_int(argc, argv, "--compute-us", 2000);
   for (int i = 1; i < argc; i++) p2p_sync |= strcmp(argv[i], "--p2p-sync") == 0;
+  int async = rwStandinDeviceIsAsync();
+  host_us_per_launch = arg_int(argc, argv, "--host-us-per-launch", async ? DEFAULT_HOST_US_PER_LAUNCH : 0);
+  host_us_per_step = arg_int(argc, argv, "--host-us-per-step", async ? DEFAULT_HOST_US_PER_STEP : 0);
+  kernel_us = arg_int(argc, argv, "--kernel-us", DEFAULT_KERNEL_US);
   if (!rank_env || !world_env || !dir) {
     fprintf(stderr, "usage: RANK=r WORLD_SIZE=w %s --rendezvous DIR [--tp T --pp P --steps S ...]\n", argv[0]);
     return 2;
   }
   rank = atoi(rank_env);
   int world = atoi(world_env);
+  if (host_us_per_launch < 0 || host_us_per_step < 0 || kernel_us < 1) {
+    fprintf(stderr, "rank %d: --host-us-per-launch and --host-us-per-step must be >= 0, --kernel-us >= 1\n", rank);
+    return 2;
+  }
   if (tp_size < 1 || pp_size < 1 || world % (tp_size * pp_size) != 0 || rank < 0 || rank >= world) {
     fprintf(stderr, "rank %d: tp %d x pp %d must divide world size %d\n", rank, tp_size, pp_size, world);
     return 2;
@@ -210,6 +261,7 @@ int main(int argc, char** argv) {
   float* bucket = calloc(BUCKET, sizeof(float));
   float grad_norm = 1.0f;
   for (int step = 0; step < steps; step++) {
+    host_work(host_us_per_step); /* the next batch, the optimizer's bookkeeping: the GPU idles meanwhile */
     /* the device is idle here (the last step ended in a synchronisation): the host may write */
     for (size_t i = 0; i < ACTIVATIONS; i++) checked[i] = (float)(tp_rank + 1), activations[i] = 1.0f;
     for (int m = 0; m < microbatches; m++) {

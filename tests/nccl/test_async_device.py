@@ -8,6 +8,7 @@ blocks only when it synchronises or its launch queue is full; CUDA events time t
 from __future__ import annotations
 
 import json
+import resource
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from rankwatch.analysis.analyze import analyze_trace
 from rankwatch.analysis.ring import Flag, Op, State, read_ring
 from rankwatch.analysis.trace import load_path
-from rankwatch.simulate import Faults, Simulation, SimulationError, run
+from rankwatch.simulate import Faults, HostCost, PodRun, Simulation, SimulationError, run, run_pod
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
@@ -165,6 +166,32 @@ def test_a_rank_that_ends_right_after_its_last_synchronisation_keeps_its_last_ca
     # judged as a saved ring is, later: a call still in flight then would be a hang
     report = analyze_trace(load_path(tmp_path), now_ns=time.time_ns() + 60_000_000_000)
     assert report.findings == [], [finding.summary for finding in report.findings]
+
+
+def test_the_host_spends_cpu_time_each_step_while_its_gpu_waits_for_the_next_launch(tmp_path):
+    """The driver's per-step host cost is CPU work (so a starved CPU stretches it), spent after the step's
+    last synchronisation: the GPU idles until the host launches the next step."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    host_cost = HostCost(launch_us=0, step_us=30_000)
+    run(Simulation(world_size=2, steps=5, compute_us=500, gpu_timing=True, device="async", host_cost=host_cost),
+        tmp_path)  # fmt: skip
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert cpu_s >= 0.9 * 2 * 5 * 0.030, f"2 ranks x 5 steps x 30 ms of CPU, got {cpu_s:.3f} s"
+    _, calls = load(tmp_path)
+    for rank, records in calls.items():
+        grad_norms = np.flatnonzero((records["op"] == Op.ALLREDUCE) & (records["count"] == 1))
+        for index in grad_norms[:-1]:
+            if records[index]["state"] == State.GPU_DONE:
+                idle_ms = (records[index + 1]["t_call_ns"] - records[index]["gpu_end_ns"]) / 1e6
+                assert idle_ms >= 29, f"rank {rank}: the next step launched {idle_ms:.1f} ms after the grad norm"
+
+
+def test_bad_host_cost_is_refused_clearly(tmp_path):
+    with pytest.raises(SimulationError, match="--host-us-per-step -1: must be at least 0"):
+        run(Simulation(world_size=1, device="async", host_cost=HostCost(step_us=-1)), tmp_path)
+    with pytest.raises(SimulationError, match="a --python rank's host cost is its Python"):
+        run_pod(PodRun(python=True, host_cost=HostCost(launch_us=20)), {"NPROC_PER_NODE": "1"})
 
 
 def test_batch_p2p_sync_makes_the_host_wait_after_each_pipeline_exchange(tmp_path):
