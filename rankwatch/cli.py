@@ -250,14 +250,12 @@ def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) 
     parser.add_argument(
         "--host-us-per-launch",
         type=int,
-        help="CPU microseconds the host spends on each launched op (Python, dispatcher, launch); default 20 on "
-        "the async device, 0 on sync",
+        help="CPU microseconds the host spends on each launched op (Python, dispatcher, launch; default 0)",
     )
     parser.add_argument(
         "--host-us-per-step",
         type=int,
-        help="CPU microseconds the host spends each step (optimizer bookkeeping, the next batch); default 500 "
-        "on the async device, 0 on sync",
+        help="CPU microseconds the host spends each step (optimizer bookkeeping, the next batch; default 0)",
     )
     parser.add_argument(
         "--kernel-us", type=int, help="GPU time of one launched kernel a compute chunk stands for (default 500)"

@@ -49,8 +49,8 @@ class HostCost:
     """The CPU time the driver's host spends, as a real PyTorch host does (nccl_patch/drivers/megatron_step.c):
     per launched op (Python, dispatcher, launch), a compute chunk standing for one kernel per ``kernel_us``
     of GPU time, and per step (optimizer bookkeeping, the next batch). Real CPU work, so a host starved of
-    CPU launches late and its GPU idles. None keeps the driver's default: on the asynchronous device 20 us
-    a launch, 500 us kernels, 500 us a step (the host busy ~5% of its GPU's time); on the synchronous one none."""
+    CPU launches late and its GPU idles. None keeps the driver's default: no host cost, 500 us kernels
+    (launch_us=20, step_us=500 keeps the host busy ~5% of its GPU's time: the starved-host e2e's)."""
 
     launch_us: int | None = None
     step_us: int | None = None

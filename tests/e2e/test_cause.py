@@ -54,9 +54,10 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     # eleven busy processes share rank 5's CPU (pinned with it, same priority): a dataloader with too many
     # workers, another tenant's processes on the same core. On the asynchronous device (the default) with GPU
     # timing on (the CRD's default). The driver's host spends real CPU time per launch and per step, as a
-    # PyTorch host does (`simulate-pod --host-us-per-launch`, `--host-us-per-step`; defaults 20 us a launch
-    # of a 500 us kernel, 0.5 ms a step): on a whole CPU it keeps ahead of its GPU; on a twelfth of one it
-    # cannot, its GPU idles, its collectives start last and its TP peers wait for it (2026-11-26: named
+    # PyTorch host does (`simulate-pod --host-us-per-launch 20 --host-us-per-step 500`: 20 us a launch of a
+    # 500 us kernel, 0.5 ms a step; the driver's default is none): on a whole CPU it keeps ahead of its
+    # GPU; on a twelfth of one it cannot, its GPU idles, its collectives start last and its TP peers wait
+    # for it (2026-11-26: named
     # 6 s after Running, its peers waiting 1.3-1.7 ms per collective against its 0.34-0.36 ms; step 44 ms
     # against 29 ms healthy in runs by hand). With three neighbours (and a heavier host cost, 20 us per
     # 200 us kernel, 1 ms a step) it was named as quickly, but its host slept in its synchronisations much
@@ -66,7 +67,8 @@ def test_a_rank_starved_of_cpu_by_busy_neighbours_has_cause_host(api, kubectl, n
     # its TP collectives was p50 0-1 us (the call returns at once) and `rankwatch analyze` said "a slowdown
     # is not localisable from call times; enable GPU timing" and named nobody.
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_CPU_NEIGHBOURS": "11"}
-    create_job(api, namespace, standin_job("starved", faults))
+    host_cost = ("--host-us-per-launch", "20", "--host-us-per-step", "500")
+    create_job(api, namespace, standin_job("starved", faults, driver_args=host_cost))
     started = wait_running(api, namespace, "starved", eventually)
     diagnosis, warning = diagnosis_with_cause(api, kubectl, namespace, "starved", eventually)
     latency = time.monotonic() - started

@@ -35,17 +35,19 @@ def standin_job(
     remediation: dict | None = None,
     device: str | None = None,
     pipeline: int = 1,
+    driver_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2 (or, with ``pipeline=2``, PP 2: pod 0 the first
     stage, pod 1 the second), on the ``STANDIN_DEVICE``; faults on the rank RANKWATCH_STANDIN_FAULT_RANK names
-    (``device`` overrides the device for one job). GPU timing as the CRD defaults it (on) unless ``gpu_timing`` says.
-    Nodes are not cordoned unless ``remediation`` says so (the tests share four nodes)."""
+    (``device`` overrides the device for one job; ``driver_args``: more `simulate-pod` flags). GPU timing as
+    the CRD defaults it (on) unless ``gpu_timing`` says. Nodes are not cordoned unless ``remediation`` says so
+    (the tests share four nodes)."""
     env = [{"name": "RANKWATCH_STANDIN_DEVICE", "value": device or STANDIN_DEVICE}]
     env += [{"name": key, "value": value} for key, value in (faults or {}).items()]
     tracing: dict[str, Any] = {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW}
     if gpu_timing is not None:
         tracing["gpuTiming"] = gpu_timing
-    command = ["rankwatch", "simulate-pod", "--tp", "4", "--pp", str(pipeline), "--steps", "1000000"]
+    command = ["rankwatch", "simulate-pod", "--tp", "4", "--pp", str(pipeline), "--steps", "1000000", *driver_args]
     return {
         "apiVersion": "rankwatch.io/v1alpha1",
         "kind": "TrainingJob",
