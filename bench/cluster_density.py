@@ -29,10 +29,8 @@ import contextlib
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +42,8 @@ from operator_scale import tree_cpu_seconds, tree_rss_mib
 from rankwatch.cluster import binaries, kubeconfig, pki
 from rankwatch.cluster.local import LocalCluster
 from rankwatch.cluster.nodes import GPUS_PER_NODE
+from rankwatch.cluster.operator_process import start_operator
+from rankwatch.cluster.ports import free_port
 from rankwatch.operator import api as rankwatch_api
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,23 +128,6 @@ def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float
     return operator_requests(client), tree_cpu_seconds(pid)[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_operator(config: Path, namespace: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "KUBECONFIG": str(config), "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{free_port()}"}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-
 def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
     return {
         "apiVersion": f"{rankwatch_api.GROUP}/{rankwatch_api.VERSION}",
@@ -222,7 +205,7 @@ def run_step(
         raise SystemExit(f"{pods} pods do not split evenly over {jobs} jobs")
     replicas, gpus_per_pod = pods // jobs, GPUS_PER_NODE // args.pods_per_node
 
-    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log")
+    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log", free_port())
     try:
         time.sleep(args.warmup)  # its watches listed and established; their cost is in the idle figures too
         if operator.poll() is not None:
