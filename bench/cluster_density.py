@@ -12,7 +12,9 @@ server's /metrics (``apiserver_request_total`` carries no user label). Its prior
 Each step (``NODES:JOBS``) grows the node pool (``LocalCluster.up``), starts a fresh operator on a
 fresh namespace, creates every job at once (``--pods-per-node`` pods per node in all: each pod asks
 for ``8 / pods-per-node`` GPUs and runs ``--ranks-per-pod`` nominal ranks), waits until every job's
-status phase is Running, then watches the operator idle for ``--settle`` seconds and stops it (the
+status phase is Running and every worker Ready (``status.workers`` N/N: kwok marks a pod Ready some
+time after Running, and each readiness is a pod event and a status write), then watches the operator
+idle for ``--settle`` seconds and stops it (the
 next step deletes the namespace; the last leaves it to `cluster down`). Measured per step: each
 job's time from create to Running (median, slowest), the operator's CPU (``/proc``, with its child
 processes) as a share of one core while jobs start and while idle, its resident memory (now and
@@ -153,11 +155,11 @@ def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int
     }
 
 
-def phases(custom: kubernetes.client.CustomObjectsApi, namespace: str) -> dict[str, str]:
+def statuses(custom: kubernetes.client.CustomObjectsApi, namespace: str) -> dict[str, dict[str, Any]]:
     listed = custom.list_namespaced_custom_object(
         rankwatch_api.GROUP, rankwatch_api.VERSION, namespace, rankwatch_api.PLURAL
     )
-    return {item["metadata"]["name"]: (item.get("status") or {}).get("phase", "") for item in listed["items"]}
+    return {item["metadata"]["name"]: item.get("status") or {} for item in listed["items"]}
 
 
 def pod_count(core: kubernetes.client.CoreV1Api, namespace: str) -> int:
@@ -224,18 +226,26 @@ def run_step(
             )
             created[name] = time.monotonic()
         running: dict[str, float] = {}
-        all_created = None  # seconds until the operator had made every worker pod
+        ready: dict[str, float] = {}  # every worker Ready (status.workers N/N): kwok marks Ready after Running
+        all_created = all_running = None  # seconds until the operator had made every pod, every job Running
         peak_rss = 0.0
-        while len(running) < jobs:
+        while len(ready) < jobs:
             if time.monotonic() - started > args.timeout:
-                late = sorted(set(created) - set(running))
-                raise SystemExit(f"{len(late)} jobs not Running after {args.timeout:.0f} s: {late[:5]}")
+                late = sorted(set(created) - set(ready))
+                raise SystemExit(
+                    f"{len(created) - len(running)} jobs not Running, {len(late)} not all Ready after "
+                    f"{args.timeout:.0f} s: {late[:5]}"
+                )
             if operator.poll() is not None:
                 raise SystemExit(f"the operator exited with {operator.returncode}; see {cluster.logs}")
             now = time.monotonic()
-            for name, phase in phases(custom, namespace).items():
-                if phase == "Running" and name not in running:
+            for name, status in statuses(custom, namespace).items():
+                if status.get("phase") == "Running" and name not in running:
                     running[name] = now - created[name]
+                if status.get("workers") == f"{replicas}/{replicas}" and name not in ready:
+                    ready[name] = now - created[name]
+            if all_running is None and len(running) == jobs:
+                all_running = now - started
             if all_created is None and pod_count(core, namespace) >= pods:
                 all_created = now - started
             peak_rss = max(peak_rss, tree_rss_mib(operator.pid)[1])
@@ -265,8 +275,9 @@ def run_step(
         "nodes_ready_s": nodes_ready,
         "pods_created_s": all_created,
         "running_median_s": statistics.median(times),
-        "running_all_s": ramp,
+        "running_all_s": all_running,
         "running_slowest_s": times[-1],
+        "ready_all_s": ramp,
         "cpu_ramp": cpu_ramp / ramp,
         "cpu_idle": cpu_idle / args.settle,
         "rss_mib": rss,
@@ -302,7 +313,7 @@ def main() -> None:
         operator_config = operator_identity(cluster, cluster.server(state))
         header = (
             f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'nodes up':>9} {'created':>8} {'median':>8} "
-            f"{'all':>8} {'cpu ramp':>9} {'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} "
+            f"{'all':>8} {'all ready':>10} {'cpu ramp':>9} {'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} "
             f"{'req/s ramp':>11} {'req/s idle':>11}"
         )
         rows = []
@@ -316,7 +327,8 @@ def main() -> None:
             print(
                 f"{row['nodes']:>6} {row['jobs']:>5} {row['pods']:>6} {row['ranks']:>7} "
                 f"{row['nodes_ready_s']:>8.1f}s {row['pods_created_s'] or float('nan'):>7.1f}s "
-                f"{row['running_median_s']:>7.1f}s {row['running_all_s']:>7.1f}s {row['cpu_ramp']:>8.0%} "
+                f"{row['running_median_s']:>7.1f}s {row['running_all_s']:>7.1f}s {row['ready_all_s']:>9.1f}s "
+                f"{row['cpu_ramp']:>8.0%} "
                 f"{row['cpu_idle']:>8.0%} {row['rss_mib']:>8.0f} {row['peak_rss_mib']:>9.0f} "
                 f"{row['requests_ramp_per_s']:>11.1f} {row['requests_idle_per_s']:>11.2f}"
             )
