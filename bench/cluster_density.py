@@ -291,7 +291,7 @@ def run_step(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", default="100:5,1000:50", help="NODES:JOBS,... (nodes only grow)")
+    parser.add_argument("--steps", default="100:5,1000:50", help="NODES:JOBS,... (the node pool is resized to NODES)")
     parser.add_argument("--pods-per-node", type=int, default=8, help="worker pods per node (GPUs split evenly)")
     parser.add_argument("--ranks-per-pod", type=int, default=8, help="nprocPerNode of every job")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds for the operator to start watching")
