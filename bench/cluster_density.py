@@ -9,7 +9,7 @@ that user feeds ``apiserver_flowcontrol_dispatched_requests_total{flow_schema=..
 server's /metrics (``apiserver_request_total`` carries no user label). Its priority level is
 ``exempt``, so the count never throttles what it counts.
 
-Each step (``NODES:JOBS``) grows the node pool (``LocalCluster.up``), starts a fresh operator on a
+Each step (``NODES:JOBS``) sizes the node pool (``LocalCluster.up``), starts a fresh operator on a
 fresh namespace, creates every job at once (``--pods-per-node`` pods per node in all: each pod asks
 for ``8 / pods-per-node`` GPUs and runs ``--ranks-per-pod`` nominal ranks), waits until every job's
 status phase is Running and every worker Ready (``status.workers`` N/N: kwok marks a pod Ready some
