@@ -9,10 +9,13 @@ that user feeds ``apiserver_flowcontrol_dispatched_requests_total{flow_schema=..
 server's /metrics (``apiserver_request_total`` carries no user label). Its priority level is
 ``exempt``, so the count never throttles what it counts.
 
-Each step (``NODES:JOBS``) grows the node pool (``LocalCluster.up``), starts a fresh operator on a
+Each step (``NODES:JOBS``) sizes the node pool (``LocalCluster.up``), starts a fresh operator on a
 fresh namespace, creates every job at once (``--pods-per-node`` pods per node in all: each pod asks
 for ``8 / pods-per-node`` GPUs and runs ``--ranks-per-pod`` nominal ranks), waits until every job's
-status phase is Running, then watches the operator idle for ``--settle`` seconds and stops it (the
+status phase is Running and every worker Ready (``status.workers`` N/N: kwok marks a pod Ready some
+time after Running, and each readiness is a pod event and a status write), then watches the operator
+idle for ``--settle`` seconds (every worker Ready, or ``--ready-wait`` seconds after all Running: a
+pod kwok once let go NotReady may stay so) and stops it (the
 next step deletes the namespace; the last leaves it to `cluster down`). Measured per step: each
 job's time from create to Running (median, slowest), the operator's CPU (``/proc``, with its child
 processes) as a share of one core while jobs start and while idle, its resident memory (now and
@@ -29,10 +32,8 @@ import contextlib
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,8 @@ from operator_scale import tree_cpu_seconds, tree_rss_mib
 from rankwatch.cluster import binaries, kubeconfig, pki
 from rankwatch.cluster.local import LocalCluster
 from rankwatch.cluster.nodes import GPUS_PER_NODE
+from rankwatch.cluster.operator_process import start_operator
+from rankwatch.cluster.ports import free_port
 from rankwatch.operator import api as rankwatch_api
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,23 +131,6 @@ def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float
     return operator_requests(client), tree_cpu_seconds(pid)[1]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_operator(config: Path, namespace: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "KUBECONFIG": str(config), "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{free_port()}"}
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-
 def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
     return {
         "apiVersion": f"{rankwatch_api.GROUP}/{rankwatch_api.VERSION}",
@@ -170,11 +156,11 @@ def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int
     }
 
 
-def phases(custom: kubernetes.client.CustomObjectsApi, namespace: str) -> dict[str, str]:
+def statuses(custom: kubernetes.client.CustomObjectsApi, namespace: str) -> dict[str, dict[str, Any]]:
     listed = custom.list_namespaced_custom_object(
         rankwatch_api.GROUP, rankwatch_api.VERSION, namespace, rankwatch_api.PLURAL
     )
-    return {item["metadata"]["name"]: (item.get("status") or {}).get("phase", "") for item in listed["items"]}
+    return {item["metadata"]["name"]: item.get("status") or {} for item in listed["items"]}
 
 
 def pod_count(core: kubernetes.client.CoreV1Api, namespace: str) -> int:
@@ -222,7 +208,7 @@ def run_step(
         raise SystemExit(f"{pods} pods do not split evenly over {jobs} jobs")
     replicas, gpus_per_pod = pods // jobs, GPUS_PER_NODE // args.pods_per_node
 
-    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log")
+    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log", free_port())
     try:
         time.sleep(args.warmup)  # its watches listed and established; their cost is in the idle figures too
         if operator.poll() is not None:
@@ -241,18 +227,25 @@ def run_step(
             )
             created[name] = time.monotonic()
         running: dict[str, float] = {}
-        all_created = None  # seconds until the operator had made every worker pod
+        ready: dict[str, float] = {}  # every worker Ready (status.workers N/N): kwok marks Ready after Running
+        all_created = all_running = None  # seconds until the operator had made every pod, every job Running
         peak_rss = 0.0
-        while len(running) < jobs:
+        while len(ready) < jobs:
             if time.monotonic() - started > args.timeout:
                 late = sorted(set(created) - set(running))
                 raise SystemExit(f"{len(late)} jobs not Running after {args.timeout:.0f} s: {late[:5]}")
+            if all_running is not None and time.monotonic() - started > all_running + args.ready_wait:
+                break  # kwok left some pods not Ready (a node it let go NotReady meanwhile): idle from here
             if operator.poll() is not None:
                 raise SystemExit(f"the operator exited with {operator.returncode}; see {cluster.logs}")
             now = time.monotonic()
-            for name, phase in phases(custom, namespace).items():
-                if phase == "Running" and name not in running:
+            for name, status in statuses(custom, namespace).items():
+                if status.get("phase") == "Running" and name not in running:
                     running[name] = now - created[name]
+                if status.get("workers") == f"{replicas}/{replicas}" and name not in ready:
+                    ready[name] = now - created[name]
+            if all_running is None and len(running) == jobs:
+                all_running = now - started
             if all_created is None and pod_count(core, namespace) >= pods:
                 all_created = now - started
             peak_rss = max(peak_rss, tree_rss_mib(operator.pid)[1])
@@ -282,8 +275,10 @@ def run_step(
         "nodes_ready_s": nodes_ready,
         "pods_created_s": all_created,
         "running_median_s": statistics.median(times),
-        "running_all_s": ramp,
+        "running_all_s": all_running,
         "running_slowest_s": times[-1],
+        "ready_all_s": ramp if len(ready) == jobs else None,
+        "jobs_all_ready": len(ready),
         "cpu_ramp": cpu_ramp / ramp,
         "cpu_idle": cpu_idle / args.settle,
         "rss_mib": rss,
@@ -296,10 +291,13 @@ def run_step(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", default="100:5,1000:50", help="NODES:JOBS,... (nodes only grow)")
+    parser.add_argument("--steps", default="100:5,1000:50", help="NODES:JOBS,... (the node pool is resized to NODES)")
     parser.add_argument("--pods-per-node", type=int, default=8, help="worker pods per node (GPUs split evenly)")
     parser.add_argument("--ranks-per-pod", type=int, default=8, help="nprocPerNode of every job")
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds for the operator to start watching")
+    parser.add_argument(
+        "--ready-wait", type=float, default=120.0, help="seconds after all Running to wait for every worker Ready"
+    )
     parser.add_argument("--settle", type=float, default=60.0, help="seconds of idle measurement once all run")
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--down", action="store_true", help="remove the cluster at the end")
@@ -319,7 +317,7 @@ def main() -> None:
         operator_config = operator_identity(cluster, cluster.server(state))
         header = (
             f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'nodes up':>9} {'created':>8} {'median':>8} "
-            f"{'all':>8} {'cpu ramp':>9} {'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} "
+            f"{'all':>8} {'all ready':>10} {'cpu ramp':>9} {'cpu idle':>9} {'rss MiB':>8} {'peak MiB':>9} "
             f"{'req/s ramp':>11} {'req/s idle':>11}"
         )
         rows = []
@@ -333,7 +331,9 @@ def main() -> None:
             print(
                 f"{row['nodes']:>6} {row['jobs']:>5} {row['pods']:>6} {row['ranks']:>7} "
                 f"{row['nodes_ready_s']:>8.1f}s {row['pods_created_s'] or float('nan'):>7.1f}s "
-                f"{row['running_median_s']:>7.1f}s {row['running_all_s']:>7.1f}s {row['cpu_ramp']:>8.0%} "
+                f"{row['running_median_s']:>7.1f}s {row['running_all_s']:>7.1f}s "
+                f"{row['ready_all_s'] or float('nan'):>9.1f}s "
+                f"{row['cpu_ramp']:>8.0%} "
                 f"{row['cpu_idle']:>8.0%} {row['rss_mib']:>8.0f} {row['peak_rss_mib']:>9.0f} "
                 f"{row['requests_ramp_per_s']:>11.1f} {row['requests_idle_per_s']:>11.2f}"
             )

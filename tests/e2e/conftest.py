@@ -28,6 +28,8 @@ import yaml
 from kopf.testing import KopfRunner
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.cluster.operator_process import start_operator
+
 REPO = Path(__file__).parents[2]
 CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
 CHART = REPO / "helm" / "rankwatch"
@@ -311,27 +313,11 @@ def pod_runner(kubeconfig: str, collector_url: str, namespace: str, tmp_path: Pa
     stop_process(process)
 
 
-def start_operator_process(
-    kubeconfig: str, namespace: str, log: Path, collector_port: int, settings: dict[str, str] | None = None
-) -> subprocess.Popen:
-    """`rankwatch operator` as a real process for one namespace, its collector on loopback:collector_port,
-    with ``settings`` (RANKWATCH_* variables) on top of this environment."""
-    env = {**os.environ, "KUBECONFIG": kubeconfig, "RANKWATCH_COLLECTOR_LISTEN": f"127.0.0.1:{collector_port}",
-           **(settings or {})}  # fmt: skip
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "operator", "--standalone", "--namespace", namespace],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-
-
 @pytest.fixture(scope="session")
 def processes() -> Any:
     """Helpers for tests that run their own operator and pod runner processes."""
     import types
 
     return types.SimpleNamespace(
-        free_port=free_port, operator=start_operator_process, pod_runner=start_pod_runner, stop=stop_process
+        free_port=free_port, operator=start_operator, pod_runner=start_pod_runner, stop=stop_process
     )
