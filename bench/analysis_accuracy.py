@@ -1,6 +1,7 @@
 """Localisation accuracy of `rankwatch analyze` over fixed suites of runs with ground truth.
 
     .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|async|scale|all] [--repeat 3] [--seeds 20]
+        [--formats ring megatrace flight-recorder]
 
 ``simulate``: real `rankwatch simulate` runs (stand-in NCCL, tracer preloaded) on this machine, on the
 synchronous device without GPU timing (host waits are GPU waits), for comparison with the ``async`` suite.
