@@ -428,12 +428,17 @@ def _rows(d: _RankDump, members: dict[str, list[int]], timed: bool) -> np.ndarra
 
 def _number_p2p_per_peer(calls: np.ndarray) -> np.ndarray:
     """p2p_seq_id counts all of a group's sends and receives; the n-th send a->b must meet the n-th
-    receive b<-a, so sends and receives are numbered per (group, direction, peer) in call order."""
+    receive b<-a, so sends and receives are numbered per (rank, group, direction, peer) in call order.
+    The rank is part of the key: ``calls`` holds every rank's dump, and two ranks sending to the same
+    peer of a group (a middle pipeline stage's neighbours) must not share one count."""
     p2p = np.flatnonzero(np.isin(calls["op"], (Op.SEND, Op.RECV)))
     if not len(p2p):
         return calls
-    order = p2p[np.lexsort((calls["t_call"][p2p], calls["peer"][p2p], calls["op"][p2p], calls["comm"][p2p]))]
-    keys = np.stack([calls["comm"][order].astype(np.int64), calls["op"][order], calls["peer"][order]], axis=1)
+    columns = (calls["peer"][p2p], calls["op"][p2p], calls["comm"][p2p], calls["rank"][p2p])
+    order = p2p[np.lexsort((calls["t_call"][p2p], *columns))]
+    keys = np.stack(
+        [calls["rank"][order], calls["comm"][order].astype(np.int64), calls["op"][order], calls["peer"][order]], axis=1
+    )
     new = np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)]
     starts = np.flatnonzero(new)
     position = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))

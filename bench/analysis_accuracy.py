@@ -1,6 +1,7 @@
 """Localisation accuracy of `rankwatch analyze` over fixed suites of runs with ground truth.
 
     .venv/bin/python bench/analysis_accuracy.py [--suite simulate|model|async|scale|all] [--repeat 3] [--seeds 20]
+        [--formats ring megatrace flight-recorder]
 
 ``simulate``: real `rankwatch simulate` runs (stand-in NCCL, tracer preloaded) on this machine, on the
 synchronous device without GPU timing (host waits are GPU waits), for comparison with the ``async`` suite.
@@ -60,7 +61,10 @@ def score(findings: list[dict], kind: str | None, culprits: list[int]) -> tuple[
     return hit, sum(1 for f in findings[1:] if not set(f["ranks"]) <= set(culprits))
 
 
-def model_suite(seeds: int) -> None:
+MODEL_FORMATS = ("ring", "megatrace", "flight-recorder")
+
+
+def model_suite(seeds: int, formats: tuple[str, ...] = MODEL_FORMATS) -> None:
     import numpy as np
 
     from rankwatch.analysis.flight_recorder import write_dumps
@@ -82,7 +86,7 @@ def model_suite(seeds: int) -> None:
             return Scenario(**base, slow_link=tuple(pair), link_latency_us=300), "slow_link", pair
         return Scenario(**base), None, []
 
-    for fmt in ("ring", "megatrace", "flight-recorder"):
+    for fmt in formats:
         for kind in ("healthy", "straggler 20%", "straggler 10%", "straggler 5%", "hang", "slow link"):
             if fmt == "megatrace" and kind == "slow link":
                 continue  # call times only: a link cannot be timed
@@ -354,6 +358,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20, help="runs per model (or async) scenario")
     parser.add_argument("--only", nargs="*", default=None, help="async scenarios to run (default: all)")
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--formats", nargs="*", choices=MODEL_FORMATS, default=MODEL_FORMATS, help="model suite inputs")
     parser.add_argument("--async-steps", type=int, default=20, help="steps of the async healthy, straggler, link runs")
     parser.add_argument("--compute-us", type=int, default=3000)
     parser.add_argument("--logs", type=Path, default=None, help="megatrace suite: keep (and reuse) its logs here")
@@ -369,7 +374,7 @@ def main() -> None:
         return
     print(f"{'scenario':<32} {'top-1':>7} {'false findings':>15} {'seconds':>8}")
     if args.suite in ("model", "all"):
-        model_suite(args.seeds)
+        model_suite(args.seeds, tuple(args.formats))
     if args.suite == "model":
         return
     for name, layout, faults, kind, culprits in SCENARIOS:
