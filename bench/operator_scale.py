@@ -39,7 +39,7 @@ import signal
 import statistics
 import time
 
-import aiohttp
+import sidecar_load
 from operator_cpu import RANKS_PER_POD, TP, cpu_seconds, summaries
 
 from rankwatch import protocol
@@ -84,8 +84,9 @@ def serve(
     passes: multiprocessing.Queue,
     workers: int,
     tune_collection: bool,
+    event_loop: str,
 ) -> None:
-    """The child: collector + detector on one event loop."""
+    """The child: collector + detector on one event loop (asyncio's or uvloop's)."""
     from rankwatch.analysis.topology import Layout
     from rankwatch.operator import garbage_collection
     from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
@@ -135,7 +136,13 @@ def serve(
             passes.put((spent, slowest, found, collecting[0], collecting[2]))
             collecting[0], collecting[2] = 0.0, 0
 
-    asyncio.run(main())
+    factory = None
+    if event_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main())
 
 
 def process_tree(pid: int) -> list[int]:
@@ -185,44 +192,41 @@ def peak_rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-async def send(
-    port: int, windows: list[list[tuple[str, bytes]]], window_s: float, pid: int
-) -> tuple[list[float], dict[int, int], list[float], list[tuple[float, float]]]:
-    """POST every window's bodies spread over 80% of the window; latencies, statuses, the send time of
-    each window and the child's CPU seconds (its loop, with its workers) at each window's start (and at the end)."""
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    durations: list[float] = []
-    cpu_marks = [tree_cpu_seconds(pid)]
-    connector = aiohttp.TCPConnector(limit=512)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-
-        async def post(job: str, body: bytes, at: float) -> None:
-            await asyncio.sleep(max(0.0, at - time.monotonic()))
-            headers = {
-                "Authorization": protocol.bearer(token_of(job)),
-                "Content-Encoding": protocol.CONTENT_ENCODING,
-                "Content-Type": protocol.CONTENT_TYPE,
-            }
-            started = time.monotonic()
-            try:
-                async with session.post(f"http://127.0.0.1:{port}{protocol.summaries_path(NAMESPACE, job)}",
-                                        data=body, headers=headers) as response:  # fmt: skip
-                    await response.read()
-                    status = response.status
-            except (TimeoutError, aiohttp.ClientError):
-                status = 0
-            latencies.append(time.monotonic() - started)
-            statuses[status] = statuses.get(status, 0) + 1
-
-        for bodies in windows:
-            started = time.monotonic()
-            spacing = window_s * 0.8 / len(bodies)
-            await asyncio.gather(*(post(job, body, started + i * spacing) for i, (job, body) in enumerate(bodies)))
-            durations.append(time.monotonic() - started)
-            await asyncio.sleep(max(0.0, window_s - (time.monotonic() - started)))
-            cpu_marks.append(tree_cpu_seconds(pid))
-    return latencies, statuses, durations, cpu_marks
+def send(
+    port: int, windows: list[list[tuple[str, bytes]]], window_s: float, pid: int, senders: int, connections: int
+) -> tuple[list[sidecar_load.SenderReport], float, list[tuple[float, float]]]:
+    """Play every pod's sidecar from ``senders`` processes of their own (``sidecar_load``), each window's
+    bodies spread over 80% of the window; the senders' reports, the start time and the child's CPU
+    seconds (its loop, with its workers) at each window's start (and at the end)."""
+    context = multiprocessing.get_context("fork")  # the requests are inherited, not pickled
+    ready, reports = context.Queue(), context.Queue()
+    starts = [context.Queue() for _ in range(senders)]
+    processes = []
+    for index in range(senders):
+        mine = [
+            [(position, sidecar_load.request_bytes(port, NAMESPACE, job, token_of(job), body))
+             for position, (job, body) in enumerate(bodies) if position % senders == index]
+            for bodies in windows
+        ]  # fmt: skip
+        process = context.Process(
+            target=sidecar_load.sender_main,
+            args=(port, mine, window_s, len(windows[0]), connections // senders, ready, starts[index], reports),
+        )
+        process.start()
+        processes.append(process)
+    for _ in processes:
+        ready.get(timeout=60)
+    start = time.monotonic() + 0.5
+    for queue in starts:
+        queue.put(start)
+    cpu_marks = []
+    for window in range(len(windows) + 1):
+        time.sleep(max(0.0, start + window * window_s - time.monotonic()))
+        cpu_marks.append(tree_cpu_seconds(pid))
+    got = [reports.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(10)
+    return got, start, cpu_marks
 
 
 def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
@@ -246,7 +250,9 @@ def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
             f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
 
 
-def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int, tune: bool) -> dict[str, float]:
+def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
+    """One step of ``ranks`` total ranks over ``args.jobs`` jobs: its figures."""
+    jobs, window_count, window_s = args.jobs, args.windows, args.window_seconds
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
     built = time.monotonic()
@@ -260,15 +266,17 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
 
     context = multiprocessing.get_context("spawn")
     ports, passes = context.Queue(), context.Queue()
-    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes, workers, tune))
+    child = context.Process(
+        target=serve,
+        args=(ports, jobs, world, window_s, passes, args.parse_workers, not args.default_gc, args.event_loop),
+    )
     child.start()
     try:
         port = ports.get(timeout=60)
         time.sleep(1.0)
         _, idle_rss = tree_rss_mib(child.pid)
-        wall = time.monotonic()
-        latencies, statuses, durations, cpu_marks = asyncio.run(send(port, windows, window_s, child.pid))
-        elapsed = time.monotonic() - wall
+        reports, start, cpu_marks = send(port, windows, window_s, child.pid, args.senders, args.connections)
+        cpu_marks.append(tree_cpu_seconds(child.pid))  # after the last answer: all the work of every summary
         time.sleep(window_s)  # one more detector pass over the full state
         rss, peak = tree_rss_mib(child.pid)
     finally:
@@ -280,17 +288,26 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
     detector = []
     while not passes.empty():
         detector.append(passes.get())
-    per_window = [after[1] - before[1] for before, after in itertools.pairwise(cpu_marks)]
-    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(cpu_marks)]
+    per_window = [after[1] - before[1] for before, after in itertools.pairwise(cpu_marks[: window_count + 1])]
+    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(cpu_marks[: window_count + 1])]
     steady = per_window[len(per_window) // 2 :]
+    statuses: dict[int, int] = {}
+    for report in reports:
+        for status, count in report.statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
     accepted = statuses.get(202, 0) + statuses.get(200, 0)
-    ordered = sorted(latencies)
+    sent = sum(statuses.values())
+    ordered = sorted(latency for report in reports for latency in report.latencies)
+    ends = [max(report.window_ends[window] for report in reports) for window in range(window_count)]
+    durations = [end - (start + window * window_s) for window, end in enumerate(ends) if end]
+    elapsed = max(window_count * window_s, max(ends) - start)
+    sender_cpu = sum(report.cpu_seconds for report in reports)
     figures = {
         "ranks": jobs * world,
         "pods": pods,
         "accepted_per_s": accepted / elapsed,
         "offered_per_s": pods / window_s,
-        "refused": len(latencies) - accepted,
+        "refused": sent - accepted,
         "p50_ms": 1e3 * ordered[len(ordered) // 2],
         "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
         "max_ms": 1e3 * ordered[-1],
@@ -299,8 +316,11 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
         "cpu_share_steady": statistics.mean(steady) / window_s,
         "cpu_share_worst": max(per_window) / window_s,
         "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
-        "cpu_ms_per_summary": 1e3 * sum(per_window) / (pods * window_count),
-        "loop_ms_per_summary": 1e3 * sum(loop_per_window) / (pods * window_count),
+        "cpu_ms_per_summary": 1e3 * (cpu_marks[-1][1] - cpu_marks[0][1]) / sent,
+        "loop_ms_per_summary": 1e3 * (cpu_marks[-1][0] - cpu_marks[0][0]) / sent,
+        "sender_ms_per_summary": 1e3 * sender_cpu / sent,
+        "sender_cpu_share": sender_cpu / elapsed,
+        "sender_lag_s": max(report.lag_max for report in reports),
         "rss_idle_mib": idle_rss,
         "rss_mib": rss,
         "peak_rss_mib": peak,
@@ -313,7 +333,9 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
     }
     print(
         f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
-        f"slowest window's sends took {max(durations):.1f} s of {window_s:g} s",
+        f"slowest window's answers took {max(durations):.1f} s of {window_s:g} s; senders: {args.senders} processes, "
+        f"{sender_cpu / elapsed:.0%} of a core, {1e3 * sender_cpu / sent:.3f} ms per summary, at most "
+        f"{max(report.lag_max for report in reports):.2f} s behind their schedule",
         flush=True,
     )
     return figures
@@ -327,10 +349,12 @@ def main() -> None:
     parser.add_argument("--window-seconds", type=float, default=5.0)
     parser.add_argument("--default-gc", action="store_true", help="Python's GC thresholds, not the operator's")
     parser.add_argument("--parse-workers", type=int, default=1, help="the collector's parsing processes (0: none)")
+    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the collector's loop")
+    parser.add_argument("--senders", type=int, default=2, help="processes playing the sidecars")
+    parser.add_argument("--connections", type=int, default=512, help="keep-alive connections over all senders")
     args = parser.parse_args()
     steps = [int(ranks) for ranks in args.steps.split(",")]
-    tune = not args.default_gc
-    rows = [step(args.jobs, ranks, args.windows, args.window_seconds, args.parse_workers, tune) for ranks in steps]
+    rows = [step(args, ranks) for ranks in steps]
     columns = [  # header, figure, format, scale
         ("ranks", "ranks", ">6.0f", 1),
         ("pods", "pods", ">5.0f", 1),
@@ -345,6 +369,8 @@ def main() -> None:
         ("loop%", "loop_cpu_share", ">5.0f", 100),
         ("ms/sum", "cpu_ms_per_summary", ">6.2f", 1),
         ("loop", "loop_ms_per_summary", ">5.2f", 1),
+        ("snd%", "sender_cpu_share", ">4.0f", 100),
+        ("snd ms", "sender_ms_per_summary", ">6.3f", 1),
         ("RSS MiB", "rss_mib", ">7.0f", 1),
         ("peak", "peak_rss_mib", ">6.0f", 1),
         ("det ms", "detect_ms", ">7.1f", 1),
@@ -359,7 +385,8 @@ def main() -> None:
     print(
         "CPU%: the child's CPU with its parsing workers as a share of one core, mean over all windows / over the "
         "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary (loop: "
-        "the loop's process alone); det ms: the detector's CPU over all jobs in one pass (mean of the last "
+        "the loop's process alone); snd%, snd ms: the sender processes' own CPU (share of one core, per summary; not "
+        "in CPU%); det ms: the detector's CPU over all jobs in one pass (mean of the last "
         "3, max), 1 job: the slowest single job; GC ms: the loop process's garbage "
         "collection per window (full: full collections per window)"
     )
