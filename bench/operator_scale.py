@@ -59,19 +59,20 @@ def layout_of(world: int) -> int:
     raise SystemExit(f"{world} ranks per job is not a multiple of {TP}")
 
 
-def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> list[tuple[str, bytes]]:
-    """(job, gzip'd body) of every pod of every job in one window: one job's summaries (the protocol
-    module's encoding), renamed per job (job, pods, nodes) as each job's sidecars would name them."""
+def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> list[tuple[str, int, bytes]]:
+    """(job, pod number over all jobs, gzip'd body) of every pod of every job in one window: one job's
+    summaries (the protocol module's encoding), renamed per job (job, pods, nodes) as each job's
+    sidecars would name them."""
     template = summaries(world, window, generator, layout_of(world))
     bodies = []
     for index in range(jobs):
         job = f"job-{index:02d}"
-        for _, body in template:
+        for number, (_, body) in enumerate(template):
             raw = gzip.decompress(body)
             raw = raw.replace(b'"namespace":"bench","job":"big"', f'"namespace":"{NAMESPACE}","job":"{job}"'.encode())
             raw = raw.replace(b'"pod":"big-worker-', f'"pod":"{job}-worker-'.encode())
             raw = raw.replace(b'"node":"gpu-node-', f'"node":"gpu-{index:02d}-'.encode())
-            bodies.append((job, gzip.compress(raw, compresslevel=5)))
+            bodies.append((job, index * len(template) + number, gzip.compress(raw, compresslevel=5)))
     random.Random(window).shuffle(bodies)  # pods of all jobs interleave, as unaligned sidecars do
     return bodies
 
@@ -193,9 +194,10 @@ def peak_rss_mib(pid: int) -> tuple[float, float]:
 
 
 def send(
-    port: int, windows: list[list[tuple[str, bytes]]], window_s: float, pid: int, senders: int, connections: int
+    port: int, windows: list[list[tuple[str, int, bytes]]], window_s: float, pid: int, senders: int, connections: int
 ) -> tuple[list[sidecar_load.SenderReport], float, list[tuple[float, float]]]:
-    """Play every pod's sidecar from ``senders`` processes of their own (``sidecar_load``), each window's
+    """Play every pod's sidecar from ``senders`` processes of their own (``sidecar_load``; each pod always
+    from the same one, so its windows go in order), each window's
     bodies spread over 80% of the window; the senders' reports, the start time and the child's CPU
     seconds (its loop, with its workers) at each window's start (and at the end)."""
     context = multiprocessing.get_context("fork")  # the requests are inherited, not pickled
@@ -204,8 +206,8 @@ def send(
     processes = []
     for index in range(senders):
         mine = [
-            [(position, sidecar_load.request_bytes(port, NAMESPACE, job, token_of(job), body))
-             for position, (job, body) in enumerate(bodies) if position % senders == index]
+            [(position, pod, sidecar_load.request_bytes(port, NAMESPACE, job, token_of(job), body))
+             for position, (job, pod, body) in enumerate(bodies) if pod % senders == index]
             for bodies in windows
         ]  # fmt: skip
         process = context.Process(
@@ -229,12 +231,12 @@ def send(
     return got, start, cpu_marks
 
 
-def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
+def breakdown(bodies: list[tuple[str, int, bytes]], world: int) -> str:
     """The collector's per-summary work without HTTP, in this process: gunzip, parse and check, fold into
     the job's state (one job's bodies of one window)."""
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
-    mine = [body for job, body in bodies if job == bodies[0][0]]
+    mine = [body for job, _, body in bodies if job == bodies[0][0]]
     protocol.parse_summary(protocol.decode_body(mine[0], protocol.CONTENT_ENCODING))  # the parser is built once
     started = time.perf_counter()
     raws = [protocol.decode_body(body, protocol.CONTENT_ENCODING) for body in mine]
@@ -258,8 +260,9 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
     built = time.monotonic()
     windows = [job_bodies(jobs, world, number + 1, generator) for number in range(window_count)]
     pods = len(windows[0])
+    size = sum(len(body) for *_, body in windows[0]) / pods
     print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
-          f"{time.monotonic() - built:.0f} s; {sum(len(b) for _, b in windows[0]) / pods / 1024:.1f} KiB per summary",
+          f"{time.monotonic() - built:.0f} s; {size / 1024:.1f} KiB per summary",
           flush=True)  # fmt: skip
 
     print(breakdown(windows[0], world), flush=True)
@@ -335,7 +338,8 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
         f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
         f"slowest window's answers took {max(durations):.1f} s of {window_s:g} s; senders: {args.senders} processes, "
         f"{sender_cpu / elapsed:.0%} of a core, {1e3 * sender_cpu / sent:.3f} ms per summary, at most "
-        f"{max(report.lag_max for report in reports):.2f} s behind their schedule",
+        f"{max(report.lag_max for report in reports):.2f} s behind their schedule; "
+        f"{sum(report.held for report in reports)} windows waited for their pod's previous one",
         flush=True,
     )
     return figures

@@ -10,9 +10,11 @@ connection), and measures its own CPU so the bench can say what the operator, no
 
 Schedule: pod ``i`` of ``pods`` (numbered over all senders) sends window ``w`` at
 ``start + w * window_s + i * spread``, the pods' sends spread over 80% of the window as unaligned
-sidecars spread them. Latency is from a request's write (or from its due time when it waited for a
-free connection) to the end of its answer; ``lag`` is how late the sender wrote a request after its
-due time (a sender short of CPU shows here, not as collector latency).
+sidecars spread them. A pod's window goes out only once its previous window is answered (a sidecar
+sends its queue in order; the collector refuses a window older than one it took). Latency is from
+when a request could go (due, or its pod's previous window answered; a wait for a free connection
+included) to the end of its answer; ``lag`` is how late the sender took a request after its due time
+(a sender short of CPU shows there, not as collector latency).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class SenderReport:
     window_ends: list[float]
     """Per window, the monotonic time its last answer arrived (0 when it sent nothing in that window)."""
     lag_max: float
+    held: int
+    """Windows that waited for their pod's previous window to be answered before they were sent."""
     cpu_seconds: float
     """The sender process's own CPU (user + system) from its first write to its last answer."""
 
@@ -64,14 +68,14 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.started = 0.0
-        self.window = -1
+        self.pod = self.window = -1
         self.busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def send(self, request: bytes, window: int, started: float) -> None:
-        self.busy, self.window, self.started = True, window, started
+    def send(self, request: bytes, pod: int, window: int, started: float) -> None:
+        self.busy, self.pod, self.window, self.started = True, pod, window, started
         assert self.transport is not None
         self.transport.write(request)
 
@@ -87,13 +91,13 @@ class _Connection(asyncio.Protocol):
         status = int(head[9:12])
         del self.buffer[: end + 4 + length]
         self.busy = False
-        self.sender.answered(self, status, self.window, self.started, closing=b"\r\nconnection: close" in head)
+        self.sender.answered(self, status, closing=b"\r\nconnection: close" in head)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
         if self.busy:
             self.busy = False
-            self.sender.answered(self, 0, self.window, self.started, closing=True)
+            self.sender.answered(self, 0, closing=True)
         self.sender.lost(self)
 
 
@@ -109,11 +113,16 @@ def _content_length(head: bytes) -> int:
 class _Sender:
     """The requests of one sender process and the connections they go over."""
 
-    def __init__(self, port: int, windows: list[list[tuple[int, bytes]]], window_s: float, pods: int) -> None:
+    def __init__(self, port: int, windows: list[list[tuple[int, int, bytes]]], window_s: float, pods: int) -> None:
         self.port, self.windows, self.window_s = port, windows, window_s
         self.spread = window_s * SPREAD / pods
         self.idle: collections.deque[_Connection] = collections.deque()
-        self.waiting: collections.deque[tuple[bytes, int, float]] = collections.deque()
+        self.waiting: collections.deque[tuple[bytes, int, int, float]] = collections.deque()
+        """Requests due while every connection was busy: (request, pod, window, since when)."""
+        self.queued: dict[int, collections.deque[tuple[bytes, int]]] = {}
+        """Per pod with a window in flight, its later windows (request, window): a sidecar sends its
+        windows one after the other, so none arrives after a newer one (the collector refuses that)."""
+        self.held = 0
         self.open = 0
         self.latencies: list[float] = []
         self.statuses: dict[int, int] = {}
@@ -145,44 +154,58 @@ class _Sender:
         self.open += 1
         self._free(connection)
 
-    def answered(self, connection: _Connection, status: int, window: int, started: float, closing: bool) -> None:
+    def answered(self, connection: _Connection, status: int, closing: bool) -> None:
         now = time.monotonic()
-        self.latencies.append(now - started)
+        pod, window = connection.pod, connection.window
+        self.latencies.append(now - connection.started)
         self.statuses[status] = self.statuses.get(status, 0) + 1
         self.window_ends[window] = max(self.window_ends[window], now)
         self.outstanding -= 1
+        later = self.queued[pod]
         if closing and connection.transport is not None:
             connection.transport.close()  # connection_lost replaces it
         elif not closing:
             self._free(connection)
+        if later:
+            self._write(*later.popleft(), pod)
+        else:
+            del self.queued[pod]
         if self.outstanding == 0 and self.done_sending:
             self.done.set()
 
     def _free(self, connection: _Connection) -> None:
         if self.waiting:
-            request, window, _ = self.waiting.popleft()
-            connection.send(request, window, time.monotonic())
+            connection.send(*self.waiting.popleft())
         else:
             self.idle.append(connection)
 
-    def _dispatch(self, request: bytes, window: int, due: float) -> None:
+    def _dispatch(self, request: bytes, pod: int, window: int) -> None:
         self.outstanding += 1
+        later = self.queued.get(pod)
+        if later is not None:  # its previous window is still unanswered
+            later.append((request, window))
+            self.held += 1
+            return
+        self.queued[pod] = collections.deque()
+        self._write(request, window, pod)
+
+    def _write(self, request: bytes, window: int, pod: int) -> None:
         if self.idle:
-            self.idle.popleft().send(request, window, time.monotonic())
-        else:
-            self.waiting.append((request, window, due))
+            self.idle.popleft().send(request, pod, window, time.monotonic())
+        else:  # its latency counts from now: a collector slow to answer keeps the connections busy
+            self.waiting.append((request, pod, window, time.monotonic()))
 
     async def run(self, start: float, drain_s: float) -> None:
         for window, requests in enumerate(self.windows):
             base = start + window * self.window_s
-            for position, request in requests:
+            for position, pod, request in requests:
                 due = base + position * self.spread
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 else:
                     self.lag_max = max(self.lag_max, -delay)
-                self._dispatch(request, window, due)
+                self._dispatch(request, pod, window)
         self.done_sending = True
         if self.outstanding:
             try:
@@ -193,7 +216,7 @@ class _Sender:
 
 def sender_main(
     port: int,
-    windows: list[list[tuple[int, bytes]]],
+    windows: list[list[tuple[int, int, bytes]]],
     window_s: float,
     pods: int,
     connections: int,
@@ -201,8 +224,8 @@ def sender_main(
     start: multiprocessing.Queue,
     reports: multiprocessing.Queue,
 ) -> None:
-    """One sender process: ``windows`` holds, per window, (position among all pods, request bytes) of
-    its pods in send order. Connects, says ready, waits for the common start time, sends, reports."""
+    """One sender process: ``windows`` holds, per window, (position among all pods, pod number, request
+    bytes) of its pods in send order. Connects, says ready, waits for the common start time, sends, reports."""
 
     async def main() -> SenderReport:
         sender = _Sender(port, windows, window_s, pods)
@@ -211,7 +234,7 @@ def sender_main(
         at = await asyncio.get_running_loop().run_in_executor(None, start.get)
         cpu = time.process_time()
         await sender.run(at, drain_s=60.0)
-        return SenderReport(sender.latencies, sender.statuses, sender.window_ends, sender.lag_max,
+        return SenderReport(sender.latencies, sender.statuses, sender.window_ends, sender.lag_max, sender.held,
                             time.process_time() - cpu)  # fmt: skip
 
     reports.put(asyncio.run(main()))
