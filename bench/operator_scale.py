@@ -299,7 +299,8 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
         for status, count in report.statuses.items():
             statuses[status] = statuses.get(status, 0) + count
     accepted = statuses.get(202, 0) + statuses.get(200, 0)
-    sent = sum(statuses.values())
+    unanswered = statuses.get(0, 0)  # connection lost, or not answered within the senders' drain time
+    handled = sum(statuses.values()) - unanswered
     ordered = sorted(latency for report in reports for latency in report.latencies)
     ends = [max(report.window_ends[window] for report in reports) for window in range(window_count)]
     durations = [end - (start + window * window_s) for window, end in enumerate(ends) if end]
@@ -310,7 +311,8 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
         "pods": pods,
         "accepted_per_s": accepted / elapsed,
         "offered_per_s": pods / window_s,
-        "refused": sent - accepted,
+        "refused": handled - accepted,
+        "unanswered": unanswered,
         "p50_ms": 1e3 * ordered[len(ordered) // 2],
         "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
         "max_ms": 1e3 * ordered[-1],
@@ -319,9 +321,9 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
         "cpu_share_steady": statistics.mean(steady) / window_s,
         "cpu_share_worst": max(per_window) / window_s,
         "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
-        "cpu_ms_per_summary": 1e3 * (cpu_marks[-1][1] - cpu_marks[0][1]) / sent,
-        "loop_ms_per_summary": 1e3 * (cpu_marks[-1][0] - cpu_marks[0][0]) / sent,
-        "sender_ms_per_summary": 1e3 * sender_cpu / sent,
+        "cpu_ms_per_summary": 1e3 * (cpu_marks[-1][1] - cpu_marks[0][1]) / handled,
+        "loop_ms_per_summary": 1e3 * (cpu_marks[-1][0] - cpu_marks[0][0]) / handled,
+        "sender_ms_per_summary": 1e3 * sender_cpu / handled,
         "sender_cpu_share": sender_cpu / elapsed,
         "sender_lag_s": max(report.lag_max for report in reports),
         "rss_idle_mib": idle_rss,
@@ -337,7 +339,7 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
     print(
         f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
         f"slowest window's answers took {max(durations):.1f} s of {window_s:g} s; senders: {args.senders} processes, "
-        f"{sender_cpu / elapsed:.0%} of a core, {1e3 * sender_cpu / sent:.3f} ms per summary, at most "
+        f"{sender_cpu / elapsed:.0%} of a core, {1e3 * sender_cpu / handled:.3f} ms per summary, at most "
         f"{max(report.lag_max for report in reports):.2f} s behind their schedule; "
         f"{sum(report.held for report in reports)} windows waited for their pod's previous one",
         flush=True,
@@ -365,6 +367,7 @@ def main() -> None:
         ("acc/s", "accepted_per_s", ">6.0f", 1),
         ("offered", "offered_per_s", ">7.0f", 1),
         ("refused", "refused", ">7.0f", 1),
+        ("unanswered", "unanswered", ">10.0f", 1),
         ("p50 ms", "p50_ms", ">7.1f", 1),
         ("p99 ms", "p99_ms", ">7.1f", 1),
         ("CPU%", "cpu_share", ">5.0f", 100),
@@ -388,11 +391,11 @@ def main() -> None:
         print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
     print(
         "CPU%: the child's CPU with its parsing workers as a share of one core, mean over all windows / over the "
-        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary (loop: "
-        "the loop's process alone); snd%, snd ms: the sender processes' own CPU (share of one core, per summary; not "
-        "in CPU%); det ms: the detector's CPU over all jobs in one pass (mean of the last "
-        "3, max), 1 job: the slowest single job; GC ms: the loop process's garbage "
-        "collection per window (full: full collections per window)"
+        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary "
+        "answered (loop: the loop's process alone); unanswered: no answer within 60 s after the last send; "
+        "snd%, snd ms: the sender processes' own CPU (share of one core, per summary; not in CPU%); det ms: the "
+        "detector's CPU over all jobs in one pass (mean of the last 3, max), 1 job: the slowest single job; "
+        "GC ms: the loop process's garbage collection per window (full: full collections per window)"
     )
 
 
