@@ -3,25 +3,30 @@
 A child process stands in for the operator's diagnosis side: the real collector (aiohttp app, token
 check per job, rate limit, gzip, protocol parsing, dedupe, bounded job state) and the monitor's
 detector, run over every job's state once per window on the same event loop, as the monitor does.
-The parent plays every sidecar of ``--jobs`` jobs: each pod (8 ranks, 4 communicators per rank: TP 8,
-DP, PP, world; bench/operator_cpu.py builds them) POSTs one gzip'd window summary per window with
-its job's bearer token, the pods' sends spread over the window as unaligned sidecars spread them.
-Bodies are built before the clock starts (the parent's cost is not measured, but it shares the
-machine's cores with the child). Steps of growing total ranks show how each cost grows.
+Sender processes of their own (``sidecar_load``) play every sidecar of ``--jobs`` jobs: each pod
+(8 ranks, 4 communicators per rank: TP 8, DP, PP, world; bench/operator_cpu.py builds them) POSTs one
+gzip'd window summary per window with its job's bearer token, window numbers advancing, a pod's next
+window only after its previous one is answered, the pods' sends spread over the window as unaligned
+sidecars spread them. Requests (head and body) are made before the clock starts and written over
+keep-alive connections by a minimal HTTP/1.1 client; the senders' own CPU is measured apart, so the
+figures say what the operator used (the senders still share the machine's cores). Steps of growing
+total ranks show how each cost grows.
 
-Measured per step, in the child: CPU (``/proc/<pid>/stat``) as a share of one core, peak RSS
-(``VmHWM``), the detector's time per window over all jobs; in the parent: summaries accepted per
-second and each POST's latency (send to answer, over a pool of keep-alive connections: 8,000 real
-sidecars would hold 8,000 connections).
+Measured per step, in the child: CPU (``/proc/<pid>/stat``) as a share of one core and per summary,
+peak RSS (``VmHWM``), the detector's time per window over all jobs; in the senders: summaries
+accepted per second, each POST's latency (over ``--connections`` keep-alive connections: 8,000 real
+sidecars would hold 8,000 connections), how far behind their schedule they ran, their own CPU.
 
 Not here: the operator's watches and API traffic (the pods of this bench exist nowhere), so neither
 the time for jobs to reach Running nor API requests per second.
 
 Since 2026-11-26 the collector checks bodies in worker processes (``CollectorSettings.parse_workers``,
-``--parse-workers``): CPU and memory are the child's with its workers.
+``--parse-workers``): CPU and memory are the child's with its workers. ``--event-loop uvloop`` runs
+the child's loop on uvloop (``RANKWATCH_EVENT_LOOP``).
 
     python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
-                                   [--parse-workers 1] [--default-gc]
+                                   [--parse-workers 1] [--default-gc] [--event-loop asyncio|uvloop]
+                                   [--senders 2] [--connections 512]
 """
 
 from __future__ import annotations
