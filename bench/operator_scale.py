@@ -142,13 +142,9 @@ def serve(
             passes.put((spent, slowest, found, collecting[0], collecting[2]))
             collecting[0], collecting[2] = 0.0, 0
 
-    factory = None
-    if event_loop == "uvloop":
-        import uvloop
+    from rankwatch.operator import event_loop as loops
 
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(main())
+    loops.run(main(), event_loop)
 
 
 def process_tree(pid: int) -> list[int]:
