@@ -48,6 +48,7 @@ import sidecar_load
 from operator_cpu import RANKS_PER_POD, TP, cpu_seconds, summaries
 
 from rankwatch import protocol
+from rankwatch.operator import event_loop as loops
 
 NAMESPACE = "bench"
 
@@ -141,8 +142,6 @@ def serve(
                     await asyncio.sleep(0)  # as the monitor does: summaries are served between jobs
             passes.put((spent, slowest, found, collecting[0], collecting[2]))
             collecting[0], collecting[2] = 0.0, 0
-
-    from rankwatch.operator import event_loop as loops
 
     loops.run(main(), event_loop)
 
@@ -253,9 +252,10 @@ def breakdown(bodies: list[tuple[str, int, bytes]], world: int) -> str:
             f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
 
 
-def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
-    """One step of ``ranks`` total ranks over ``args.jobs`` jobs: its figures."""
-    jobs, window_count, window_s = args.jobs, args.windows, args.window_seconds
+def step(args: argparse.Namespace, ranks: int) -> list[dict[str, float | str]]:
+    """One step of ``ranks`` total ranks over ``args.jobs`` jobs, once per event loop of ``--event-loop``
+    (in that order, on the same bodies): their figures."""
+    jobs, window_count = args.jobs, args.windows
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
     built = time.monotonic()
@@ -267,12 +267,21 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
           flush=True)  # fmt: skip
 
     print(breakdown(windows[0], world), flush=True)
+    return [run(args, world, windows, loop) for loop in args.event_loop.split(",")]
 
+
+def run(
+    args: argparse.Namespace, world: int, windows: list[list[tuple[str, int, bytes]]], event_loop: str
+) -> dict[str, float | str]:
+    """One run of the collector's child (on ``event_loop``) against the senders: its figures."""
+    jobs, window_count, window_s = args.jobs, args.windows, args.window_seconds
+    pods = len(windows[0])
+    load_before = os.getloadavg()[0]
     context = multiprocessing.get_context("spawn")
     ports, passes = context.Queue(), context.Queue()
     child = context.Process(
         target=serve,
-        args=(ports, jobs, world, window_s, passes, args.parse_workers, not args.default_gc, args.event_loop),
+        args=(ports, jobs, world, window_s, passes, args.parse_workers, not args.default_gc, event_loop),
     )
     child.start()
     try:
@@ -307,7 +316,10 @@ def step(args: argparse.Namespace, ranks: int) -> dict[str, float]:
     durations = [end - (start + window * window_s) for window, end in enumerate(ends) if end]
     elapsed = max(window_count * window_s, max(ends) - start)
     sender_cpu = sum(report.cpu_seconds for report in reports)
-    figures = {
+    figures: dict[str, float | str] = {
+        "loop": event_loop,
+        "load": load_before,
+        "load_after": os.getloadavg()[0],
         "ranks": jobs * world,
         "pods": pods,
         "accepted_per_s": accepted / elapsed,
@@ -356,13 +368,23 @@ def main() -> None:
     parser.add_argument("--window-seconds", type=float, default=5.0)
     parser.add_argument("--default-gc", action="store_true", help="Python's GC thresholds, not the operator's")
     parser.add_argument("--parse-workers", type=int, default=1, help="the collector's parsing processes (0: none)")
-    parser.add_argument("--event-loop", choices=("asyncio", "uvloop"), default="asyncio", help="the collector's loop")
+    parser.add_argument(
+        "--event-loop", default="asyncio", help="the collector's loop: asyncio, uvloop, or several (asyncio,uvloop)"
+    )
     parser.add_argument("--senders", type=int, default=2, help="processes playing the sidecars")
     parser.add_argument("--connections", type=int, default=512, help="keep-alive connections over all senders")
     args = parser.parse_args()
     steps = [int(ranks) for ranks in args.steps.split(",")]
-    rows = [step(args, ranks) for ranks in steps]
+    for name in args.event_loop.split(","):
+        try:
+            loops.loop_factory(name)
+        except ValueError as error:
+            parser.error(f"--event-loop {name}: {error}")
+    rows = [row for ranks in steps for row in step(args, ranks)]
     columns = [  # header, figure, format, scale
+        ("event loop", "loop", ">10", 1),
+        ("load", "load", ">4.1f", 1),
+        ("after", "load_after", ">5.1f", 1),
         ("ranks", "ranks", ">6.0f", 1),
         ("pods", "pods", ">5.0f", 1),
         ("acc/s", "accepted_per_s", ">6.0f", 1),
@@ -391,12 +413,13 @@ def main() -> None:
     for row in rows:
         print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
     print(
-        "CPU%: the child's CPU with its parsing workers as a share of one core, mean over all windows / over the "
-        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary "
-        "answered (loop: the loop's process alone); unanswered: no answer within 60 s after the last send; "
-        "snd%, snd ms: the sender processes' own CPU (share of one core, per summary; not in CPU%); det ms: the "
-        "detector's CPU over all jobs in one pass (mean of the last 3, max), 1 job: the slowest single job; "
-        "GC ms: the loop process's garbage collection per window (full: full collections per window)"
+        "load, after: the 1-minute load average before and after the run; CPU%: the child's CPU with its "
+        "parsing workers as a share of one core, mean over all windows / over the second half / worst window; "
+        "loop%: the event loop's process alone (mean); ms/sum: CPU per summary answered (loop: the loop's "
+        "process alone); unanswered: no answer within 60 s after the last send; snd%, snd ms: the sender "
+        "processes' own CPU (share of one core, per summary; not in CPU%); det ms: the detector's CPU over "
+        "all jobs in one pass (mean of the last 3, max), 1 job: the slowest single job; GC ms: the loop "
+        "process's garbage collection per window (full: full collections per window)"
     )
 
 
