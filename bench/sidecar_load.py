@@ -203,8 +203,7 @@ class _Sender:
                 delay = due - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                else:
-                    self.lag_max = max(self.lag_max, -delay)
+                self.lag_max = max(self.lag_max, time.monotonic() - due)
                 self._dispatch(request, pod, window)
         self.done_sending = True
         if self.outstanding:
