@@ -3,25 +3,30 @@
 A child process stands in for the operator's diagnosis side: the real collector (aiohttp app, token
 check per job, rate limit, gzip, protocol parsing, dedupe, bounded job state) and the monitor's
 detector, run over every job's state once per window on the same event loop, as the monitor does.
-The parent plays every sidecar of ``--jobs`` jobs: each pod (8 ranks, 4 communicators per rank: TP 8,
-DP, PP, world; bench/operator_cpu.py builds them) POSTs one gzip'd window summary per window with
-its job's bearer token, the pods' sends spread over the window as unaligned sidecars spread them.
-Bodies are built before the clock starts (the parent's cost is not measured, but it shares the
-machine's cores with the child). Steps of growing total ranks show how each cost grows.
+Sender processes of their own (``sidecar_load``) play every sidecar of ``--jobs`` jobs: each pod
+(8 ranks, 4 communicators per rank: TP 8, DP, PP, world; bench/operator_cpu.py builds them) POSTs one
+gzip'd window summary per window with its job's bearer token, window numbers advancing, a pod's next
+window only after its previous one is answered, the pods' sends spread over the window as unaligned
+sidecars spread them. Requests (head and body) are made before the clock starts and written over
+keep-alive connections by a minimal HTTP/1.1 client; the senders' own CPU is measured apart, so the
+figures say what the operator used (the senders still share the machine's cores). Steps of growing
+total ranks show how each cost grows.
 
-Measured per step, in the child: CPU (``/proc/<pid>/stat``) as a share of one core, peak RSS
-(``VmHWM``), the detector's time per window over all jobs; in the parent: summaries accepted per
-second and each POST's latency (send to answer, over a pool of keep-alive connections: 8,000 real
-sidecars would hold 8,000 connections).
+Measured per step, in the child: CPU (``/proc/<pid>/stat``) as a share of one core and per summary,
+peak RSS (``VmHWM``), the detector's time per window over all jobs; in the senders: summaries
+accepted per second, each POST's latency (over ``--connections`` keep-alive connections: 8,000 real
+sidecars would hold 8,000 connections), how far behind their schedule they ran, their own CPU.
 
 Not here: the operator's watches and API traffic (the pods of this bench exist nowhere), so neither
 the time for jobs to reach Running nor API requests per second.
 
 Since 2026-11-26 the collector checks bodies in worker processes (``CollectorSettings.parse_workers``,
-``--parse-workers``): CPU and memory are the child's with its workers.
+``--parse-workers``): CPU and memory are the child's with its workers. ``--event-loop uvloop`` runs
+the child's loop on uvloop (``RANKWATCH_EVENT_LOOP``).
 
     python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
-                                   [--parse-workers 1] [--default-gc]
+                                   [--parse-workers 1] [--default-gc] [--event-loop asyncio|uvloop]
+                                   [--senders 2] [--connections 512]
 """
 
 from __future__ import annotations
@@ -39,10 +44,11 @@ import signal
 import statistics
 import time
 
-import aiohttp
+import sidecar_load
 from operator_cpu import RANKS_PER_POD, TP, cpu_seconds, summaries
 
 from rankwatch import protocol
+from rankwatch.operator import event_loop as loops
 
 NAMESPACE = "bench"
 
@@ -59,19 +65,20 @@ def layout_of(world: int) -> int:
     raise SystemExit(f"{world} ranks per job is not a multiple of {TP}")
 
 
-def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> list[tuple[str, bytes]]:
-    """(job, gzip'd body) of every pod of every job in one window: one job's summaries (the protocol
-    module's encoding), renamed per job (job, pods, nodes) as each job's sidecars would name them."""
+def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> list[tuple[str, int, bytes]]:
+    """(job, pod number over all jobs, gzip'd body) of every pod of every job in one window: one job's
+    summaries (the protocol module's encoding), renamed per job (job, pods, nodes) as each job's
+    sidecars would name them."""
     template = summaries(world, window, generator, layout_of(world))
     bodies = []
     for index in range(jobs):
         job = f"job-{index:02d}"
-        for _, body in template:
+        for number, (_, body) in enumerate(template):
             raw = gzip.decompress(body)
             raw = raw.replace(b'"namespace":"bench","job":"big"', f'"namespace":"{NAMESPACE}","job":"{job}"'.encode())
             raw = raw.replace(b'"pod":"big-worker-', f'"pod":"{job}-worker-'.encode())
             raw = raw.replace(b'"node":"gpu-node-', f'"node":"gpu-{index:02d}-'.encode())
-            bodies.append((job, gzip.compress(raw, compresslevel=5)))
+            bodies.append((job, index * len(template) + number, gzip.compress(raw, compresslevel=5)))
     random.Random(window).shuffle(bodies)  # pods of all jobs interleave, as unaligned sidecars do
     return bodies
 
@@ -84,8 +91,9 @@ def serve(
     passes: multiprocessing.Queue,
     workers: int,
     tune_collection: bool,
+    event_loop: str,
 ) -> None:
-    """The child: collector + detector on one event loop."""
+    """The child: collector + detector on one event loop (asyncio's or uvloop's)."""
     from rankwatch.analysis.topology import Layout
     from rankwatch.operator import garbage_collection
     from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
@@ -135,7 +143,7 @@ def serve(
             passes.put((spent, slowest, found, collecting[0], collecting[2]))
             collecting[0], collecting[2] = 0.0, 0
 
-    asyncio.run(main())
+    loops.run(main(), event_loop)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -185,52 +193,50 @@ def peak_rss_mib(pid: int) -> tuple[float, float]:
     return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
 
 
-async def send(
-    port: int, windows: list[list[tuple[str, bytes]]], window_s: float, pid: int
-) -> tuple[list[float], dict[int, int], list[float], list[tuple[float, float]]]:
-    """POST every window's bodies spread over 80% of the window; latencies, statuses, the send time of
-    each window and the child's CPU seconds (its loop, with its workers) at each window's start (and at the end)."""
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    durations: list[float] = []
-    cpu_marks = [tree_cpu_seconds(pid)]
-    connector = aiohttp.TCPConnector(limit=512)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
-
-        async def post(job: str, body: bytes, at: float) -> None:
-            await asyncio.sleep(max(0.0, at - time.monotonic()))
-            headers = {
-                "Authorization": protocol.bearer(token_of(job)),
-                "Content-Encoding": protocol.CONTENT_ENCODING,
-                "Content-Type": protocol.CONTENT_TYPE,
-            }
-            started = time.monotonic()
-            try:
-                async with session.post(f"http://127.0.0.1:{port}{protocol.summaries_path(NAMESPACE, job)}",
-                                        data=body, headers=headers) as response:  # fmt: skip
-                    await response.read()
-                    status = response.status
-            except (TimeoutError, aiohttp.ClientError):
-                status = 0
-            latencies.append(time.monotonic() - started)
-            statuses[status] = statuses.get(status, 0) + 1
-
-        for bodies in windows:
-            started = time.monotonic()
-            spacing = window_s * 0.8 / len(bodies)
-            await asyncio.gather(*(post(job, body, started + i * spacing) for i, (job, body) in enumerate(bodies)))
-            durations.append(time.monotonic() - started)
-            await asyncio.sleep(max(0.0, window_s - (time.monotonic() - started)))
-            cpu_marks.append(tree_cpu_seconds(pid))
-    return latencies, statuses, durations, cpu_marks
+def send(
+    port: int, windows: list[list[tuple[str, int, bytes]]], window_s: float, pid: int, senders: int, connections: int
+) -> tuple[list[sidecar_load.SenderReport], float, list[tuple[float, float]]]:
+    """Play every pod's sidecar from ``senders`` processes of their own (``sidecar_load``; each pod always
+    from the same one, so its windows go in order), each window's
+    bodies spread over 80% of the window; the senders' reports, the start time and the child's CPU
+    seconds (its loop, with its workers) at each window's start (and at the end)."""
+    context = multiprocessing.get_context("fork")  # the requests are inherited, not pickled
+    ready, reports = context.Queue(), context.Queue()
+    starts = [context.Queue() for _ in range(senders)]
+    processes = []
+    for index in range(senders):
+        mine = [
+            [(position, pod, sidecar_load.request_bytes(port, NAMESPACE, job, token_of(job), body))
+             for position, (job, pod, body) in enumerate(bodies) if pod % senders == index]
+            for bodies in windows
+        ]  # fmt: skip
+        process = context.Process(
+            target=sidecar_load.sender_main,
+            args=(port, mine, window_s, len(windows[0]), connections // senders, ready, starts[index], reports),
+        )
+        process.start()
+        processes.append(process)
+    for _ in processes:
+        ready.get(timeout=60)
+    start = time.monotonic() + 0.5
+    for queue in starts:
+        queue.put(start)
+    cpu_marks = []
+    for window in range(len(windows) + 1):
+        time.sleep(max(0.0, start + window * window_s - time.monotonic()))
+        cpu_marks.append(tree_cpu_seconds(pid))
+    got = [reports.get(timeout=120) for _ in processes]
+    for process in processes:
+        process.join(10)
+    return got, start, cpu_marks
 
 
-def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
+def breakdown(bodies: list[tuple[str, int, bytes]], world: int) -> str:
     """The collector's per-summary work without HTTP, in this process: gunzip, parse and check, fold into
     the job's state (one job's bodies of one window)."""
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
-    mine = [body for job, body in bodies if job == bodies[0][0]]
+    mine = [body for job, _, body in bodies if job == bodies[0][0]]
     protocol.parse_summary(protocol.decode_body(mine[0], protocol.CONTENT_ENCODING))  # the parser is built once
     started = time.perf_counter()
     raws = [protocol.decode_body(body, protocol.CONTENT_ENCODING) for body in mine]
@@ -246,29 +252,44 @@ def breakdown(bodies: list[tuple[str, bytes]], world: int) -> str:
             f"{(parsed - decoded) / count:.2f} ms, job state {(kept - parsed) / count:.2f} ms")  # fmt: skip
 
 
-def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int, tune: bool) -> dict[str, float]:
+def step(args: argparse.Namespace, ranks: int) -> list[dict[str, float | str]]:
+    """One step of ``ranks`` total ranks over ``args.jobs`` jobs, once per event loop of ``--event-loop``
+    (in that order, on the same bodies): their figures."""
+    jobs, window_count = args.jobs, args.windows
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
     built = time.monotonic()
     windows = [job_bodies(jobs, world, number + 1, generator) for number in range(window_count)]
     pods = len(windows[0])
+    size = sum(len(body) for *_, body in windows[0]) / pods
     print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
-          f"{time.monotonic() - built:.0f} s; {sum(len(b) for _, b in windows[0]) / pods / 1024:.1f} KiB per summary",
+          f"{time.monotonic() - built:.0f} s; {size / 1024:.1f} KiB per summary",
           flush=True)  # fmt: skip
 
     print(breakdown(windows[0], world), flush=True)
+    return [run(args, world, windows, loop) for loop in args.event_loop.split(",")]
 
+
+def run(
+    args: argparse.Namespace, world: int, windows: list[list[tuple[str, int, bytes]]], event_loop: str
+) -> dict[str, float | str]:
+    """One run of the collector's child (on ``event_loop``) against the senders: its figures."""
+    jobs, window_count, window_s = args.jobs, args.windows, args.window_seconds
+    pods = len(windows[0])
+    load_before = os.getloadavg()[0]
     context = multiprocessing.get_context("spawn")
     ports, passes = context.Queue(), context.Queue()
-    child = context.Process(target=serve, args=(ports, jobs, world, window_s, passes, workers, tune))
+    child = context.Process(
+        target=serve,
+        args=(ports, jobs, world, window_s, passes, args.parse_workers, not args.default_gc, event_loop),
+    )
     child.start()
     try:
         port = ports.get(timeout=60)
         time.sleep(1.0)
         _, idle_rss = tree_rss_mib(child.pid)
-        wall = time.monotonic()
-        latencies, statuses, durations, cpu_marks = asyncio.run(send(port, windows, window_s, child.pid))
-        elapsed = time.monotonic() - wall
+        reports, start, cpu_marks = send(port, windows, window_s, child.pid, args.senders, args.connections)
+        cpu_marks.append(tree_cpu_seconds(child.pid))  # after the last answer: all the work of every summary
         time.sleep(window_s)  # one more detector pass over the full state
         rss, peak = tree_rss_mib(child.pid)
     finally:
@@ -280,17 +301,31 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
     detector = []
     while not passes.empty():
         detector.append(passes.get())
-    per_window = [after[1] - before[1] for before, after in itertools.pairwise(cpu_marks)]
-    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(cpu_marks)]
+    per_window = [after[1] - before[1] for before, after in itertools.pairwise(cpu_marks[: window_count + 1])]
+    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(cpu_marks[: window_count + 1])]
     steady = per_window[len(per_window) // 2 :]
+    statuses: dict[int, int] = {}
+    for report in reports:
+        for status, count in report.statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
     accepted = statuses.get(202, 0) + statuses.get(200, 0)
-    ordered = sorted(latencies)
-    figures = {
+    unanswered = statuses.get(0, 0)  # connection lost, or not answered within the senders' drain time
+    handled = sum(statuses.values()) - unanswered
+    ordered = sorted(latency for report in reports for latency in report.latencies)
+    ends = [max(report.window_ends[window] for report in reports) for window in range(window_count)]
+    durations = [end - (start + window * window_s) for window, end in enumerate(ends) if end]
+    elapsed = max(window_count * window_s, max(ends) - start)
+    sender_cpu = sum(report.cpu_seconds for report in reports)
+    figures: dict[str, float | str] = {
+        "loop": event_loop,
+        "load": load_before,
+        "load_after": os.getloadavg()[0],
         "ranks": jobs * world,
         "pods": pods,
         "accepted_per_s": accepted / elapsed,
         "offered_per_s": pods / window_s,
-        "refused": len(latencies) - accepted,
+        "refused": handled - accepted,
+        "unanswered": unanswered,
         "p50_ms": 1e3 * ordered[len(ordered) // 2],
         "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
         "max_ms": 1e3 * ordered[-1],
@@ -299,8 +334,11 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
         "cpu_share_steady": statistics.mean(steady) / window_s,
         "cpu_share_worst": max(per_window) / window_s,
         "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
-        "cpu_ms_per_summary": 1e3 * sum(per_window) / (pods * window_count),
-        "loop_ms_per_summary": 1e3 * sum(loop_per_window) / (pods * window_count),
+        "cpu_ms_per_summary": 1e3 * (cpu_marks[-1][1] - cpu_marks[0][1]) / handled,
+        "loop_ms_per_summary": 1e3 * (cpu_marks[-1][0] - cpu_marks[0][0]) / handled,
+        "sender_ms_per_summary": 1e3 * sender_cpu / handled,
+        "sender_cpu_share": sender_cpu / elapsed,
+        "sender_lag_s": max(report.lag_max for report in reports),
         "rss_idle_mib": idle_rss,
         "rss_mib": rss,
         "peak_rss_mib": peak,
@@ -313,7 +351,10 @@ def step(jobs: int, ranks: int, window_count: int, window_s: float, workers: int
     }
     print(
         f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
-        f"slowest window's sends took {max(durations):.1f} s of {window_s:g} s",
+        f"slowest window's answers took {max(durations):.1f} s of {window_s:g} s; senders: {args.senders} processes, "
+        f"{sender_cpu / elapsed:.0%} of a core, {1e3 * sender_cpu / handled:.3f} ms per summary, at most "
+        f"{max(report.lag_max for report in reports):.2f} s behind their schedule; "
+        f"{sum(report.held for report in reports)} windows waited for their pod's previous one",
         flush=True,
     )
     return figures
@@ -327,16 +368,29 @@ def main() -> None:
     parser.add_argument("--window-seconds", type=float, default=5.0)
     parser.add_argument("--default-gc", action="store_true", help="Python's GC thresholds, not the operator's")
     parser.add_argument("--parse-workers", type=int, default=1, help="the collector's parsing processes (0: none)")
+    parser.add_argument(
+        "--event-loop", default="asyncio", help="the collector's loop: asyncio, uvloop, or several (asyncio,uvloop)"
+    )
+    parser.add_argument("--senders", type=int, default=2, help="processes playing the sidecars")
+    parser.add_argument("--connections", type=int, default=512, help="keep-alive connections over all senders")
     args = parser.parse_args()
     steps = [int(ranks) for ranks in args.steps.split(",")]
-    tune = not args.default_gc
-    rows = [step(args.jobs, ranks, args.windows, args.window_seconds, args.parse_workers, tune) for ranks in steps]
+    for name in args.event_loop.split(","):
+        try:
+            loops.loop_factory(name)
+        except ValueError as error:
+            parser.error(f"--event-loop {name}: {error}")
+    rows = [row for ranks in steps for row in step(args, ranks)]
     columns = [  # header, figure, format, scale
+        ("event loop", "loop", ">10", 1),
+        ("load", "load", ">4.1f", 1),
+        ("after", "load_after", ">5.1f", 1),
         ("ranks", "ranks", ">6.0f", 1),
         ("pods", "pods", ">5.0f", 1),
         ("acc/s", "accepted_per_s", ">6.0f", 1),
         ("offered", "offered_per_s", ">7.0f", 1),
         ("refused", "refused", ">7.0f", 1),
+        ("unanswered", "unanswered", ">10.0f", 1),
         ("p50 ms", "p50_ms", ">7.1f", 1),
         ("p99 ms", "p99_ms", ">7.1f", 1),
         ("CPU%", "cpu_share", ">5.0f", 100),
@@ -345,6 +399,8 @@ def main() -> None:
         ("loop%", "loop_cpu_share", ">5.0f", 100),
         ("ms/sum", "cpu_ms_per_summary", ">6.2f", 1),
         ("loop", "loop_ms_per_summary", ">5.2f", 1),
+        ("snd%", "sender_cpu_share", ">4.0f", 100),
+        ("snd ms", "sender_ms_per_summary", ">6.3f", 1),
         ("RSS MiB", "rss_mib", ">7.0f", 1),
         ("peak", "peak_rss_mib", ">6.0f", 1),
         ("det ms", "detect_ms", ">7.1f", 1),
@@ -357,11 +413,13 @@ def main() -> None:
     for row in rows:
         print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
     print(
-        "CPU%: the child's CPU with its parsing workers as a share of one core, mean over all windows / over the "
-        "second half / worst window; loop%: the event loop's process alone (mean); ms/sum: CPU per summary (loop: "
-        "the loop's process alone); det ms: the detector's CPU over all jobs in one pass (mean of the last "
-        "3, max), 1 job: the slowest single job; GC ms: the loop process's garbage "
-        "collection per window (full: full collections per window)"
+        "load, after: the 1-minute load average before and after the run; CPU%: the child's CPU with its "
+        "parsing workers as a share of one core, mean over all windows / over the second half / worst window; "
+        "loop%: the event loop's process alone (mean); ms/sum: CPU per summary answered (loop: the loop's "
+        "process alone); unanswered: no answer within 60 s after the last send; snd%, snd ms: the sender "
+        "processes' own CPU (share of one core, per summary; not in CPU%); det ms: the detector's CPU over "
+        "all jobs in one pass (mean of the last 3, max), 1 job: the slowest single job; GC ms: the loop "
+        "process's garbage collection per window (full: full collections per window)"
     )
 
 

@@ -22,6 +22,7 @@ from rankwatch import __version__
 from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
 from rankwatch.operator.diagnosis.collector import CollectorSettings
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
+from rankwatch.operator.event_loop import loop_factory
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon_decision import Safeguards
 
@@ -115,6 +116,8 @@ class OperatorConfig:
     """Longest one Kubernetes API call may take (the operator's client and kopf's); a call cut off
     fails and is retried, so a partition that holds a connection open cannot hang a diagnosis or a
     cordon. A watch that carries nothing for its 300 s plus this long is opened again."""
+    event_loop: str = "asyncio"
+    """The operator's event loop: asyncio's, or uvloop's (``rankwatch.operator.event_loop``)."""
 
     @classmethod
     def from_env(
@@ -203,6 +206,7 @@ class OperatorConfig:
             metrics_ranks_per_job=env.get("RANKWATCH_METRICS_RANKS_PER_JOB", cls.metrics_ranks_per_job, _at_least(1)),
             node_alerts=node_alerts,
             api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
+            event_loop=env.get("RANKWATCH_EVENT_LOOP", cls.event_loop, _event_loop),
         )
         if env.problems:
             raise ConfigError(env.problems)
@@ -279,6 +283,11 @@ def _at_least(minimum: int) -> Callable[[str], int]:
         return number
 
     return parse
+
+
+def _event_loop(value: str) -> str:
+    loop_factory(value)  # an unknown name, or uvloop not installed, is refused here
+    return value
 
 
 def _port(value: str) -> int:

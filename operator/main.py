@@ -22,7 +22,7 @@ import signal
 import kopf
 
 from rankwatch.kube import api_client
-from rankwatch.operator import garbage_collection, kopf_toggles
+from rankwatch.operator import event_loop, garbage_collection, kopf_toggles
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.leadership import Lease
 from rankwatch.operator.probes import ProbeServer, Readiness
@@ -39,7 +39,7 @@ def run(config: OperatorConfig) -> int:
     kopf.configure(verbose=False)
     kopf_toggles.wake_only_on_flips()
     garbage_collection.tune()
-    return asyncio.run(_run(config))
+    return event_loop.run(_run(config), config.event_loop)
 
 
 async def _run(config: OperatorConfig) -> int:

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from rankwatch import protocol
+from rankwatch.operator import event_loop
 from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
@@ -108,6 +109,24 @@ async def test_summary_with_the_jobs_token_is_taken_into_the_jobs_state(collecto
     state = server.store.peek("team-a", "llama")
     assert state.summaries == 1 and state.ranks[0].pod == "llama-worker-0"
     assert state.ranks[0].comms["00000000000000ab"].last_completed == 10
+
+
+def test_the_collector_on_uvloop_takes_a_summary_with_its_parsing_worker():
+    """RANKWATCH_EVENT_LOOP=uvloop: the same server, its worker process and the job state on libuv's loop."""
+    pytest.importorskip("uvloop")
+
+    async def scenario() -> tuple[int, dict, int, str]:
+        server = Collector(JobStore(), Tokens(), CollectorSettings(host="127.0.0.1", port=0), jobs=followed)
+        await server.start()
+        try:
+            status, answer = await post(f"http://127.0.0.1:{server.port}", SUMMARIES, protocol.encode(summary()))
+            state = server.store.peek("team-a", "llama")
+            return status, answer, state.summaries, type(asyncio.get_running_loop()).__module__
+        finally:
+            await server.stop()
+
+    status, answer, taken, loop = event_loop.run(scenario(), "uvloop")
+    assert (status, answer, taken) == (202, {"accepted": True}, 1) and loop.startswith("uvloop")
 
 
 async def test_host_figures_of_schema_2_summaries_become_the_jobs_host_loads(collector):

@@ -37,6 +37,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
             "POD_NAMESPACE": "rankwatch-system",
             "POD_NAME": "rankwatch-operator-7d9-x2",
             "RANKWATCH_API_TIMEOUT_SECONDS": "7.5",
+            "RANKWATCH_EVENT_LOOP": "uvloop",
         },
         namespaces=("team-*",),
     )
@@ -49,6 +50,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
         "rankwatch-operator-7d9-x2_"
     )
     assert config.namespaces == ("team-*",) and config.api_timeout_seconds == 7.5
+    assert config.event_loop == "uvloop"
 
 
 def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_path):
@@ -64,6 +66,7 @@ def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_pat
                 "RANKWATCH_ALERTING_CONFIG": str(tmp_path / "missing.yaml"),
                 "RANKWATCH_STATUS_DEBOUNCE_SECONDS": "-1",
                 "RANKWATCH_API_TIMEOUT_SECONDS": "0",
+                "RANKWATCH_EVENT_LOOP": "trio",
             }
         )
     problems = caught.value.problems
@@ -79,6 +82,7 @@ def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_pat
         "from a ConfigMap)",
         "RANKWATCH_STATUS_DEBOUNCE_SECONDS='-1': must not be negative",
         "RANKWATCH_API_TIMEOUT_SECONDS='0': must be greater than 0",
+        "RANKWATCH_EVENT_LOOP='trio': must be one of asyncio, uvloop",
     ]
 
 
