@@ -233,7 +233,9 @@ def test_a_pod_index_behind_the_api_server_creates_nothing(api, namespace, event
     counting = CountingApiClient(api.configuration)
     sync_status(counting, namespace, "lagging", [], WorkerPodSettings())  # an index that has seen none of them
     assert counting.requests.get("POST", 0) == 0, counting.requests
-    assert counting.requests["GET"] <= 2, counting.requests  # the job and one list of its pods
+    # the job and one list of its pods per status write (the operator, watching this namespace, may write
+    # the status in between: a conflict, and the sync reads both again)
+    assert counting.requests["GET"] <= 2 * max(1, counting.requests.get("PATCH", 0)), counting.requests
 
 
 def test_listing_a_pending_jobs_pod_names_costs_their_names_not_their_pods(api, unwatched_namespace):
