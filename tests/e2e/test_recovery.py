@@ -105,13 +105,19 @@ def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
 ):
     manifest = recovering_job("hang", {"maxRestarts": 2, "backoffSeconds": 0}, hang_faults(True), archive=s3_secret)
     create_job(api, namespace, manifest)
+
+    # attempt 0's pods, named before the hang: with no backoff the restart may delete them at once
+    def attempt_0_pods() -> set[str] | None:
+        names = {pod.metadata.name for pod in pods_of(api, namespace, "hang", 0)}
+        return names if len(names) == manifest["spec"]["replicas"] else None
+
+    first_pods = eventually(attempt_0_pods, 60, what="attempt 0's pods")
     job = wait_hung(api, namespace, "hang", eventually)
     diagnosis = job["status"]["diagnosis"]
     assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [HANG_RANK], diagnosis
     [node] = diagnosis["nodes"]
     finding = report(api, namespace, job)["findings"][0]
     onset = wall(diagnosis["time"]) - finding["evidence"]["waiting_seconds"]
-    first_pods = {pod.metadata.name for pod in pods_of(api, namespace, "hang", 0)}
 
     # the next attempt runs, every worker on another node
     def running_again():
