@@ -162,8 +162,8 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
         return []
     spread = excess[judged]
     noise = 1.4826 * float(np.median(np.abs(spread - np.median(spread))))
-    # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~1%
-    tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.01 / len(ranks)))
+    # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~0.2%
+    tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.002 / len(ranks)))
     floor = max(MIN_EXCESS, tail * noise)
     if floor > MAX_FLOOR:
         return []

@@ -53,7 +53,8 @@ class Scenario:
     stuck_at_call: int = 0  # the rank's n-th NCCL call never completes
     seed: int = 0
     # the host runs ahead of its GPU (real NCCL): calls return at once and the host blocks only at the
-    # step's end (the loss); GPU start/end keep the lock-step model's times (stragglers, links, healthy)
+    # step's end (the loss); GPU start/end keep the lock-step model's times. In a hang the hosts of GPUs
+    # that wait forever go on calling (those calls never start on the GPU) up to that step's end.
     run_ahead: bool = False
 
 
@@ -131,8 +132,8 @@ def generate(s: Scenario) -> SyntheticRun:
 
     ready = np.zeros(world)  # true time each rank is free, ns since the start
     host = np.zeros(world)  # a run-ahead host's clock, ns since the start
-    stopped = np.zeros(world, bool)  # stopped outside NCCL (hang)
-    blocked = np.zeros(world, bool)  # inside a call that never returns
+    stopped = np.zeros(world, bool)  # a host that makes no more calls (hang; run-ahead: waits in its sync)
+    blocked = np.zeros(world, bool)  # a GPU inside a call that never completes (synchronous: its host too)
     group_counter = [0]
 
     def arrive(step: int) -> np.ndarray:
@@ -150,18 +151,25 @@ def generate(s: Scenario) -> SyntheticRun:
         result = {"t_call": arrival, "t_return": np.where(ok, exit_ns, 0)}
         if s.run_ahead:  # launched ahead of the GPU, returned at once
             called = np.minimum(host + HOST_CALL_NS * rng.uniform(0.5, 1.5, world), arrival)
+            called = np.where(blocked, host + HOST_CALL_NS * rng.uniform(0.5, 1.5, world), called)
             result = {"t_call": called, "t_return": called + RETURN_NS}
             host[:] = called + RETURN_NS
-        if s.gpu_timing:
-            result |= {"gpu_start": arrival + LAUNCH_NS, "gpu_end": np.where(ok, done, 0)}
+        if s.gpu_timing:  # a GPU stuck in an earlier call never reaches this one
+            result |= {"gpu_start": np.where(blocked, 0, arrival + LAUNCH_NS), "gpu_end": np.where(ok, done, 0)}
+            if s.run_ahead:  # as the ring loader reads a GPU-timed call whose GPU work has not ended: in flight
+                result["t_return"] = np.where(ok, result["t_return"], 0)
         ready[:] = np.where(ok, exit_ns, ready)
         return result
+
+    def calling() -> np.ndarray:
+        """The ranks whose host makes the next call."""
+        return ~stopped if s.run_ahead else ~(stopped | blocked)
 
     def collective(kind: str, op: Op, count: int, step: int) -> None:
         comm, comm_rank, size = kinds[kind]
         arrival = arrive(step)
         stops_now()
-        absent = stopped | blocked
+        absent = stopped | blocked  # never arrives on the GPU
         shape = {"world": (1, world), "tp": (world // s.tp, s.tp), "dp": (s.pp, dp, s.tp), "pp": None}[kind]
         axis = 1
         last = arrival.reshape(shape).max(axis=axis, keepdims=True)
@@ -173,7 +181,7 @@ def generate(s: Scenario) -> SyntheticRun:
         done = last + s.transfer_us * 1e3 * rng.uniform(0.9, 1.1, last.shape)
         done = np.broadcast_to(done, shape).reshape(world)
         ok = ~np.broadcast_to(incomplete, shape).reshape(world)
-        present = np.flatnonzero(~absent)
+        present = np.flatnonzero(calling())
         values = times(done, arrival, ok)
         if s.gpu_timing and s.stuck_rank is not None and not ok[s.stuck_rank] and not absent[s.stuck_rank]:
             values["gpu_start"] = values["gpu_start"].copy()
@@ -203,7 +211,7 @@ def generate(s: Scenario) -> SyntheticRun:
         done, ok = done.reshape(world), ok.reshape(world)
         group_counter[0] += 1
         values = times(done, arrival, ok)
-        present = ~absent
+        present = calling()
         for towards_next, op in ((not forward, Op.RECV), (forward, Op.SEND)):  # receive first, as NCCL groups do
             has_peer = stage < s.pp - 1 if towards_next else stage > 0
             who = np.flatnonzero(present & has_peer)
@@ -226,6 +234,8 @@ def generate(s: Scenario) -> SyntheticRun:
             collective("dp", Op.ALLREDUCE, 1 << 24, step)
         collective("world", Op.ALLREDUCE, 1, step)
         host[:] = np.maximum(host, ready)  # the loss's .item(): the host waits for its GPU
+        if s.run_ahead:
+            stopped |= blocked  # ... forever when its GPU never completes
 
     trace = _to_trace(s, recorder, skew, kinds, used, layout)
     world_id = int(kinds["world"][0][0])

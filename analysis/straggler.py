@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rankwatch.analysis.compute_gaps import MIN_EXCESS
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import Instances, group_instances, grouped_median
 from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace, durations
@@ -213,6 +214,9 @@ def _findings(
         # normal compute; a straggler's own compute is longer. Call times alone cannot tell them apart.
         own_compute = not trace.has_returns or not np.isfinite(excess) or excess >= 0.5 * delay
         if not own_compute:
+            continue
+        # no two GPUs run alike (1-2% apart): one hardly slower than its peers is not worth a cordon
+        if trace.has_returns and np.isfinite(excess) and typical_gap > 0 and excess < MIN_EXCESS * typical_gap:
             continue
         rank = int(candidate.ranks[position])
         spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3

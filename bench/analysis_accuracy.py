@@ -16,8 +16,9 @@ call times of a run-ahead host cannot localise (nobody else may be named), the h
 reads them from there when present (the same runs before and after a change).
 ``scale``: a scale mode, the same model with its hosts running ahead of their GPUs (calls return at once,
 the host waits at each step's end), 64 to 1,024 ranks in ten TP x PP layouts (TP and PP 1/2/4/8), GPU
-timing on and off, for stragglers, slow links and healthy runs (no hangs: the model does not run hosts
-ahead into a hang); a model, not real processes: the async suite stays the judge.
+timing on and off, for stragglers, slow links, healthy runs and hangs (a rank that never calls; a call that
+never starts on one GPU: the waiting GPUs' hosts go on launching up to the step's end); a model, not real
+processes: the async suite stays the judge.
 ``model``: the vectorised Megatron model (analysis/scenario.py), 256 ranks TP4 PP4 with clock skew
 +-2 ms and jitter, written as wrapped ring files, Megatrace logs or flight-recorder dumps; the culprit
 changes with the seed. Top-1 means the most likely finding has the right kind and names exactly the
@@ -297,11 +298,13 @@ def megatrace_suite(seeds: int, only: list[str] | None = None, steps: int = 20, 
 # 64 to 1,024 ranks; every TP and PP of 1/2/4/8 appears; 8 ranks per node
 SCALE_LAYOUTS = [(64, 1, 8), (64, 8, 1), (128, 2, 4), (128, 4, 2), (256, 1, 4), (256, 8, 8), (512, 4, 4),
                  (512, 2, 8), (1024, 8, 2), (1024, 1, 2)]  # fmt: skip
-SCALE_SCENARIOS = ["straggler 5%", "straggler 10%", "straggler 20%", "slow link", "healthy"]
+SCALE_SCENARIOS = ["straggler 5%", "straggler 10%", "straggler 20%", "slow link", "healthy", "hang", "stuck"]
 
 
 def scale_case(scenario: str, seed: int, gpu_timing: bool):
-    """(model scenario, expected kind, culprits) of one scale-mode run."""
+    """(model scenario, expected kind, culprits, whether call times alone must name them) of one
+    scale-mode run. A rank that never calls is seen in call times; a call that never starts on one GPU
+    (stuck) only in GPU times."""
     import numpy as np
 
     from rankwatch.analysis.scenario import Scenario
@@ -312,9 +315,15 @@ def scale_case(scenario: str, seed: int, gpu_timing: bool):
     base = dict(world_size=world, tp=tp, pp=pp, clock_skew_us=2000, jitter=0.03, seed=seed, run_ahead=True,
                 gpu_timing=gpu_timing, ranks_per_node=8, compute_us=1000)  # fmt: skip
     rank = int(rng.integers(world))
+    calls_per_step = 2 * 2 * (2 * (tp > 1) + (pp > 1)) + (world // (tp * pp) > 1) + 1  # as the model makes them
+    fault_call = int(rng.integers(5 * calls_per_step, 15 * calls_per_step))  # between steps 5 and 15 of 20
+    if scenario == "hang":
+        return Scenario(**base, hang_rank=rank, hang_at_call=fault_call), "hang", [rank], True
+    if scenario == "stuck":
+        return Scenario(**base, stuck_rank=rank, stuck_at_call=fault_call), "hang", [rank], False
     if scenario.startswith("straggler"):
         slowdown = int(scenario.split()[1].rstrip("%")) / 100
-        return Scenario(**base, stragglers=((rank, slowdown),)), "straggler", [rank]
+        return Scenario(**base, stragglers=((rank, slowdown),)), "straggler", [rank], False
     if scenario == "slow link":
         stride = world // pp
         first = int(rng.integers(world - stride))
@@ -322,8 +331,9 @@ def scale_case(scenario: str, seed: int, gpu_timing: bool):
             Scenario(**base, slow_link=(first, first + stride), link_latency_us=300),
             "slow_link",
             [first, first + stride],
+            False,
         )
-    return Scenario(**base), None, []
+    return Scenario(**base), None, [], False
 
 
 def scale_suite(seeds: int, only: list[str] | None = None) -> None:
@@ -332,7 +342,7 @@ def scale_suite(seeds: int, only: list[str] | None = None) -> None:
     from rankwatch.analysis.scenario import generate
 
     def score(scenario: str, seed: int, gpu_timing: bool):
-        model, kind, culprits = scale_case(scenario, seed, gpu_timing)
+        model, kind, culprits, in_call_times = scale_case(scenario, seed, gpu_timing)
         synthetic = generate(model)
         document = analyze(synthetic.trace)
         findings = document["findings"]
@@ -341,7 +351,7 @@ def scale_suite(seeds: int, only: list[str] | None = None) -> None:
         is_first = bool(top and top["kind"] == kind and sorted(top["ranks"]) == culprits)
         wrong = any(set(f["nodes"]) - nodes for f in findings)
         extra = len(findings) if kind is None else sum(1 for f in findings if not set(f["ranks"]) <= set(culprits))
-        ok = not findings if kind is None else (is_first if gpu_timing else extra == 0)
+        ok = not findings if kind is None else (is_first if gpu_timing or in_call_times else extra == 0)
         miss = None
         if not ok or wrong or extra:
             said = [(f["kind"], f["ranks"]) for f in findings]
