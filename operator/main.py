@@ -44,6 +44,7 @@ def run(config: OperatorConfig) -> int:
 
 async def _run(config: OperatorConfig) -> int:
     loop = asyncio.get_running_loop()
+    log.info("event loop: %s (%s)", config.event_loop, type(loop).__module__)
     kube = api_client(request_timeout=config.api_timeout_seconds)
     readiness = Readiness()
     probes = ProbeServer(*config.probe_listen, readiness) if config.probe_listen else None

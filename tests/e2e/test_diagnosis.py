@@ -396,6 +396,27 @@ def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eve
         assert not [e for e in events(api, namespace, name) if e.reason in DIAGNOSIS_KINDS], name
 
 
+def test_operator_on_uvloop_diagnoses_a_straggler(
+    api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path
+):
+    """RANKWATCH_EVENT_LOOP=uvloop: kopf, the collector, the monitor and the diagnosis all on libuv's loop."""
+    namespace = unwatched_namespace
+    port = processes.free_port()
+    log = tmp_path / "operator.log"
+    operator = processes.operator(kubeconfig, namespace, log, port, {"RANKWATCH_EVENT_LOOP": "uvloop"})
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
+    try:
+        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+        create_job(api, namespace, standin_job("on-uvloop", faults))
+        wait_running(api, namespace, "on-uvloop", eventually)
+        job = eventually(lambda: diagnosed(api, namespace, "on-uvloop", "Degraded"), 90, interval=1, what="Degraded")
+        assert job["status"]["diagnosis"]["kind"] == "Straggler" and job["status"]["diagnosis"]["ranks"] == [5]
+        assert "event loop: uvloop (uvloop)" in log.read_text()
+    finally:
+        processes.stop(runner)
+        processes.stop(operator)
+
+
 @pytest.mark.parametrize("gpu_timing", [True, False], ids=["gpu-timed", "untimed"])
 def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
     api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path, gpu_timing
