@@ -148,14 +148,15 @@ def main() -> None:
 
     context = multiprocessing.get_context("spawn")
     ports, detect_times = context.Queue(), context.Queue()
-    child = context.Process(target=serve, args=(ports, world, args.window_seconds, detect_times), daemon=True)
+    child = context.Process(target=serve, args=(ports, world, args.window_seconds, detect_times))
     child.start()
     port = ports.get(timeout=30)
     time.sleep(1.0)
     before, wall = cpu_seconds(child.pid), time.monotonic()
     failures = asyncio.run(send(port, windows, args.window_seconds))
     cpu, elapsed = cpu_seconds(child.pid) - before, time.monotonic() - wall
-    child.terminate()
+    child.terminate()  # its parsing workers end with it (not a daemon: a daemon may not start them)
+    child.join(10)
     detections = []
     while not detect_times.empty():
         detections.append(detect_times.get())
