@@ -343,6 +343,7 @@ def play_sidecars(
         "sidecar_load": load_before,
         "sidecar_rss_mib": rss,
         "sidecar_rss_max_mib": max([*rss_marks, rss]),
+        "sidecar_rss_by_window_mib": [round(mib) for mib in rss_marks],  # does it level off once 12 are kept?
         "sidecar_peak_rss_mib": peak,
         "sidecar_requests_per_s": requests,
         "accepted_by_collector": grew("rankwatch_collector_messages_total:accepted"),
