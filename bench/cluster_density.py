@@ -23,24 +23,51 @@ peak), and its API requests per second in both phases.
 
     RANKWATCH_CLUSTER_DIR=~/.rankwatch/density python bench/cluster_density.py [--steps 100:5,1000:50]
         [--pods-per-node 8] [--ranks-per-pod 8] [--settle 60] [--timeout 1200] [--down]
+        [--sidecar-windows 13 [--senders 2] [--connections 512]]
+
+With ``--sidecar-windows N``, once the idle figures are taken, every worker pod's sidecar is played
+against the operator's own collector for N windows of 5 s (``operator_scale.send``: sender processes
+of ``sidecar_load``, the real protocol, each job's token read from the Secret the operator wrote, one
+window summary per real pod naming the node it is bound to; 8 ranks per pod, TP 8 x DP x PP, the jobs'
+``spec.parallelism`` set to match): the diagnosis side and the API side of the operator measured
+together, in one process. Measured then: summaries accepted per second against offered, refused,
+unanswered, latency; the operator's CPU per window, its memory, its API requests per second (the
+monitor's status writes), and the detector's time per window from its own histogram
+(``rankwatch_detector_duration_seconds`` on the collector's /metrics) with the suspicions it raised
+(none expected: every rank waits 0.7-1.3 ms; a suspicion would start a diagnosis that reaches for
+sidecars that do not exist).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
-from operator_scale import tree_cpu_seconds, tree_rss_mib
+from operator_cpu import RANKS_PER_POD, TP
+from operator_scale import (
+    describe_senders,
+    job_bodies,
+    layout_of,
+    load_figures,
+    process_tree,
+    send,
+    tree_cpu_seconds,
+    tree_rss_mib,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
 from rankwatch.cluster import binaries, kubeconfig, pki
 from rankwatch.cluster.local import LocalCluster
@@ -54,6 +81,9 @@ CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
 OPERATOR = pki.ClientIdentity("density-operator", "rankwatch-density-operator")
 PREFIX = "density-"  # the namespaces of the steps
 FLOW_SCHEMA = "rankwatch-density-operator"
+WINDOW_S = 5
+"""The played sidecars' window, also set as the jobs' ``tracing.windowSeconds`` (the CRD's default)."""
+DETECTOR = "rankwatch_detector_duration_seconds"
 DISPATCHED = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{flow_schema="' + FLOW_SCHEMA + r'",[^}]*\} (\S+)$', re.M
 )
@@ -131,7 +161,17 @@ def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float
     return operator_requests(client), tree_cpu_seconds(pid)[1]
 
 
-def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
+def training_job(
+    name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int, sidecars: bool = False
+) -> dict[str, Any]:
+    """The job's manifest; with ``sidecars`` its parallelism is the layout of the summaries played for it
+    (TP 8 x DP x PP, ``operator_scale.layout_of``) and its window the played one, so that the monitor's
+    detector reads them as they are meant."""
+    parallelism = {"tensor": ranks_per_pod}
+    tracing = {}
+    if sidecars:
+        parallelism["pipeline"] = layout_of(replicas * ranks_per_pod)
+        tracing["windowSeconds"] = WINDOW_S  # the CRD's default, said outright
     return {
         "apiVersion": f"{rankwatch_api.GROUP}/{rankwatch_api.VERSION}",
         "kind": "TrainingJob",
@@ -139,7 +179,8 @@ def training_job(name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int
         "spec": {
             "replicas": replicas,
             "nprocPerNode": ranks_per_pod,
-            "parallelism": {"tensor": ranks_per_pod},
+            "parallelism": parallelism,
+            **({"tracing": tracing} if tracing else {}),
             "template": {
                 "spec": {
                     "containers": [
@@ -192,6 +233,130 @@ def remove_earlier_steps(core: kubernetes.client.CoreV1Api, timeout: float) -> N
         wait_gone(core, namespace, timeout)
 
 
+def job_tokens(core: kubernetes.client.CoreV1Api, namespace: str, jobs: list[str]) -> dict[str, str]:
+    """Each job's sidecar token, from the Secret the operator wrote for it (read as its collector reads it)."""
+    tokens = {}
+    for job in jobs:
+        secret = core.read_namespaced_secret(rankwatch_api.token_secret_name(job), namespace)
+        value = (secret.data or {}).get(rankwatch_api.TOKEN_KEY)
+        if not value:
+            raise SystemExit(f"Secret {namespace}/{rankwatch_api.token_secret_name(job)} holds no token")
+        tokens[job] = base64.b64decode(value).decode().strip()
+    return tokens
+
+
+def pod_nodes(
+    core: kubernetes.client.CoreV1Api, namespace: str, jobs: list[str], replicas: int
+) -> dict[str, list[str]]:
+    """The node each worker pod (``<job>-worker-<i>``) is bound to, per job in replica order."""
+    bound = {pod.metadata.name: pod.spec.node_name for pod in core.list_namespaced_pod(namespace).items}
+    nodes: dict[str, list[str]] = {}
+    for job in jobs:
+        names = [rankwatch_api.worker_pod_name(job, index) for index in range(replicas)]
+        unbound = [name for name in names if not bound.get(name)]
+        if unbound:
+            raise SystemExit(f"{len(unbound)} worker pods of {job} are not bound to a node: {unbound[:3]}")
+        nodes[job] = [bound[name] for name in names]
+    return nodes
+
+
+def collector_metrics(port: int) -> dict[str, float]:
+    """The operator's own metrics from its collector's /metrics (served without a token): each sample's
+    value summed over its labels, the detector histogram's buckets by bound (``..._bucket:<le>``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if name == f"{DETECTOR}_bucket":
+                name = f"{name}:{sample.labels['le']}"
+            elif name == "rankwatch_collector_messages_total":
+                name = f"{name}:{sample.labels['result']}"
+            totals[name] = totals.get(name, 0.0) + sample.value
+    return totals
+
+
+def reset_peak_rss(pid: int) -> None:
+    """Start each process's peak resident memory (VmHWM) over from now (``clear_refs`` 5), so the peak
+    read later is the phase's, not the pods' creation's."""
+    for member in process_tree(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{member}/clear_refs", "w") as refs:
+            refs.write("5")
+
+
+def play_sidecars(
+    args: argparse.Namespace,
+    admin: kubernetes.client.ApiClient,
+    namespace: str,
+    jobs: list[str],
+    replicas: int,
+    port: int,
+    pid: int,
+) -> dict[str, Any]:
+    """Every worker pod's sidecar against the operator's own collector for ``--sidecar-windows`` windows
+    (operator_scale's senders, the jobs' real tokens, pods and nodes): what the operator used meanwhile."""
+    core = kubernetes.client.CoreV1Api(admin)
+    world = replicas * RANKS_PER_POD
+    tokens = job_tokens(core, namespace, jobs)
+    nodes = pod_nodes(core, namespace, jobs, replicas)
+    generator = random.Random(0)
+    built = time.monotonic()
+    windows = [
+        job_bodies(namespace, jobs, world, number + 1, generator, nodes) for number in range(args.sidecar_windows)
+    ]
+    pods = len(windows[0])
+    print(f"  sidecars: {pods} pods x {RANKS_PER_POD} ranks, {args.sidecar_windows} windows of {WINDOW_S} s built "
+          f"in {time.monotonic() - built:.0f} s (load average {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+    reset_peak_rss(pid)
+    before = collector_metrics(port)
+    requests_before, requests_from = operator_requests(admin), time.monotonic()
+    load_before = os.getloadavg()[0]
+    reports, start, cpu_marks, rss_marks = send(
+        port, namespace, tokens, windows, WINDOW_S, pid, args.senders, args.connections
+    )
+    cpu_marks.append(tree_cpu_seconds(pid))  # after the last answer: all the work of every summary
+    requests = (operator_requests(admin) - requests_before) / (time.monotonic() - requests_from)
+    rss, peak = tree_rss_mib(pid)
+    time.sleep(WINDOW_S)  # the monitor's pass over the last window
+    after = collector_metrics(port)
+    figures = load_figures(reports, start, cpu_marks, pods, args.sidecar_windows, WINDOW_S)
+    print(f"  sidecars: {describe_senders(figures, args.senders, WINDOW_S)}", flush=True)
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    runs, spent = grew(f"{DETECTOR}_count"), grew(f"{DETECTOR}_sum")
+    bounds = sorted(
+        (float(name.rsplit(":", 1)[1]), grew(name)) for name in after if name.startswith(f"{DETECTOR}_bucket:")
+    )
+    refused = {
+        name.rsplit(":", 1)[1]: int(grew(name))
+        for name in after
+        if name.startswith("rankwatch_collector_messages_total:") and not name.endswith(":accepted") and grew(name)
+    }
+    return {
+        **{key: value for key, value in figures.items() if key != "statuses"},
+        "statuses": {str(status): count for status, count in figures["statuses"].items()},
+        "sidecar_pods": pods,
+        "sidecar_windows": args.sidecar_windows,
+        "sidecar_load": load_before,
+        "sidecar_rss_mib": rss,
+        "sidecar_rss_max_mib": max([*rss_marks, rss]),
+        "sidecar_rss_by_window_mib": [round(mib) for mib in rss_marks],  # does it level off once 12 are kept?
+        "sidecar_peak_rss_mib": peak,
+        "sidecar_requests_per_s": requests,
+        "accepted_by_collector": grew("rankwatch_collector_messages_total:accepted"),
+        "refused_by_collector": refused,
+        "detector_runs": runs,
+        "detect_job_ms": 1e3 * spent / runs if runs else float("nan"),
+        "detect_window_ms": 1e3 * spent / (runs / len(jobs)) if runs else float("nan"),
+        "detect_job_ms_bound": 1e3 * next((le for le, count in bounds if count >= runs), float("inf")),
+        "suspicions": grew("rankwatch_detector_suspicions_total"),
+        "diagnoses": grew("rankwatch_diagnoses_total"),
+    }
+
+
 def run_step(
     cluster: LocalCluster, args: argparse.Namespace, nodes: int, jobs: int, operator_config: Path
 ) -> dict[str, Any]:
@@ -208,7 +373,9 @@ def run_step(
         raise SystemExit(f"{pods} pods do not split evenly over {jobs} jobs")
     replicas, gpus_per_pod = pods // jobs, GPUS_PER_NODE // args.pods_per_node
 
-    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log", free_port())
+    sidecars = args.sidecar_windows > 0
+    port = free_port()
+    operator = start_operator(operator_config, namespace, cluster.logs / f"operator-{namespace}.log", port)
     try:
         time.sleep(args.warmup)  # its watches listed and established; their cost is in the idle figures too
         if operator.poll() is not None:
@@ -223,7 +390,7 @@ def run_step(
                 rankwatch_api.VERSION,
                 namespace,
                 rankwatch_api.PLURAL,
-                training_job(name, replicas, gpus_per_pod, args.ranks_per_pod),
+                training_job(name, replicas, gpus_per_pod, args.ranks_per_pod, sidecars),
             )
             created[name] = time.monotonic()
         running: dict[str, float] = {}
@@ -258,6 +425,11 @@ def run_step(
         requests_idle, cpu_idle = requests_end - requests_after, cpu_end - cpu_after
         rss, peak_rss = tree_rss_mib(operator.pid)
         pods_running = sum(1 for pod in core.list_namespaced_pod(namespace).items if pod.status.phase == "Running")
+        played = {}
+        if sidecars:
+            played = play_sidecars(args, admin, namespace, sorted(created), replicas, port, operator.pid)
+        if operator.poll() is not None:
+            raise SystemExit(f"the operator exited with {operator.returncode} under the sidecars; see {cluster.logs}")
     finally:
         operator.terminate()
         try:
@@ -286,7 +458,46 @@ def run_step(
         "requests_ramp_per_s": requests_ramp / ramp,
         "requests_ramp": requests_ramp,
         "requests_idle_per_s": requests_idle / args.settle,
+        **played,
     }
+
+
+def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
+    """The sidecar phase of each step: the operator keeping up with its jobs' summaries, or not."""
+    columns = [  # header, figure, format, scale
+        ("ranks", "ranks", ">6.0f", 1),
+        ("pods", "sidecar_pods", ">5.0f", 1),
+        ("load", "sidecar_load", ">5.1f", 1),
+        ("acc/s", "accepted_per_s", ">6.0f", 1),
+        ("offered", "offered_per_s", ">7.0f", 1),
+        ("refused", "refused", ">7.0f", 1),
+        ("unanswered", "unanswered", ">10.0f", 1),
+        ("p50 ms", "p50_ms", ">7.1f", 1),
+        ("p99 ms", "p99_ms", ">7.1f", 1),
+        ("CPU%", "cpu_share", ">5.0f", 100),
+        ("steady", "cpu_share_steady", ">6.0f", 100),
+        ("worst", "cpu_share_worst", ">5.0f", 100),
+        ("loop%", "loop_cpu_share", ">5.0f", 100),
+        ("RSS MiB", "sidecar_rss_mib", ">7.0f", 1),
+        ("peak", "sidecar_peak_rss_mib", ">6.0f", 1),
+        ("req/s", "sidecar_requests_per_s", ">6.2f", 1),
+        ("det ms", "detect_window_ms", ">7.1f", 1),
+        ("1 job", "detect_job_ms", ">6.2f", 1),
+        ("susp", "suspicions", ">5.0f", 1),
+        ("snd%", "sender_cpu_share", ">4.0f", 100),
+    ]
+    print("\nsidecars played against the operator's collector:")
+    print(" ".join(f"{header:>{len(format(0, spec))}}" for header, _, spec, _ in columns))
+    for row in rows:
+        print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
+    print(
+        "load: the 1-minute load average as the sidecars start; CPU%: the operator with its child processes "
+        "as a share of one core, mean over the windows / second half / worst window; loop%: its main "
+        "process alone; RSS, peak: the operator's processes together at the end and at their peak during "
+        "the phase (peaks reset as it starts); req/s: its API requests per second meanwhile; det ms: the "
+        "detector's time per window over all jobs, 1 job: per job (rankwatch_detector_duration_seconds); "
+        "susp: suspicions raised (rankwatch_detector_suspicions_total); snd%: the senders' own CPU"
+    )
 
 
 def main() -> None:
@@ -301,7 +512,18 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=60.0, help="seconds of idle measurement once all run")
     parser.add_argument("--timeout", type=float, default=1200.0)
     parser.add_argument("--down", action="store_true", help="remove the cluster at the end")
+    parser.add_argument(
+        "--sidecar-windows",
+        type=int,
+        default=0,
+        help=f"once idle, play every worker pod's sidecar against the operator's collector for N windows of "
+        f"{WINDOW_S} s (0: none)",
+    )
+    parser.add_argument("--senders", type=int, default=2, help="processes playing the sidecars")
+    parser.add_argument("--connections", type=int, default=512, help="keep-alive connections over all senders")
     args = parser.parse_args()
+    if args.sidecar_windows and args.ranks_per_pod != RANKS_PER_POD:
+        raise SystemExit(f"--sidecar-windows plays pods of {RANKS_PER_POD} ranks (TP {TP}): --ranks-per-pod 8")
     if GPUS_PER_NODE % args.pods_per_node:
         raise SystemExit(f"--pods-per-node must divide {GPUS_PER_NODE}")
     steps = [tuple(int(part) for part in step.split(":")) for step in args.steps.split(",")]
@@ -337,6 +559,8 @@ def main() -> None:
                 f"{row['cpu_idle']:>8.0%} {row['rss_mib']:>8.0f} {row['peak_rss_mib']:>9.0f} "
                 f"{row['requests_ramp_per_s']:>11.1f} {row['requests_idle_per_s']:>11.2f}"
             )
+        if args.sidecar_windows:
+            print_sidecar_figures(rows)
         print(f"load average {os.getloadavg()[0]:.2f} at the end", flush=True)
     finally:
         if args.down:

@@ -19,10 +19,12 @@ import multiprocessing
 import os
 import random
 import time
+from collections.abc import Sequence
 
 import aiohttp
 
 from rankwatch import protocol
+from rankwatch.operator.api import worker_pod_name
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 
 TOKEN = "bench-token"
@@ -41,8 +43,17 @@ def comms_of(rank: int, world: int, pipeline: int = PP) -> list[tuple[str, int, 
     ]
 
 
-def summaries(world: int, window: int, generator: random.Random, pipeline: int = PP) -> list[tuple[str, bytes]]:
-    """(pod, gzip'd body) of every pod of job ``bench/big`` (``world`` ranks, TP 8 x ``pipeline``) in a window."""
+def summaries(
+    world: int,
+    window: int,
+    generator: random.Random,
+    pipeline: int = PP,
+    namespace: str = "bench",
+    job: str = "big",
+    nodes: Sequence[str] | None = None,
+) -> list[tuple[str, bytes]]:
+    """(pod, gzip'd body) of every pod of job ``namespace/job`` (``world`` ranks, TP 8 x ``pipeline``) in a
+    window; pods named as the operator names them, pod ``i`` on ``nodes[i]`` (``gpu-node-<i>`` without)."""
     bodies = []
     for pod in range(world // RANKS_PER_POD):
         ranks = []
@@ -58,7 +69,8 @@ def summaries(world: int, window: int, generator: random.Random, pipeline: int =
                 )  # fmt: skip
             ranks.append(RankWindow(rank, rank % 8, 1000 + rank, f"r{rank}.ring", True, 600, 0, 0, 0,
                                     time.time_ns(), 0.021, comms))  # fmt: skip
-        summary = WindowSummary(1, "bench", "big", f"big-worker-{pod}", f"gpu-node-{pod}", pod, RANKS_PER_POD,
+        node = nodes[pod] if nodes is not None else f"gpu-node-{pod}"
+        summary = WindowSummary(1, namespace, job, worker_pod_name(job, pod), node, pod, RANKS_PER_POD,
                                 window, window * 10**9, (window + 1) * 10**9, 0, ranks)  # fmt: skip
         bodies.append((summary.pod, protocol.encode(summary)))
     return bodies
@@ -136,14 +148,15 @@ def main() -> None:
 
     context = multiprocessing.get_context("spawn")
     ports, detect_times = context.Queue(), context.Queue()
-    child = context.Process(target=serve, args=(ports, world, args.window_seconds, detect_times), daemon=True)
+    child = context.Process(target=serve, args=(ports, world, args.window_seconds, detect_times))
     child.start()
     port = ports.get(timeout=30)
     time.sleep(1.0)
     before, wall = cpu_seconds(child.pid), time.monotonic()
     failures = asyncio.run(send(port, windows, args.window_seconds))
     cpu, elapsed = cpu_seconds(child.pid) - before, time.monotonic() - wall
-    child.terminate()
+    child.terminate()  # its parsing workers end with it (not a daemon: a daemon may not start them)
+    child.join(10)
     detections = []
     while not detect_times.empty():
         detections.append(detect_times.get())

@@ -43,6 +43,8 @@ import random
 import signal
 import statistics
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import sidecar_load
 from operator_cpu import RANKS_PER_POD, TP, cpu_seconds, summaries
@@ -51,6 +53,10 @@ from rankwatch import protocol
 from rankwatch.operator import event_loop as loops
 
 NAMESPACE = "bench"
+
+
+def job_names(jobs: int) -> list[str]:
+    return [f"job-{index:02d}" for index in range(jobs)]
 
 
 def token_of(job: str) -> str:
@@ -65,19 +71,27 @@ def layout_of(world: int) -> int:
     raise SystemExit(f"{world} ranks per job is not a multiple of {TP}")
 
 
-def job_bodies(jobs: int, world: int, window: int, generator: random.Random) -> list[tuple[str, int, bytes]]:
+def job_bodies(
+    namespace: str,
+    jobs: Sequence[str],
+    world: int,
+    window: int,
+    generator: random.Random,
+    nodes: Mapping[str, Sequence[str]] | None = None,
+) -> list[tuple[str, int, bytes]]:
     """(job, pod number over all jobs, gzip'd body) of every pod of every job in one window: one job's
     summaries (the protocol module's encoding), renamed per job (job, pods, nodes) as each job's
-    sidecars would name them."""
-    template = summaries(world, window, generator, layout_of(world))
+    sidecars would name them; pod ``i`` of ``job`` on ``nodes[job][i]`` (``gpu-<j>-<i>`` without)."""
+    template = summaries(world, window, generator, layout_of(world), namespace=namespace)
+    named = f'"namespace":"{namespace}","job":"big"'.encode()
     bodies = []
-    for index in range(jobs):
-        job = f"job-{index:02d}"
+    for index, job in enumerate(jobs):
         for number, (_, body) in enumerate(template):
+            node = nodes[job][number] if nodes is not None else f"gpu-{index:02d}-{number}"
             raw = gzip.decompress(body)
-            raw = raw.replace(b'"namespace":"bench","job":"big"', f'"namespace":"{NAMESPACE}","job":"{job}"'.encode())
+            raw = raw.replace(named, f'"namespace":"{namespace}","job":"{job}"'.encode())
             raw = raw.replace(b'"pod":"big-worker-', f'"pod":"{job}-worker-'.encode())
-            raw = raw.replace(b'"node":"gpu-node-', f'"node":"gpu-{index:02d}-'.encode())
+            raw = raw.replace(f'"node":"gpu-node-{number}"'.encode(), f'"node":"{node}"'.encode())
             bodies.append((job, index * len(template) + number, gzip.compress(raw, compresslevel=5)))
     random.Random(window).shuffle(bodies)  # pods of all jobs interleave, as unaligned sidecars do
     return bodies
@@ -100,7 +114,7 @@ def serve(
     from rankwatch.operator.diagnosis.detector import Thresholds, detect
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 
-    names = {f"job-{index:02d}" for index in range(jobs)}
+    names = set(job_names(jobs))
     limits = StateLimits.for_job(world, world // RANKS_PER_POD)
 
     async def tokens(namespace: str, name: str, stale: bool = False) -> str | None:
@@ -194,19 +208,27 @@ def peak_rss_mib(pid: int) -> tuple[float, float]:
 
 
 def send(
-    port: int, windows: list[list[tuple[str, int, bytes]]], window_s: float, pid: int, senders: int, connections: int
-) -> tuple[list[sidecar_load.SenderReport], float, list[tuple[float, float]]]:
-    """Play every pod's sidecar from ``senders`` processes of their own (``sidecar_load``; each pod always
-    from the same one, so its windows go in order), each window's
-    bodies spread over 80% of the window; the senders' reports, the start time and the child's CPU
-    seconds (its loop, with its workers) at each window's start (and at the end)."""
+    port: int,
+    namespace: str,
+    tokens: Mapping[str, str],
+    windows: list[list[tuple[str, int, bytes]]],
+    window_s: float,
+    pid: int,
+    senders: int,
+    connections: int,
+) -> tuple[list[sidecar_load.SenderReport], float, list[tuple[float, float]], list[float]]:
+    """Play every pod's sidecar of ``namespace``'s jobs (``tokens``: each job's bearer token) from
+    ``senders`` processes of their own (``sidecar_load``; each pod always from the same one, so its
+    windows go in order), each window's bodies spread over 80% of the window; the senders' reports,
+    the start time, and at each window's start (and at the end) the CPU seconds of process ``pid``
+    (its loop, with its children) and the resident memory of them all in MiB."""
     context = multiprocessing.get_context("fork")  # the requests are inherited, not pickled
     ready, reports = context.Queue(), context.Queue()
     starts = [context.Queue() for _ in range(senders)]
     processes = []
     for index in range(senders):
         mine = [
-            [(position, pod, sidecar_load.request_bytes(port, NAMESPACE, job, token_of(job), body))
+            [(position, pod, sidecar_load.request_bytes(port, namespace, job, tokens[job], body))
              for position, (job, pod, body) in enumerate(bodies) if pod % senders == index]
             for bodies in windows
         ]  # fmt: skip
@@ -221,14 +243,78 @@ def send(
     start = time.monotonic() + 0.5
     for queue in starts:
         queue.put(start)
-    cpu_marks = []
+    cpu_marks, rss_marks = [], []
     for window in range(len(windows) + 1):
         time.sleep(max(0.0, start + window * window_s - time.monotonic()))
         cpu_marks.append(tree_cpu_seconds(pid))
+        rss_marks.append(tree_rss_mib(pid)[0])
     got = [reports.get(timeout=120) for _ in processes]
     for process in processes:
         process.join(10)
-    return got, start, cpu_marks
+    return got, start, cpu_marks, rss_marks
+
+
+def load_figures(
+    reports: list[sidecar_load.SenderReport],
+    start: float,
+    cpu_marks: list[tuple[float, float]],
+    pods: int,
+    window_count: int,
+    window_s: float,
+) -> dict[str, Any]:
+    """What the senders saw (accepted, refused, unanswered, latency) and what the process under load
+    used (CPU per window, from ``send``'s marks plus one after the last answer): the figures both scale
+    benches give, with ``statuses`` (count per HTTP status, 0: unanswered) and ``handled``."""
+    marks = cpu_marks[: window_count + 1]
+    per_window = [after[1] - before[1] for before, after in itertools.pairwise(marks)]
+    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(marks)]
+    steady = per_window[len(per_window) // 2 :]
+    statuses: dict[int, int] = {}
+    for report in reports:
+        for status, count in report.statuses.items():
+            statuses[status] = statuses.get(status, 0) + count
+    accepted = statuses.get(202, 0) + statuses.get(200, 0)
+    unanswered = statuses.get(0, 0)  # connection lost, or not answered within the senders' drain time
+    handled = sum(statuses.values()) - unanswered
+    ordered = sorted(latency for report in reports for latency in report.latencies)
+    ends = [max(report.window_ends[window] for report in reports) for window in range(window_count)]
+    durations = [end - (start + window * window_s) for window, end in enumerate(ends) if end]
+    elapsed = max(window_count * window_s, max(ends) - start)
+    sender_cpu = sum(report.cpu_seconds for report in reports)
+    answered = max(handled, 1)
+    return {
+        "statuses": statuses,
+        "handled": handled,
+        "elapsed_s": elapsed,
+        "accepted_per_s": accepted / elapsed,
+        "offered_per_s": pods / window_s,
+        "refused": handled - accepted,
+        "unanswered": unanswered,
+        "p50_ms": 1e3 * ordered[len(ordered) // 2],
+        "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
+        "max_ms": 1e3 * ordered[-1],
+        "send_s_max": max(durations),
+        "cpu_share": statistics.mean(per_window) / window_s,
+        "cpu_share_steady": statistics.mean(steady) / window_s,
+        "cpu_share_worst": max(per_window) / window_s,
+        "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
+        "cpu_ms_per_summary": 1e3 * (cpu_marks[-1][1] - cpu_marks[0][1]) / answered,
+        "loop_ms_per_summary": 1e3 * (cpu_marks[-1][0] - cpu_marks[0][0]) / answered,
+        "sender_ms_per_summary": 1e3 * sender_cpu / answered,
+        "sender_cpu_share": sender_cpu / elapsed,
+        "sender_lag_s": max(report.lag_max for report in reports),
+        "held": sum(report.held for report in reports),
+    }
+
+
+def describe_senders(figures: dict[str, Any], senders: int, window_s: float) -> str:
+    """One line on the answers and on the senders themselves (were they, not the operator, the limit?)."""
+    return (
+        f"statuses {figures['statuses']}; slowest window's answers took {figures['send_s_max']:.1f} s of "
+        f"{window_s:g} s; senders: {senders} processes, {figures['sender_cpu_share']:.0%} of a core, "
+        f"{figures['sender_ms_per_summary']:.3f} ms per summary, at most {figures['sender_lag_s']:.2f} s "
+        f"behind their schedule; {figures['held']} windows waited for their pod's previous one"
+    )
 
 
 def breakdown(bodies: list[tuple[str, int, bytes]], world: int) -> str:
@@ -259,7 +345,7 @@ def step(args: argparse.Namespace, ranks: int) -> list[dict[str, float | str]]:
     world = max(TP, round(ranks / jobs / TP) * TP)
     generator = random.Random(0)
     built = time.monotonic()
-    windows = [job_bodies(jobs, world, number + 1, generator) for number in range(window_count)]
+    windows = [job_bodies(NAMESPACE, job_names(jobs), world, number + 1, generator) for number in range(window_count)]
     pods = len(windows[0])
     size = sum(len(body) for *_, body in windows[0]) / pods
     print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
@@ -288,7 +374,10 @@ def run(
         port = ports.get(timeout=60)
         time.sleep(1.0)
         _, idle_rss = tree_rss_mib(child.pid)
-        reports, start, cpu_marks = send(port, windows, window_s, child.pid, args.senders, args.connections)
+        tokens = {job: token_of(job) for job in job_names(jobs)}
+        reports, start, cpu_marks, _ = send(
+            port, NAMESPACE, tokens, windows, window_s, child.pid, args.senders, args.connections
+        )
         cpu_marks.append(tree_cpu_seconds(child.pid))  # after the last answer: all the work of every summary
         time.sleep(window_s)  # one more detector pass over the full state
         rss, peak = tree_rss_mib(child.pid)
@@ -301,44 +390,14 @@ def run(
     detector = []
     while not passes.empty():
         detector.append(passes.get())
-    per_window = [after[1] - before[1] for before, after in itertools.pairwise(cpu_marks[: window_count + 1])]
-    loop_per_window = [after[0] - before[0] for before, after in itertools.pairwise(cpu_marks[: window_count + 1])]
-    steady = per_window[len(per_window) // 2 :]
-    statuses: dict[int, int] = {}
-    for report in reports:
-        for status, count in report.statuses.items():
-            statuses[status] = statuses.get(status, 0) + count
-    accepted = statuses.get(202, 0) + statuses.get(200, 0)
-    unanswered = statuses.get(0, 0)  # connection lost, or not answered within the senders' drain time
-    handled = sum(statuses.values()) - unanswered
-    ordered = sorted(latency for report in reports for latency in report.latencies)
-    ends = [max(report.window_ends[window] for report in reports) for window in range(window_count)]
-    durations = [end - (start + window * window_s) for window, end in enumerate(ends) if end]
-    elapsed = max(window_count * window_s, max(ends) - start)
-    sender_cpu = sum(report.cpu_seconds for report in reports)
+    load = load_figures(reports, start, cpu_marks, pods, window_count, window_s)
     figures: dict[str, float | str] = {
         "loop": event_loop,
         "load": load_before,
         "load_after": os.getloadavg()[0],
         "ranks": jobs * world,
         "pods": pods,
-        "accepted_per_s": accepted / elapsed,
-        "offered_per_s": pods / window_s,
-        "refused": handled - accepted,
-        "unanswered": unanswered,
-        "p50_ms": 1e3 * ordered[len(ordered) // 2],
-        "p99_ms": 1e3 * ordered[int(len(ordered) * 0.99)],
-        "max_ms": 1e3 * ordered[-1],
-        "send_s_max": max(durations),
-        "cpu_share": statistics.mean(per_window) / window_s,
-        "cpu_share_steady": statistics.mean(steady) / window_s,
-        "cpu_share_worst": max(per_window) / window_s,
-        "loop_cpu_share": statistics.mean(loop_per_window) / window_s,
-        "cpu_ms_per_summary": 1e3 * (cpu_marks[-1][1] - cpu_marks[0][1]) / handled,
-        "loop_ms_per_summary": 1e3 * (cpu_marks[-1][0] - cpu_marks[0][0]) / handled,
-        "sender_ms_per_summary": 1e3 * sender_cpu / handled,
-        "sender_cpu_share": sender_cpu / elapsed,
-        "sender_lag_s": max(report.lag_max for report in reports),
+        **{key: value for key, value in load.items() if key != "statuses"},
         "rss_idle_mib": idle_rss,
         "rss_mib": rss,
         "peak_rss_mib": peak,
@@ -349,14 +408,7 @@ def run(
         "full_gc": sum(full for *_, full in detector) / len(detector) if detector else float("nan"),
         "suspicions": sum(found for _, _, found, _, _ in detector),
     }
-    print(
-        f"load average {os.getloadavg()[0]:.1f}; statuses {statuses}; "
-        f"slowest window's answers took {max(durations):.1f} s of {window_s:g} s; senders: {args.senders} processes, "
-        f"{sender_cpu / elapsed:.0%} of a core, {1e3 * sender_cpu / handled:.3f} ms per summary, at most "
-        f"{max(report.lag_max for report in reports):.2f} s behind their schedule; "
-        f"{sum(report.held for report in reports)} windows waited for their pod's previous one",
-        flush=True,
-    )
+    print(f"load average {os.getloadavg()[0]:.1f}; {describe_senders(load, args.senders, window_s)}", flush=True)
     return figures
 
 

@@ -29,6 +29,12 @@ SUSPICIONS = Counter(
     "Suspicions raised by the detector, by the kind of finding suspected (hang, straggler, fail_slow)",
     ["kind"],
 )
+DETECTOR_SECONDS = Histogram(
+    "rankwatch_detector_duration_seconds",
+    "One run of the detector over one job's state (once per job per window, on the collector's event loop: "
+    "summaries wait while it runs)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 DIAGNOSES = Counter(
     "rankwatch_diagnoses_total",
     "Diagnosis runs by outcome (finding, no_finding, failed, out_of_memory, timeout, crashed)",

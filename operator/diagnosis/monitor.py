@@ -216,7 +216,8 @@ class Monitor:
             await asyncio.to_thread(writer.write_step_time, self.kube, job.namespace, job.name, _format_step(step))
             job.step_written = (step, now)
 
-        suspicions = detect(state, job.thresholds, job.layout, now)
+        with metrics.DETECTOR_SECONDS.time():
+            suspicions = detect(state, job.thresholds, job.layout, now)
         kinds = {s.kind for s in suspicions}
         for kind in kinds - set(job.suspected_since):
             metrics.SUSPICIONS.labels(kind.value).inc()

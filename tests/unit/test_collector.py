@@ -281,6 +281,7 @@ async def test_metrics_endpoint_counts_messages_by_result(collector):
     async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as response:
         text = await response.text()
     assert 'rankwatch_collector_messages_total{kind="summary",result="unauthorized"}' in text
+    assert "rankwatch_detector_duration_seconds_count" in text, "the monitor's detector time is served too"
 
 
 async def test_nan_and_infinite_numbers_are_refused_with_422(collector):
