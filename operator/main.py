@@ -54,6 +54,7 @@ async def _run(config: OperatorConfig) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     lease = Lease(kube, config.leader) if config.leader.enabled else None
+    thaw = asyncio.create_task(garbage_collection.thaw_periodically(), name="gc-thaw")
     try:
         if lease is not None:
             readiness.set(False, f"standby: waiting for {lease.name}")
@@ -61,6 +62,7 @@ async def _run(config: OperatorConfig) -> int:
                 return 0
         return await _lead(config, kube, lease, readiness)
     finally:
+        thaw.cancel()
         readiness.set(False, "stopped")
         if lease is not None:
             await lease.release()
