@@ -58,10 +58,12 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 from operator_cpu import RANKS_PER_POD, TP
 from operator_scale import (
+    LOAD_COLUMNS,
     describe_senders,
     job_bodies,
     layout_of,
     load_figures,
+    print_table,
     process_tree,
     send,
     tree_cpu_seconds,
@@ -468,16 +470,7 @@ def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
         ("ranks", "ranks", ">6.0f", 1),
         ("pods", "sidecar_pods", ">5.0f", 1),
         ("load", "sidecar_load", ">5.1f", 1),
-        ("acc/s", "accepted_per_s", ">6.0f", 1),
-        ("offered", "offered_per_s", ">7.0f", 1),
-        ("refused", "refused", ">7.0f", 1),
-        ("unanswered", "unanswered", ">10.0f", 1),
-        ("p50 ms", "p50_ms", ">7.1f", 1),
-        ("p99 ms", "p99_ms", ">7.1f", 1),
-        ("CPU%", "cpu_share", ">5.0f", 100),
-        ("steady", "cpu_share_steady", ">6.0f", 100),
-        ("worst", "cpu_share_worst", ">5.0f", 100),
-        ("loop%", "loop_cpu_share", ">5.0f", 100),
+        *LOAD_COLUMNS,
         ("RSS MiB", "sidecar_rss_mib", ">7.0f", 1),
         ("peak", "sidecar_peak_rss_mib", ">6.0f", 1),
         ("req/s", "sidecar_requests_per_s", ">6.2f", 1),
@@ -487,9 +480,7 @@ def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
         ("snd%", "sender_cpu_share", ">4.0f", 100),
     ]
     print("\nsidecars played against the operator's collector:")
-    print(" ".join(f"{header:>{len(format(0, spec))}}" for header, _, spec, _ in columns))
-    for row in rows:
-        print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
+    print_table(rows, columns)
     print(
         "load: the 1-minute load average as the sidecars start; CPU%: the operator with its child processes "
         "as a share of one core, mean over the windows / second half / worst window; loop%: its main "

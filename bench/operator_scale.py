@@ -412,6 +412,27 @@ def run(
     return figures
 
 
+LOAD_COLUMNS = [  # header, figure, format, scale: what the senders and the operator's CPU say of one run
+    ("acc/s", "accepted_per_s", ">6.0f", 1),
+    ("offered", "offered_per_s", ">7.0f", 1),
+    ("refused", "refused", ">7.0f", 1),
+    ("unanswered", "unanswered", ">10.0f", 1),
+    ("p50 ms", "p50_ms", ">7.1f", 1),
+    ("p99 ms", "p99_ms", ">7.1f", 1),
+    ("CPU%", "cpu_share", ">5.0f", 100),
+    ("steady", "cpu_share_steady", ">6.0f", 100),
+    ("worst", "cpu_share_worst", ">5.0f", 100),
+    ("loop%", "loop_cpu_share", ">5.0f", 100),
+]
+
+
+def print_table(rows: list[dict], columns: list[tuple[str, str, str, float]]) -> None:
+    """One line per row, one column per (header, figure, format, scale)."""
+    print(" ".join(f"{header:>{len(format(0, spec))}}" for header, _, spec, _ in columns))
+    for row in rows:
+        print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50)
@@ -439,16 +460,7 @@ def main() -> None:
         ("after", "load_after", ">5.1f", 1),
         ("ranks", "ranks", ">6.0f", 1),
         ("pods", "pods", ">5.0f", 1),
-        ("acc/s", "accepted_per_s", ">6.0f", 1),
-        ("offered", "offered_per_s", ">7.0f", 1),
-        ("refused", "refused", ">7.0f", 1),
-        ("unanswered", "unanswered", ">10.0f", 1),
-        ("p50 ms", "p50_ms", ">7.1f", 1),
-        ("p99 ms", "p99_ms", ">7.1f", 1),
-        ("CPU%", "cpu_share", ">5.0f", 100),
-        ("steady", "cpu_share_steady", ">6.0f", 100),
-        ("worst", "cpu_share_worst", ">5.0f", 100),
-        ("loop%", "loop_cpu_share", ">5.0f", 100),
+        *LOAD_COLUMNS,
         ("ms/sum", "cpu_ms_per_summary", ">6.2f", 1),
         ("loop", "loop_ms_per_summary", ">5.2f", 1),
         ("snd%", "sender_cpu_share", ">4.0f", 100),
@@ -461,9 +473,8 @@ def main() -> None:
         ("GC ms", "gc_ms", ">6.0f", 1),
         ("full", "full_gc", ">4.1f", 1),
     ]
-    print("\n" + " ".join(f"{header:>{len(format(0, spec))}}" for header, _, spec, _ in columns))
-    for row in rows:
-        print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
+    print()
+    print_table(rows, columns)
     print(
         "load, after: the 1-minute load average before and after the run; CPU%: the child's CPU with its "
         "parsing workers as a share of one core, mean over all windows / over the second half / worst window; "
