@@ -41,7 +41,6 @@ sidecars that do not exist).
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import os
@@ -77,6 +76,7 @@ from rankwatch.cluster.nodes import GPUS_PER_NODE
 from rankwatch.cluster.operator_process import start_operator
 from rankwatch.cluster.ports import free_port
 from rankwatch.operator import api as rankwatch_api
+from rankwatch.operator.diagnosis.collector import secret_token
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
@@ -239,11 +239,10 @@ def job_tokens(core: kubernetes.client.CoreV1Api, namespace: str, jobs: list[str
     """Each job's sidecar token, from the Secret the operator wrote for it (read as its collector reads it)."""
     tokens = {}
     for job in jobs:
-        secret = core.read_namespaced_secret(rankwatch_api.token_secret_name(job), namespace)
-        value = (secret.data or {}).get(rankwatch_api.TOKEN_KEY)
-        if not value:
+        token = secret_token(core.read_namespaced_secret(rankwatch_api.token_secret_name(job), namespace))
+        if not token:
             raise SystemExit(f"Secret {namespace}/{rankwatch_api.token_secret_name(job)} holds no token")
-        tokens[job] = base64.b64decode(value).decode().strip()
+        tokens[job] = token
     return tokens
 
 

@@ -92,8 +92,13 @@ class SecretTokens:
             ) from None
         except Exception as error:  # connection trouble: retry later, never a 500 with a traceback
             raise TokenUnavailable(f"reading Secret {namespace}/{api.token_secret_name(name)}: {error}") from error
-        value = (secret.data or {}).get(api.TOKEN_KEY)
-        return base64.b64decode(value).decode().strip() if value else None
+        return secret_token(secret)
+
+
+def secret_token(secret: kubernetes.client.V1Secret) -> str | None:
+    """The sidecar token a job's Secret holds (None when it holds none)."""
+    value = (secret.data or {}).get(api.TOKEN_KEY)
+    return base64.b64decode(value).decode().strip() if value else None
 
 
 class RateLimiter:
