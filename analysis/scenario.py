@@ -150,8 +150,8 @@ def generate(s: Scenario) -> SyntheticRun:
         exit_ns = done + rng.uniform(0, 2_000, world)
         result = {"t_call": arrival, "t_return": np.where(ok, exit_ns, 0)}
         if s.run_ahead:  # launched ahead of the GPU, returned at once
-            called = np.minimum(host + HOST_CALL_NS * rng.uniform(0.5, 1.5, world), arrival)
-            called = np.where(blocked, host + HOST_CALL_NS * rng.uniform(0.5, 1.5, world), called)
+            next_launch = host + HOST_CALL_NS * rng.uniform(0.5, 1.5, world)
+            called = np.where(blocked, next_launch, np.minimum(next_launch, arrival))  # a stuck GPU sets no pace
             result = {"t_call": called, "t_return": called + RETURN_NS}
             host[:] = called + RETURN_NS
         if s.gpu_timing:  # a GPU stuck in an earlier call never reaches this one
