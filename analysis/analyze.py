@@ -12,6 +12,7 @@ import numpy as np
 from rankwatch.analysis.cause import attribute
 from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.compute_gaps import detect_compute_stragglers
+from rankwatch.analysis.compute_spans import detect_iteration_slowdown, detect_span_stragglers
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
 from rankwatch.analysis.hang import detect_hangs
@@ -96,9 +97,16 @@ def analyze_trace(
         stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
             stragglers = detect_compute_stragglers(trace, explained=endpoints)
+        if not stragglers and trace.spans is not None:  # MegaScan: each microbatch's compute, recorded
+            stragglers, notes = detect_span_stragglers(trace, explained=endpoints)
+            problems += notes
         findings += links + stragglers
         if test_type != "parallel":
-            findings += fail_slow_with_culprits(trace, endpoints)
+            slower = fail_slow_with_culprits(trace, endpoints)
+            if not slower and trace.iterations is not None:  # MegaScan: the iterations' own times
+                slower, notes = detect_iteration_slowdown(trace)
+                problems += notes
+            findings += slower
     findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
     # the traces alone decide the causes they can (slow link, a GPU behind); the in-cluster diagnosis
@@ -146,7 +154,7 @@ def main(
 ) -> int:
     try:
         trace = load_path(path, workers, layout)
-        trace.layout, trace.ranks_per_node = layout, ranks_per_node
+        trace.layout, trace.ranks_per_node = layout or trace.layout, ranks_per_node  # MegaScan names its layout
         if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
             raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")
         result = analyze_trace(trace, test_type, stall_seconds)

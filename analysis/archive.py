@@ -3,8 +3,10 @@ a local directory or an ``s3://bucket/prefix`` URL.
 
 An archive is a directory holding ``manifest.json`` with ``rings/`` (every rank's ring window),
 ``files/<pod>/megatrace/rank_<R>.log`` (the stall watch's Megatrace logs) and
-``files/<pod>/flight_recorder_rank_<R>`` (PyTorch flight-recorder dumps). The rings are analysed when
-there are any (they carry return and GPU times), else the Megatrace logs, else the flight-recorder dumps.
+``files/<pod>/flight_recorder_rank_<R>`` (PyTorch flight-recorder dumps) and
+``files/<pod>/megascan/benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json`` (MegaScan traces). The rings
+are analysed when there are any (they carry return and GPU times), else the Megatrace logs, else the
+flight-recorder dumps, else the MegaScan traces.
 A URL or directory above several archives (a job, an attempt) means the newest of them.
 
 S3 credentials and endpoint come from boto3's usual sources (``AWS_ACCESS_KEY_ID``,
@@ -186,4 +188,10 @@ def trace_source(path: str, endpoint: str | None = None) -> Iterator[ArchiveSour
             gathered = _gathered(dumps, Path(temporary) / "flight-recorder")
             yield ArchiveSource(gathered, f"{where}: flight-recorder dumps", layout)
             return
-        raise ArchiveError(f"{path}: the archive holds no rings, Megatrace logs or flight-recorder dumps")
+        megascan = sorted(files.glob("*/megascan/benchmark-data-*-pipeline-*-tensor-*.json"))
+        if megascan:
+            yield ArchiveSource(_gathered(megascan, Path(temporary) / "megascan"), f"{where}: MegaScan traces", layout)
+            return
+        raise ArchiveError(
+            f"{path}: the archive holds no rings, Megatrace logs, flight-recorder dumps or MegaScan traces"
+        )

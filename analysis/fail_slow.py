@@ -72,19 +72,14 @@ def step_times(trace: Trace, sample: int = 64) -> tuple[np.ndarray, np.ndarray, 
     return starts, durations, marker
 
 
-def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:
-    """``culprits_after(onset_ns)``: the ranks behind a rise, asked for only when there is one."""
-    series = step_times(trace)
-    if series is None:
-        return []
-    starts, durations, marker = series
+def step_time_rise(durations: np.ndarray) -> tuple[int, float, float, float, float] | None:
+    """(onset index, rise, baseline, median after onset, share of high steps after it) of a lasting
+    rise of a step-time series against its first third, or None."""
     base = durations[: max(MIN_STEPS // 3, len(durations) // 3)]
     baseline = float(np.median(base))
     spread = 1.4826 * float(np.median(np.abs(base - baseline))) + 1e3
     high = (durations > baseline + K * spread) & (durations > baseline * (1 + MIN_RISE))
     runs = np.convolve(high.astype(int), np.ones(RUN, int), mode="valid") == RUN
-    if not runs.any():
-        return []
     # the job must have stayed slower for a while: a few slow steps at the end of a short trace are not
     # a trend, and a burst that passed (a busy machine, a checkpoint) is skipped
     candidates = [onset for onset in np.flatnonzero(runs).tolist() if len(durations) - onset >= 2 * RUN]
@@ -92,9 +87,20 @@ def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | 
         after = float(np.median(durations[onset:]))
         rise = after / baseline - 1
         if rise >= MIN_RISE and high[onset:].mean() >= 0.5:
-            break
-    else:
+            return onset, rise, baseline, after, float(high[onset:].mean())
+    return None
+
+
+def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:
+    """``culprits_after(onset_ns)``: the ranks behind a rise, asked for only when there is one."""
+    series = step_times(trace)
+    if series is None:
         return []
+    starts, durations, marker = series
+    found = step_time_rise(durations)
+    if found is None:
+        return []
+    onset, rise, baseline, after, high = found
     ranks = sorted(culprits_after(int(starts[onset]))) if culprits_after else []
     who = f"; ranks behind it: {', '.join(trace.label(r) for r in ranks)}" if ranks else ""
     if not ranks and culprits_after and not trace.has_returns:
@@ -105,7 +111,7 @@ def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | 
             ranks=ranks,
             nodes=sorted({trace.node_of(r) for r in ranks}),
             communicator=comm_label(marker),
-            confidence=round(float(min(1.0, high[onset:].mean() * min(1.0, rise / (3 * MIN_RISE)))), 3),
+            confidence=round(float(min(1.0, high * min(1.0, rise / (3 * MIN_RISE)))), 3),
             summary=(
                 f"the step time rose {rise:.0%} from step {onset + 1}: {after / 1e6:.2f} ms against "
                 f"{baseline / 1e6:.2f} ms before (steps from the period of {trace.comm_name(marker)}){who}"

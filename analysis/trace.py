@@ -36,6 +36,31 @@ CALL_DTYPE = np.dtype(
     ]
 )
 
+# GPU compute a tracer recorded around whole pieces of work (MegaScan: the forward or backward of one
+# microbatch of one model chunk), on each rank's own timeline: ranks are compared by durations only
+FORWARD, BACKWARD = 0, 1
+SPAN_DTYPE = np.dtype(
+    [
+        ("rank", "<i4"),
+        ("iteration", "<i4"),
+        ("kind", "u1"),  # FORWARD or BACKWARD
+        ("microbatch", "<i4"),
+        ("chunk", "<i4"),  # model chunk (virtual pipeline stage)
+        ("start", "<i8"),
+        ("end", "<i8"),
+        ("comm_ns", "<i8"),  # time inside communication recorded within the span (its waits among them)
+    ]
+)
+ITERATION_DTYPE = np.dtype(
+    [
+        ("rank", "<i4"),
+        ("iteration", "<i4"),
+        ("start", "<i8"),
+        ("cuda_ns", "<i8"),  # 0: not recorded
+        ("wall_ns", "<i8"),  # 0: not recorded
+    ]
+)
+
 COLLECTIVE_OPS = np.array(
     [Op.ALLREDUCE, Op.BROADCAST, Op.REDUCE, Op.ALLGATHER, Op.REDUCESCATTER, Op.ALLTOALL, Op.GATHER, Op.SCATTER],
     dtype=np.uint8,
@@ -86,6 +111,9 @@ class Trace:
     stacks: dict[tuple[int, int, int, int], tuple[Frame, ...]] = field(default_factory=dict)
     # rank -> ranks it may be exchanging sends/receives with that the source does not record (gloo)
     unrecorded_partners: dict[int, set[int]] = field(default_factory=dict)
+    # compute spans (SPAN_DTYPE) and iterations (ITERATION_DTYPE) where the source records them (MegaScan)
+    spans: np.ndarray | None = None
+    iterations: np.ndarray | None = None
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:
@@ -142,7 +170,9 @@ def durations(calls: np.ndarray) -> np.ndarray:
 
 def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) -> Trace:
     """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), of Megatrace
-    logs (rank_<R>.log) or of PyTorch flight-recorder dumps (<prefix>rank_<R>), or one ring file.
+    logs (rank_<R>.log), of PyTorch flight-recorder dumps (<prefix>rank_<R>) or of MegaScan traces
+    (benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json, or their aggregated file); one ring file or
+    one MegaScan file.
     ``workers``: processes reading rings in parallel (forked: only from a single-threaded program).
     ``layout``: the job's Megatron layout, which readers use where their source leaves groups unnamed."""
     path = Path(path)
@@ -161,11 +191,20 @@ def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) 
             from rankwatch.analysis.flight_recorder import read_dumps
 
             return read_dumps(dumps, layout)
+        from rankwatch.analysis.megascan import megascan_files, read_traces
+
+        if megascan_files(path):
+            return read_traces(path, layout)
         raise FileNotFoundError(
-            f"{path}: no *.ring files, Megatrace rank_<R>.log files or flight-recorder *rank_<R> dumps"
+            f"{path}: no *.ring files, Megatrace rank_<R>.log files, flight-recorder *rank_<R> dumps or "
+            "MegaScan benchmark-*.json traces"
         )
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
+    if path.suffix == ".json":
+        from rankwatch.analysis.megascan import read_traces
+
+        return read_traces(path, layout)
     from rankwatch.analysis.ring_loader import load_rings
 
     return load_rings([path])

@@ -20,7 +20,8 @@ timing on and off, for stragglers, slow links, healthy runs and hangs (a rank th
 never starts on one GPU: the waiting GPUs' hosts go on launching up to the step's end); a model, not real
 processes: the async suite stays the judge.
 ``model``: the vectorised Megatron model (analysis/scenario.py), 256 ranks TP4 PP4 with clock skew
-+-2 ms and jitter, written as wrapped ring files, Megatrace logs or flight-recorder dumps; the culprit
++-2 ms and jitter, written as wrapped ring files, Megatrace logs, flight-recorder dumps or MegaScan
+traces (``--trace-granularity full``; no hang: MegaScan writes only iterations that ended); the culprit
 changes with the seed. Top-1 means the most likely finding has the right kind and names exactly the
 culprit rank(s) (for stragglers in Megatrace logs: nobody else is named; call times of slowdowns this
 small and short are not localisable); false findings are other findings naming other ranks.
@@ -62,13 +63,14 @@ def score(findings: list[dict], kind: str | None, culprits: list[int]) -> tuple[
     return hit, sum(1 for f in findings[1:] if not set(f["ranks"]) <= set(culprits))
 
 
-MODEL_FORMATS = ("ring", "megatrace", "flight-recorder")
+MODEL_FORMATS = ("ring", "megatrace", "flight-recorder", "megascan")
 
 
 def model_suite(seeds: int, formats: tuple[str, ...] = MODEL_FORMATS) -> None:
     import numpy as np
 
     from rankwatch.analysis.flight_recorder import write_dumps
+    from rankwatch.analysis.megascan import write_traces
     from rankwatch.analysis.megatrace import write_logs
     from rankwatch.analysis.ring_writer import write_rings
     from rankwatch.analysis.scenario import Scenario, generate
@@ -91,6 +93,8 @@ def model_suite(seeds: int, formats: tuple[str, ...] = MODEL_FORMATS) -> None:
         for kind in ("healthy", "straggler 20%", "straggler 10%", "straggler 5%", "hang", "slow link"):
             if fmt == "megatrace" and kind == "slow link":
                 continue  # call times only: a link cannot be timed
+            if fmt == "megascan" and kind == "hang":
+                continue  # MegaScan writes only iterations that ended (rank 0 gathers them): a hang leaves no trace
             hits = false = 0
             started = time.monotonic()
             for seed in range(seeds):
@@ -101,6 +105,8 @@ def model_suite(seeds: int, formats: tuple[str, ...] = MODEL_FORMATS) -> None:
                         write_rings(synthetic.trace, out, capacity=1024, parents=synthetic.parents)
                     elif fmt == "megatrace":
                         write_logs(synthetic.trace, out)
+                    elif fmt == "megascan":
+                        write_traces(synthetic.trace, out, microbatches=sc.microbatches)
                     else:
                         write_dumps(synthetic.trace, out, as_pickle=True, buffer_size=2000)
                     trace = load_path(out)

@@ -1,9 +1,10 @@
 """The pod's evidence files as one tar, for the operator to archive before the pod is deleted.
 
 Only the files rankwatch and PyTorch write for diagnosis are included: the stall watch's Megatrace
-logs (``megatrace/rank_<R>.log``) and flight-recorder dumps (``flight_recorder_rank_<R>``, the
-prefix the operator injects). Symbolic links and anything else in the directory are left out; past
-``max_bytes`` the remaining files are left out and listed in ``OMITTED.txt``.
+logs (``megatrace/rank_<R>.log``), flight-recorder dumps (``flight_recorder_rank_<R>``, the
+prefix the operator injects) and MegaScan traces the job writes to ``megascan/`` (its ``--trace-dir``).
+Symbolic links and anything else in the directory are left out; past ``max_bytes`` the remaining
+files are left out and listed in ``OMITTED.txt``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from rankwatch.sidecar.stall_watch import MEGATRACE_SUBDIR
 
 FLIGHT_RECORDER_PREFIX = "flight_recorder_rank_"
+MEGASCAN_SUBDIR = "megascan"
 MAX_BYTES = 256 << 20
 
 
@@ -23,6 +25,7 @@ def evidence_files(trace_dir: Path) -> list[Path]:
     candidates = [
         *sorted(trace_dir.glob(f"{FLIGHT_RECORDER_PREFIX}*")),
         *sorted((trace_dir / MEGATRACE_SUBDIR).glob("*.log")),
+        *sorted((trace_dir / MEGASCAN_SUBDIR).glob("benchmark-data-*.json")),
     ]
     return [path for path in candidates if path.is_file() and not path.is_symlink()]
 

@@ -110,11 +110,14 @@ async def test_dump_returns_the_last_records_as_ring_files_or_json(tmp_path, tra
     assert ring["records"][-1]["comm_id"] == f"{int(last['comm_id']):016x}"
 
 
-async def test_evidence_is_a_tar_of_the_megatrace_logs_and_flight_recorder_dumps_only(
+async def test_evidence_is_a_tar_of_the_megatrace_logs_flight_recorder_dumps_and_megascan_traces_only(
     tmp_path, trace_dir, make_sidecar, token
 ):
     (trace_dir / "megatrace").mkdir()
     (trace_dir / "megatrace" / "rank_3.log").write_text("[save_count 1] [1.000000001] [Rank 3] Fun AllReduce\n")
+    (trace_dir / "megascan").mkdir()
+    (trace_dir / "megascan" / "benchmark-data-0-pipeline-1-tensor-1.json").write_text("[]")
+    (trace_dir / "megascan" / "loss.json").write_text("{}")
     (trace_dir / "flight_recorder_rank_3").write_bytes(b'{"version": "2.10", "entries": []}')
     (trace_dir / "notes.txt").write_text("not evidence")
     secret = tmp_path / "secret"
@@ -132,7 +135,8 @@ async def test_evidence_is_a_tar_of_the_megatrace_logs_and_flight_recorder_dumps
     with tarfile.open(fileobj=io.BytesIO(body)) as archive:
         names = archive.getnames()
         assert archive.extractfile("megatrace/rank_3.log").read().startswith(b"[save_count 1]")
-    assert sorted(names) == ["flight_recorder_rank_3", "megatrace/rank_3.log"], "no rings, no other file, no symlink"
+    expected = ["flight_recorder_rank_3", "megascan/benchmark-data-0-pipeline-1-tensor-1.json", "megatrace/rank_3.log"]
+    assert sorted(names) == expected, "no rings, no other file, no symlink"
 
 
 async def test_profile_answers_for_each_rank_asked_and_is_rate_limited(trace_dir, make_sidecar, token):
