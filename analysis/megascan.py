@@ -502,11 +502,13 @@ def _iteration_records(
         first_of_exchange = np.flatnonzero(p2p & np.r_[True, group[1:] != group[:-1]])
     else:
         per_phase = len(body) // (2 * microbatches) if microbatches else 0
-        if not per_phase or len(body) % (2 * microbatches):
-            return []
-        last_of_phase = first_of_exchange = np.arange(per_phase - 1, len(body), per_phase)
-    if len(last_of_phase) != 2 * microbatches:
-        return []
+        last_of_phase = first_of_exchange = np.arange(per_phase - 1, len(body), per_phase) if per_phase else body
+    if len(last_of_phase) != 2 * microbatches or (not p2p.any() and len(body) % (2 * microbatches)):
+        raise ValueError(
+            f"rank at pipeline stage {stage}: a step of {len(body)} calls before its DP and world AllReduces is not "
+            f"{microbatches} microbatches' forward and backward, each ending in TP collectives or a pipeline "
+            "exchange (the model of analysis/scenario.py): MegaScan's spans cannot be placed"
+        )
     records: list[dict[str, Any]] = [{"name": "iteration", "ph": "B", "pad_before": 0}]
 
     def rel(at: int) -> int:

@@ -396,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "path",
         nargs="?",
-        help="a directory of *.ring files (or Megatrace logs, flight-recorder dumps), one ring, or an archive "
+        help="a directory of *.ring files (or Megatrace logs, flight-recorder dumps, MegaScan traces), one ring, "
+        "one MegaScan aggregated .json, or an archive "
         "the operator kept: its directory or s3://bucket/prefix (the newest archive below it)",
     )
     analyze.add_argument(

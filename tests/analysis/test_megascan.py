@@ -201,3 +201,9 @@ def test_an_aggregate_of_two_runs_is_refused(published: Path, tmp_path: Path):
     merged.write_text(json.dumps(events + [{**e, "tid": 1} for e in events]))
     with pytest.raises(MegaScanError, match="several threads: not one MegaScan run"):
         load_path(merged)
+
+
+def test_the_writer_refuses_a_run_whose_steps_it_cannot_split_into_microbatches(tmp_path: Path):
+    model = Scenario(world_size=8, tp=1, pp=1, seed=1)  # data parallel only: no call inside a microbatch
+    with pytest.raises(ValueError, match="MegaScan's spans cannot be placed"):
+        write_traces(generate(model).trace, tmp_path, microbatches=model.microbatches)
