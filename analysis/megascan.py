@@ -135,6 +135,12 @@ def _number(record: dict[str, Any], key: str, path: Path, index: int, default: i
     return int(value)
 
 
+def _nanoseconds(event: dict[str, Any], key: str, path: Path, index: int) -> int:
+    """A Chrome-trace time (µs, possibly fractional) in ns."""
+    _number(event, key, path, index)
+    return round(float(event[key]) * 1000)
+
+
 def _small(record: dict[str, Any], key: str, path: Path, index: int) -> int:
     """A coordinate or index: a non-negative integer no larger than a global rank can be."""
     value = _number(record, key, path, index)
@@ -259,7 +265,7 @@ def _read_aggregated(path: Path, layout: Layout | None) -> list[_RankRead]:
             continue
         args = event.get("args") if isinstance(event.get("args"), dict) else {}
         pid = int(event["pid"])
-        at = BASE_NS + _number(event, "ts", path, index) * 1000
+        at = BASE_NS + _nanoseconds(event, "ts", path, index)
         if "iteration" not in args:
             raise MegaScanError(f"{path}: event {index} ({name!r}) has no args.iteration")
         iteration = _small(args, "iteration", path, index)
@@ -271,7 +277,7 @@ def _read_aggregated(path: Path, layout: Layout | None) -> list[_RankRead]:
             open_scopes[pid].append((name, at))
             continue
         if phase == "X":
-            start, end = at, at + _number(event, "dur", path, index) * 1000
+            start, end = at, at + _nanoseconds(event, "dur", path, index)
         elif phase == "E":
             if not open_scopes[pid] or open_scopes[pid][-1][0] != name:
                 opened = repr(open_scopes[pid][-1][0]) if open_scopes[pid] else "nothing"
@@ -450,8 +456,9 @@ def write_traces(trace: Trace, directory: str | Path, microbatches: int) -> list
     of its TP collectives followed by the pipeline exchange, then the DP and world AllReduces), as
     MegaScan writes them with ``--trace-granularity full``: one forward/backward span per microbatch
     (the TP collectives inside it), the communication scopes, and each iteration between two ends of
-    the world AllReduce (the first iteration, with no start, is left out). GPU times where recorded,
-    else host times (the synchronous model's)."""
+    the world AllReduce (the first iteration, with no start, is left out), each record with the rank's
+    coordinates as newer versions add them. GPU times where recorded, else host times (the synchronous
+    model's)."""
     if trace.layout is None:
         raise ValueError("write_traces needs the run's layout (trace.layout)")
     layout, directory = trace.layout, Path(directory)
@@ -472,6 +479,8 @@ def write_traces(trace: Trace, directory: str | Path, microbatches: int) -> list
             step = slice(first + 1, last + 1)
             kind = np.array([kinds.get(comm_id, "") for comm_id in calls["comm"][step].tolist()])
             records += _iteration_records(calls[step], kind, begin[step], end[step], int(end[first]), microbatches, pp)
+        where = {"dp_rk": dp, "pp_rk": pp, "tp_rk": tp, "dev": rank % 8, "g_rk": rank}  # as newer versions write
+        records = [record if "pad_before" in record else {**record, **where} for record in records]
         path = directory / f"benchmark-data-{dp}-pipeline-{pp}-tensor-{tp}.json"
         path.write_text(json.dumps(records))
         written.append(path)

@@ -207,3 +207,41 @@ def test_the_writer_refuses_a_run_whose_steps_it_cannot_split_into_microbatches(
     model = Scenario(world_size=8, tp=1, pp=1, seed=1)  # data parallel only: no call inside a microbatch
     with pytest.raises(ValueError, match="MegaScan's spans cannot be placed"):
         write_traces(generate(model).trace, tmp_path, microbatches=model.microbatches)
+
+
+def aggregate_as_megascan_does(directory: Path) -> Path:
+    """One Chrome trace of a run's per-rank files, as MegaScan's scripts/aggregate.py (2025-11) writes it:
+    each scope an ``X`` slice (µs) on one timeline, ``pid`` the global rank, named ``DP<d>-PP<p>-TP<t>``."""
+    events = []
+    for path in sorted(directory.glob("benchmark-*.json")):
+        timeline, iteration, opened = 0, -1, []
+        for record in json.loads(path.read_text()):
+            name, phase = record["name"], record["ph"]
+            if name == "iteration":
+                iteration += phase == "B"
+                timeline += record.get("duration_wall", 0)
+                continue
+            at = timeline + record["rel_ts"]
+            if phase == "B":
+                opened.append(at)
+                continue
+            start = opened.pop()
+            attrs = {k: v for k, v in record.items() if k not in ("name", "ph", "rel_ts")}
+            events.append({"name": name, "ph": "X", "ts": start / 1e3, "dur": (at - start) / 1e3,
+                           "pid": record["g_rk"], "tid": 0, "args": {"iteration": iteration, **attrs}})  # fmt: skip
+        events.append({"ph": "M", "name": "process_name", "pid": record["g_rk"],
+                       "args": {"name": f"DP{record['dp_rk']}-PP{record['pp_rk']}-TP{record['tp_rk']}"}})  # fmt: skip
+    out = directory.parent / "trace_output.json"
+    out.write_text(json.dumps(sorted(events, key=lambda e: e.get("ts", 0))))
+    return out
+
+
+def test_a_newer_aggregate_of_slices_names_the_same_culprit_as_its_rank_files(tmp_path: Path):
+    runs = tmp_path / "run"
+    write_run(runs, world_size=32, tp=2, pp=2, seed=7, stragglers=((21, 0.2),))
+    per_rank, aggregated = load_path(runs), load_path(aggregate_as_megascan_does(runs))
+    assert sorted(aggregated.ranks) == sorted(per_rank.ranks) == list(range(32))
+    assert len(aggregated.spans) == len(per_rank.spans) and len(aggregated.calls) == len(per_rank.calls)
+    for trace in (per_rank, aggregated):
+        findings = analyze(trace)["findings"]
+        assert findings[0]["ranks"] == [21] and {r for f in findings for r in f["ranks"]} == {21}, findings
