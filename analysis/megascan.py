@@ -230,7 +230,7 @@ def _read_aggregated(path: Path, layout: Layout | None) -> list[_RankRead]:
             raise MegaScanError(f"{path}: event {index} is not a Chrome-trace event (a name and a ph)")
         args = event.get("args") if isinstance(event.get("args"), dict) else {}
         pid = _small(event, "pid", path, index)
-        tids.setdefault(pid, set()).add(event.get("tid", 0))
+        tids.setdefault(pid, set()).add(repr(event.get("tid", 0)))
         if event["ph"] == "M" and event["name"] == "process_name" and isinstance(args.get("name"), str):
             if match := PROCESS_NAME.match(args["name"]):
                 coords[pid] = (int(match.group(1)), int(match.group(2)), int(match.group(3)))

@@ -29,6 +29,7 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="rankwatch-fuzz-"))
     (directory / "megatrace").mkdir()
     (directory / "flight-recorder").mkdir()
+    (directory / "megascan").mkdir()
     runs = {
         "protocol": (targets.protocol_bodies(), lambda body: targets.decode_protocol(*body)),
         "ring": (targets.ring_files(), lambda data: targets.read_ring_file(data, directory)),
@@ -37,6 +38,7 @@ def main() -> int:
             targets.flight_recorder_dumps(),
             lambda dump: targets.read_flight_recorder(dump, directory / "flight-recorder"),
         ),
+        "megascan": (targets.megascan_traces(), lambda trace: targets.read_megascan(trace, directory / "megascan")),
         "alerting config": (targets.config_texts(), targets.load_alerting_config),
     }
     crashes = 0

@@ -25,6 +25,7 @@ from rankwatch import protocol
 from rankwatch.alerting import mapping_resolver
 from rankwatch.alerting.config import ConfigError, load_config, parse_config
 from rankwatch.analysis.flight_recorder import read_dumps
+from rankwatch.analysis.megascan import MegaScanError, read_traces
 from rankwatch.analysis.megatrace import read_logs
 from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, MAX_GLOBAL_RANK, RECORD_DTYPE, RingError, RingReader
 from rankwatch.analysis.ring_loader import load_rings
@@ -264,6 +265,61 @@ def read_flight_recorder(dump: tuple[bytes, bool], directory: Path) -> None:
     (directory / "nccl_trace_rank_1").write_bytes(json.dumps(_flight_recorder_dump(1)).encode())
     trace = read_dumps(sorted(directory.glob("nccl_trace_rank_*")))
     assert 1 in trace.ranks, "the good dump is read whatever the other holds"
+
+
+# -- MegaScan traces ---------------------------------------------------------------------------------
+
+
+def _megascan_rank(tp: int) -> list[dict[str, Any]]:
+    """One rank's records as MegaScan writes them with --trace-granularity full: an iteration holding a
+    forward with a TP AllReduce inside, a send and a backward."""
+    where = {"dp_rk": 0, "pp_rk": 0, "tp_rk": tp, "dev": tp, "g_rk": tp}
+    return [{"name": "iteration", "ph": "B", "pad_before": 0}] + [
+        {**record, **where} for record in [
+            {"name": "forward", "ph": "B", "rel_ts": 100}, {"name": "_reduce", "ph": "B", "rel_ts": 200},
+            {"name": "_reduce", "ph": "E", "rel_ts": 300, "group": [1 - tp]},
+            {"microbatch": 0, "model_chunk": 0, "pp_rank": 0, "name": "forward", "ph": "E", "rel_ts": 400},
+            {"name": "backward", "ph": "B", "rel_ts": 500},
+            {"microbatch": 0, "model_chunk": 0, "pp_rank": 0, "name": "backward", "ph": "E", "rel_ts": 900},
+            {"name": "iteration", "ph": "E", "rel_ts": 1000, "duration_cuda": 1000, "duration_wall": 1100},
+        ]
+    ]  # fmt: skip
+
+
+MEGASCAN_RANK = _megascan_rank(0)
+MEGASCAN_AGGREGATE = [
+    {"name": "forward", "ph": "X", "ts": 1.5, "dur": 3, "pid": 0, "tid": 0,
+     "args": {"iteration": 0, "microbatch": 0, "model_chunk": 0, "dp_rk": 0, "pp_rk": 0, "tp_rk": 0, "g_rk": 0}},
+    {"name": "backward", "ph": "B", "ts": 5, "pid": 1, "tid": 0, "args": {"iteration": 0}},
+    {"name": "backward", "ph": "E", "ts": 9, "pid": 1, "tid": 0, "args": {"iteration": 0, "microbatch": 0}},
+    {"name": "iteration end", "ph": "i", "ts": 10, "pid": 1, "tid": 0, "args": {"iteration": 0}},
+    {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "DP0-PP0-TP1"}},
+]  # fmt: skip
+
+
+@st.composite
+def megascan_traces(draw: st.DrawFn) -> tuple[bytes, bool]:
+    """(a damaged rank file or aggregated trace, whether it is the aggregate), or random bytes."""
+    aggregate = draw(st.booleans())
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.binary(max_size=600)), aggregate
+    document = draw(damaged_documents(MEGASCAN_AGGREGATE if aggregate else MEGASCAN_RANK))
+    return json.dumps(document).encode(), aggregate
+
+
+def read_megascan(trace: tuple[bytes, bool], directory: Path) -> None:
+    """The MegaScan reader on a damaged rank file beside a good one (the good one is read whatever the
+    other holds), or on a damaged aggregate (read, or refused with a MegaScanError)."""
+    TRIED["megascan"] += 1
+    data, aggregate = trace
+    if aggregate:
+        (directory / "trace-aggregated.json").write_bytes(data)
+        with contextlib.suppress(MegaScanError):
+            read_traces(directory / "trace-aggregated.json")
+        return
+    (directory / "benchmark-data-0-pipeline-0-tensor-0.json").write_bytes(data)
+    (directory / "benchmark-data-0-pipeline-0-tensor-1.json").write_text(json.dumps(_megascan_rank(1)))
+    assert 1 in read_traces(directory).ranks, "the good rank file is read whatever the other holds"
 
 
 # -- the alerting config -----------------------------------------------------------------------------

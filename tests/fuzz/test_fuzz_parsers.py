@@ -1,9 +1,9 @@
 """Property-based fuzzing (hypothesis) of the parsers that read untrusted bytes: the sidecar protocol
 decoder, the ring reader and loader, the Megatrace reader (its C tokeniser when built), the
-flight-recorder reader (its restricted unpickler included), the alerting config loader. Bounded for `make test` (a fixed
-seed, a few thousand inputs, well under a minute); bench/fuzz_parsers.py runs the same properties
-longer with fresh randomness. Every crash found is kept as a regression test in
-tests/fuzz/test_fuzz_regressions.py."""
+flight-recorder reader (its restricted unpickler included), the MegaScan reader, the alerting config
+loader. Bounded for `make test` (a fixed seed, a few thousand inputs, well under a minute);
+bench/fuzz_parsers.py runs the same properties longer with fresh randomness. Every crash found is
+kept as a regression test in tests/fuzz/test_fuzz_regressions.py."""
 
 from __future__ import annotations
 
@@ -62,6 +62,15 @@ def test_a_damaged_flight_recorder_dump_is_a_problem_never_a_crash(dump):
     targets.read_flight_recorder(dump, FLIGHT_RECORDER_DIRECTORY)
 
 
+MEGASCAN_DIRECTORY = Path(tempfile.mkdtemp(prefix="rankwatch-fuzz-megascan-"))
+
+
+@bounded(300)
+@given(targets.megascan_traces())
+def test_a_damaged_megascan_trace_is_a_problem_or_a_megascan_error_never_a_crash(trace):
+    targets.read_megascan(trace, MEGASCAN_DIRECTORY)
+
+
 @bounded(800)
 @given(targets.config_texts())
 def test_a_damaged_alerting_config_loads_or_names_its_problem(text):
@@ -85,3 +94,10 @@ def test_the_undamaged_inputs_are_accepted():
         data = targets.json.dumps(targets.FLIGHT_RECORDER_DUMP).encode()
         targets.read_flight_recorder((data, False), Path(directory))
         assert sorted(targets.read_dumps(sorted(Path(directory).glob("nccl_trace_rank_*"))).ranks) == [0, 1]
+    with tempfile.TemporaryDirectory() as directory:
+        targets.read_megascan((targets.json.dumps(targets.MEGASCAN_RANK).encode(), False), Path(directory))
+        trace = targets.read_traces(Path(directory))
+        assert sorted(trace.ranks) == [0, 1] and len(trace.spans) == 4 and len(trace.calls) == 2
+        aggregate = Path(directory) / "trace-aggregated.json"
+        aggregate.write_text(targets.json.dumps(targets.MEGASCAN_AGGREGATE))
+        assert sorted(targets.read_traces(aggregate).ranks) == [0, 1]
