@@ -246,7 +246,7 @@ def _read_aggregated(path: Path, layout: Layout | None) -> list[_RankRead]:
         if layout is not None:  # the pid is the global rank
             tp, dp, pp = layout.coords(pid)
             coords[pid], ranks[pid] = (dp, pp, tp), pid
-        elif sizes:  # the older aggregator's pid: tp + TP*(pp + PP*dp)
+        elif sizes and min(int(size) for size in sizes.groups()) >= 1:  # older aggregates: pid = tp + TP*(pp + PP*dp)
             _, pipeline, tensor = (int(size) for size in sizes.groups())
             coords[pid] = (pid // (pipeline * tensor), (pid // tensor) % pipeline, pid % tensor)
         else:
@@ -409,17 +409,23 @@ def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]
             layout = Layout(tp, pp, tp * pp * dp)
         except LayoutError as error:
             raise MegaScanError(f"the traces' coordinates give no layout: {error}") from error
+    if layout.world_size > MAX_GLOBAL_RANK + 1:
+        raise MegaScanError(
+            f"the traces' coordinates make a world of {layout.world_size} ranks, more than rankwatch reads"
+        )
     groups = _Groups(layout)
     ranked: list[tuple[int, _RankRead]] = []
+    seen: set[int] = set()
     for read in reads:
         dp, pp, tp = read.coords
         if tp >= layout.tp or pp >= layout.pp or dp >= layout.dp:
             problems.append(f"{read.path}: dp {dp} pp {pp} tp {tp} is outside the layout {layout}: not read")
             continue
         rank = read.global_rank if read.global_rank is not None else groups.rank(dp, pp, tp)
-        if any(rank == other for other, _ in ranked):
+        if rank in seen:
             problems.append(f"{read.path}: a second trace of rank {rank}: ignored")
             continue
+        seen.add(rank)
         ranked.append((rank, read))
     ranked.sort(key=lambda pair: pair[0])
     missing = layout.world_size - len(ranked)

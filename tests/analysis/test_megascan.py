@@ -193,6 +193,11 @@ def test_unreadable_megascan_input_is_a_clear_error_not_a_crash(tmp_path: Path):
     )
     result = cli(str(unnamed))
     assert result.returncode == 2 and "cannot tell which rank process 7 is" in result.stderr
+    (tmp_path / "benchmark-data-0-pipeline-0-tensor-0.json").unlink()
+    huge = tmp_path / "benchmark-data-0-pipeline-70000-tensor-70000.json"  # a name, not a job of 4.9e9 ranks
+    huge.write_text(json.dumps(json.loads(records(("forward", "B", 1), ("forward", "E", 2)))))
+    result = cli(str(tmp_path))
+    assert result.returncode == 2 and "a world of 4900140001 ranks, more than rankwatch reads" in result.stderr
 
 
 def test_an_aggregate_of_two_runs_is_refused(published: Path, tmp_path: Path):
