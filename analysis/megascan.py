@@ -419,7 +419,8 @@ def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]
     for read in reads:
         dp, pp, tp = read.coords
         if tp >= layout.tp or pp >= layout.pp or dp >= layout.dp:
-            problems.append(f"{read.path}: dp {dp} pp {pp} tp {tp} is outside the layout {layout}: not read")
+            shape = f"TP {layout.tp}, PP {layout.pp}, DP {layout.dp}"
+            problems.append(f"{read.path}: dp {dp} pp {pp} tp {tp} is outside the layout ({shape}): not read")
             continue
         rank = read.global_rank if read.global_rank is not None else groups.rank(dp, pp, tp)
         if rank in seen:
