@@ -70,16 +70,17 @@ def _stage_effects(trace: Trace) -> dict[int, tuple[float, int, int, float, floa
         return {}
     median = grouped_median(duration, cell, len(counts))[cell]
     ratio = np.log(duration / median)
-    out = {}
-    for rank in np.unique(spans["rank"][shared]).tolist():
-        mine = shared & (spans["rank"] == rank)
-        if mine.sum() < MIN_CELLS:
-            continue
-        effect = float(np.median(ratio[mine]))
-        longer = int((ratio[mine] > 0).sum())
-        own, typical = float(np.median(duration[mine])), float(np.median(median[mine]))
-        out[rank] = (math.expm1(effect), int(mine.sum()), longer, own / 1e6, typical / 1e6)
-    return out
+    ranks, who = np.unique(spans["rank"][shared], return_inverse=True)
+    n = len(ranks)
+    effect = grouped_median(ratio[shared], who, n)
+    cells = np.bincount(who, minlength=n)
+    longer = np.bincount(who, weights=(ratio[shared] > 0).astype(np.float64), minlength=n).astype(int)
+    own = grouped_median(duration[shared], who, n) / 1e6
+    typical = grouped_median(median[shared], who, n) / 1e6
+    return {
+        int(ranks[i]): (math.expm1(float(effect[i])), int(cells[i]), int(longer[i]), float(own[i]), float(typical[i]))
+        for i in np.flatnonzero(cells >= MIN_CELLS).tolist()
+    }
 
 
 def _tp_group(trace: Trace, rank: int) -> int:
@@ -165,16 +166,15 @@ def detect_span_stragglers(trace: Trace, explained: frozenset[int] = frozenset()
 
 
 def _series(values: np.ndarray, ranks: np.ndarray, iterations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[rank, iteration] matrix of ``values`` over the iterations every rank has, and those iterations."""
-    names = np.unique(ranks)
-    common = np.unique(iterations)
-    for rank in names.tolist():
-        common = np.intersect1d(common, iterations[ranks == rank])
-    matrix = np.zeros((len(names), len(common)))
-    for i, rank in enumerate(names.tolist()):
-        mine = (ranks == rank) & np.isin(iterations, common)
-        matrix[i] = np.bincount(np.searchsorted(common, iterations[mine]), values[mine], len(common))
-    return matrix, common
+    """[rank, iteration] sums of ``values`` over the iterations every rank has, and those iterations."""
+    _, who = np.unique(ranks, return_inverse=True)
+    numbers, which = np.unique(iterations, return_inverse=True)
+    sums = np.zeros((int(who.max()) + 1 if len(who) else 0, len(numbers)))
+    seen = np.zeros(sums.shape, bool)
+    np.add.at(sums, (who, which), values)
+    seen[who, which] = True
+    common = seen.all(axis=0)
+    return sums[:, common], numbers[common]
 
 
 def detect_iteration_slowdown(trace: Trace) -> tuple[list[Finding], list[str]]:
