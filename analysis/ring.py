@@ -150,6 +150,7 @@ HEADER_DTYPE = np.dtype(
         ("job", "S64"),
         ("sensitivity_ms", "<i4"),
         ("gpu_skipped", "<u4"),
+        ("gpu_clock_error_ns", "<i8"),
     ]
 )
 
@@ -173,6 +174,7 @@ class RingHeader:
     lost_updates: int
     gpu_skipped: int
     start_monotonic_ns: int = 0
+    gpu_clock_error_ns: int = 0  # how far GPU times may be off against host times (the clock anchor's window)
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,7 @@ class RingReader:
             lost_updates=int(h["lost_updates"]),
             gpu_skipped=int(h["gpu_skipped"]),
             start_monotonic_ns=int(h["start_monotonic_ns"]),
+            gpu_clock_error_ns=int(h["gpu_clock_error_ns"]),
         )
 
     @property

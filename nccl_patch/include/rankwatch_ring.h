@@ -104,6 +104,8 @@ typedef struct rw_ring_header {
   char job[64];              /*  144: RANKWATCH_JOB_NAME */
   int32_t sensitivity_ms;    /*  208: RANKWATCH_SENSITIVITY_SECONDS (or NCCL_MEGATRACE_SENSTIME), 0 unset */
   uint32_t gpu_skipped;      /*  212: calls not GPU-timed because every event slot was busy (atomic) */
+  int64_t gpu_clock_error_ns;/*  216: GPU times may be off against host times by up to this (the widest
+                                      window of a clock anchor in use); 0 without GPU timing */
   /* the rest up to header_size is zero */
 } rw_ring_header;
 

@@ -22,9 +22,9 @@ from rankwatch.simulate import Faults, HostCost, PodRun, Simulation, SimulationE
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
-# GPU times are anchored to the host clock when the tracer's anchor event is synchronised, a little
-# after the device reached it: they may read up to a few milliseconds late on a loaded machine
-SLACK_NS = 5_000_000
+# Beyond the error of the ring's GPU clock anchor (its header says how large): float milliseconds of
+# cuEventElapsedTime and two clocks ticking at slightly different rates over a run of seconds
+FLOAT_NS = 50_000
 
 
 def test_nccl_call_returns_at_once_and_the_collective_completes_when_the_late_peer_arrives(run_ranks):
@@ -128,10 +128,19 @@ def load(out: Path) -> tuple[dict, dict[int, np.ndarray]]:
     return meta, {rank: records[records["op"] < Op.COMM_INIT] for rank, records in rings.items()}
 
 
+def clock_slack(out: Path) -> dict[int, int]:
+    """Per rank, how far its GPU times may be off against its host times: the tracer anchors the GPU
+    clock within a window it measures (wide when the machine is loaded) and writes the error down."""
+    meta = json.loads((out / "simulation.json").read_text())
+    return {r["rank"]: read_ring(r["ring"]).header.gpu_clock_error_ns + FLOAT_NS for r in meta["ranks"]}
+
+
 def test_megatron_driver_runs_ahead_of_its_gpu_between_synchronisations(tmp_path):
     run(Simulation(world_size=8, tp=2, pp=2, steps=4, compute_us=2000, gpu_timing=True, device="async"), tmp_path)
     _, calls = load(tmp_path)
+    slack = clock_slack(tmp_path)
     for rank, records in calls.items():
+        assert 0 < slack[rank] - FLOAT_NS < 1_000_000_000, f"rank {rank}: the tracer measured its clock anchor"
         assert (records["op"] == Op.ALLREDUCE).sum() == 4 * (6 + 2 + 1), f"rank {rank}: the same calls as sync"
         host_ms = (records["t_return_ns"] - records["t_call_ns"]) / 1e6
         timed = records[records["state"] == State.GPU_DONE]
@@ -144,7 +153,7 @@ def test_megatron_driver_runs_ahead_of_its_gpu_between_synchronisations(tmp_path
         grad_norms = np.flatnonzero((records["op"] == Op.ALLREDUCE) & (records["count"] == 1))
         for index in grad_norms[:-1]:
             if records[index]["state"] == State.GPU_DONE:
-                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - SLACK_NS, f"rank {rank}"
+                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - slack[rank], f"rank {rank}"
 
 
 def test_a_rank_that_ends_right_after_its_last_synchronisation_keeps_its_last_calls_gpu_times(tmp_path, monkeypatch):
@@ -156,13 +165,14 @@ def test_a_rank_that_ends_right_after_its_last_synchronisation_keeps_its_last_ca
     run(Simulation(world_size=4, tp=1, pp=2, steps=20, compute_us=3000, gpu_timing=True, device="async",
                    ranks_per_node=2), tmp_path)  # fmt: skip
     _, calls = load(tmp_path)
+    slack = clock_slack(tmp_path)
     for rank, records in calls.items():
         assert (records["flags"] & Flag.GPU_TIMED).all(), f"rank {rank}: every call was timed"
         unresolved = np.flatnonzero((records["state"] != State.GPU_DONE) | (records["gpu_start_ns"] == 0))
         assert not len(unresolved), f"rank {rank}: calls {unresolved.tolist()} of {len(records)} have no GPU times"
         last = records[-1]
         assert last["op"] == Op.ALLREDUCE and last["count"] == 1, "the last call is the grad norm's AllReduce"
-        assert last["gpu_end_ns"] >= last["gpu_start_ns"] >= last["t_call_ns"] - SLACK_NS
+        assert last["gpu_end_ns"] >= last["gpu_start_ns"] >= last["t_call_ns"] - slack[rank]
     # judged as a saved ring is, later: a call still in flight then would be a hang
     report = analyze_trace(load_path(tmp_path), now_ns=time.time_ns() + 60_000_000_000)
     assert report.findings == [], [finding.summary for finding in report.findings]
@@ -198,12 +208,13 @@ def test_batch_p2p_sync_makes_the_host_wait_after_each_pipeline_exchange(tmp_pat
     run(Simulation(world_size=4, tp=1, pp=4, steps=3, compute_us=2000, gpu_timing=True, device="async",
                    p2p_sync=True), tmp_path)  # fmt: skip
     _, calls = load(tmp_path)
+    slack = clock_slack(tmp_path)
     checked = 0
     for rank, records in calls.items():
         p2p = np.flatnonzero(np.isin(records["op"], [Op.SEND, Op.RECV]))
         for index in p2p[p2p < len(records) - 1]:
             if records[index]["state"] == State.GPU_DONE:
-                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - SLACK_NS, f"rank {rank}"
+                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - slack[rank], f"rank {rank}"
                 checked += 1
     assert checked >= 30
 
@@ -284,7 +295,10 @@ def test_slowed_rank_starts_last_and_waits_least_on_its_gpu(tmp_path):
         gpu_wait[rank] = float(np.median(tp["gpu_end_ns"] - tp["gpu_start_ns"]))
         assert np.median(tp["t_return_ns"] - tp["t_call_ns"]) < 500_000, "host calls return at once"
     assert min(gpu_wait, key=gpu_wait.get) == slow, gpu_wait
-    assert gpu_wait[slow] * 3 < min(w for r, w in gpu_wait.items() if r != slow), gpu_wait
+    # its peers wait for its extra compute (1.5 ms a step) on top of what everyone's collective takes,
+    # which a loaded machine stretches for all alike: compare differences, not ratios
+    extra_ns = 0.5 * 3000 * 1000
+    assert min(w for r, w in gpu_wait.items() if r != slow) - gpu_wait[slow] > extra_ns / 2, gpu_wait
 
 
 def test_slow_link_shows_in_the_gpu_time_of_that_pair(tmp_path):
