@@ -302,7 +302,7 @@ uint64_t rw_begin(ncclComm_t comm, int op, size_t count, int dtype, int redop, i
                   rw_record** out) {
   *out = NULL;
   if (!tracing()) return 0;
-  uint64_t index = atomic_fetch_add_explicit(&ring->next, 1, memory_order_relaxed);
+  uint64_t index = atomic_fetch_add_explicit((_Atomic uint64_t*)&ring->next, 1, memory_order_relaxed);
   rw_record* record = &records[index & ring_mask];
   atomic_store_explicit((_Atomic uint64_t*)&record->stamp, 2 * index + 1, memory_order_relaxed);
   atomic_thread_fence(memory_order_release);
