@@ -161,21 +161,25 @@ def _analyze(args: argparse.Namespace) -> int:
     if not path:
         print("rankwatch analyze: give a PATH (or --log-path)", file=sys.stderr)
         return 2
+    from rankwatch.analysis.completeness import GivenLayout
     from rankwatch.analysis.topology import Layout, LayoutError, load_config
 
     try:
-        layout = None
+        given = None
         if args.config_path:
-            layout = load_config(args.config_path)
-        elif args.tp or args.pp:
-            if not args.world_size:
+            given = GivenLayout(load_config(args.config_path), args.config_path)
+        elif args.tp or args.pp or args.world_size:
+            if (args.tp or args.pp) and not args.world_size:
                 raise LayoutError("--tp/--pp need --world-size")
-            layout = Layout(args.tp or 1, args.pp or 1, args.world_size)
+            flags = " ".join(f"--{flag} {value}" for flag, value in (("tp", args.tp), ("pp", args.pp)) if value)
+            given = GivenLayout(
+                Layout(args.tp or 1, args.pp or 1, args.world_size), f"{flags} --world-size {args.world_size}".strip()
+            )
     except LayoutError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
 
-    def run(source: str, layout: Layout | None) -> int:
+    def run(source: str, layout: GivenLayout | None) -> int:
         return main(
             source,
             args.test_type,
@@ -191,11 +195,12 @@ def _analyze(args: argparse.Namespace) -> int:
     from rankwatch.analysis import archive
 
     if not archive.is_archive(path):
-        return run(path, layout)
+        return run(path, given)
     try:
         with archive.trace_source(path, args.s3_endpoint) as source:
             print(f"reading the {source.description}", file=sys.stderr)
-            return run(str(source.directory), layout or source.layout)
+            recorded = GivenLayout(source.layout, "the archive's manifest") if source.layout else None
+            return run(str(source.directory), given or recorded)
     except archive.ArchiveError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
@@ -407,12 +412,18 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
     )
-    analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON")
-    analyze.add_argument("--chrome-trace", metavar="OUT", help="write a Perfetto / chrome://tracing timeline")
-    analyze.add_argument("--html", metavar="OUT", help="write a self-contained HTML report with plots")
+    analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON (- : standard output)")
+    analyze.add_argument(
+        "--chrome-trace", metavar="OUT", help="write a Perfetto / chrome://tracing timeline (- : standard output)"
+    )
+    analyze.add_argument(
+        "--html", metavar="OUT", help="write a self-contained HTML report with plots (- : standard output)"
+    )
     analyze.add_argument("--tp", type=int, help="tensor-parallel size (Megatron order: tp fastest, then dp, pp)")
     analyze.add_argument("--pp", type=int, help="pipeline-parallel size")
-    analyze.add_argument("--world-size", type=int)
+    analyze.add_argument(
+        "--world-size", type=int, help="ranks in the job (default: what the ring headers record); checked against them"
+    )
     analyze.add_argument("--config-path", help="Megatrace's config.yaml with TP, PP, world_size")
     analyze.add_argument("--ranks-per-node", type=int, help="name nodes when the traces do not")
     analyze.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="processes reading rings")
