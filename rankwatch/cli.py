@@ -209,6 +209,10 @@ def _analyze(args: argparse.Namespace) -> int:
 def _alerts(args: argparse.Namespace) -> int:
     from rankwatch.alerting import commands
 
+    if args.action == "silence":
+        from rankwatch.alerting import silence_commands
+
+        return silence_commands.run(args)
     if args.action == "report":
         return commands.report(args.config, args.secrets, args.namespace, args.store, args.receiver, args.print)
     if args.action == "serve":
@@ -440,28 +444,64 @@ def build_parser() -> argparse.ArgumentParser:
     uncordon.set_defaults(handler=_uncordon)
 
     alerts = commands.add_parser(
-        "alerts", help="alerting: the weekly report or a test message now, or serve the Alertmanager intake alone"
-    )
-    alerts.add_argument("action", choices=["report", "test", "serve"])
-    alerts.add_argument("--config", help="alerting config YAML (default $RANKWATCH_ALERTING_CONFIG)")
-    alerts.add_argument(
-        "--secrets", help="YAML {secret-name: {key: value}} instead of reading Secrets from the cluster"
-    )
-    alerts.add_argument(
-        "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
-    )
-    alerts.add_argument(
-        "--store", help="`report`: a SQLite alert store file (default: the config's store, e.g. its ConfigMaps)"
-    )
-    alerts.add_argument("--receiver", help="`report`: instead of report.receiver; `test`: required")
-    alerts.add_argument("--print", action="store_true", help="`report`: print the card JSON, send nothing")
-    alerts.add_argument(
-        "--level", default="P3", help="`test`: level of the test message (P0 on a phone receiver rings)"
-    )
-    alerts.add_argument(
-        "--listen", default="127.0.0.1:8081", help="`serve`: HOST:PORT of the intake and /metrics (port 0: any free)"
+        "alerts",
+        help="alerting: the weekly report or a test message now, silences, or serve the Alertmanager intake alone",
     )
     alerts.set_defaults(handler=_alerts)
+    alert_actions = alerts.add_subparsers(dest="action", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="alerting config YAML (default $RANKWATCH_ALERTING_CONFIG)")
+    common.add_argument(
+        "--secrets", help="YAML {secret-name: {key: value}} instead of reading Secrets from the cluster"
+    )
+    common.add_argument(
+        "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
+    )
+    report = alert_actions.add_parser("report", parents=[common], help="send the weekly report now")
+    report.add_argument("--store", help="a SQLite alert store file (default: the config's store, e.g. its ConfigMaps)")
+    report.add_argument("--receiver", help="instead of the config's report.receiver")
+    report.add_argument("--print", action="store_true", help="print the card JSON, send nothing")
+    test = alert_actions.add_parser("test", parents=[common], help="send a test message to a receiver now")
+    test.add_argument("--receiver", required=True, help="the receiver to test")
+    test.add_argument("--level", default="P3", help="level of the test message (P0 on a phone receiver rings)")
+    serve = alert_actions.add_parser(
+        "serve", parents=[common], help="the Alertmanager intake and the P0-P3 pipeline without the operator"
+    )
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8081", help="HOST:PORT of the intake and /metrics (port 0: any free)"
+    )
+    silence = alert_actions.add_parser(
+        "silence",
+        help="add, list or remove silences in the running pipeline (through its intake)",
+        description="Silences mute the alerts whose labels (and level) match all their matchers, from their "
+        "start (default now) to their end. The commands talk to the intake of the operator or of "
+        "`rankwatch alerts serve`, e.g. after `kubectl -n rankwatch-system port-forward "
+        "svc/<release>-rankwatch-intake 8081`.",
+    )
+    silence_actions = silence.add_subparsers(dest="silence_action", required=True)
+    intake = argparse.ArgumentParser(add_help=False)
+    intake.add_argument("--url", help="the intake, e.g. http://127.0.0.1:8081/alerting (default $RANKWATCH_INTAKE_URL)")
+    intake.add_argument(
+        "--token-file", help="file holding the intake's bearer token (default: $RANKWATCH_INTAKE_TOKEN)"
+    )
+    add = silence_actions.add_parser("add", parents=[intake], help="add a silence; prints its id")
+    add.add_argument(
+        "matchers",
+        nargs="+",
+        metavar="MATCHER",
+        help='label matchers, e.g. node="gpu-node-3" alertname=~"TrainingJob.*"',
+    )
+    add.add_argument("--duration", "-d", help="how long from its start, e.g. 30m, 2h, 1h30m, 7d")
+    add.add_argument("--ends-at", help="its end, RFC 3339 (instead of --duration)")
+    add.add_argument(
+        "--starts-at", help="its start, RFC 3339, e.g. 2026-12-01T08:00:00Z (default now; nothing is muted before)"
+    )
+    add.add_argument("--comment", "-c", default="", help="why (shown in ls)")
+    add.add_argument("--created-by", help="who (default: your user name)")
+    ls = silence_actions.add_parser("ls", parents=[intake], help="list silences (active and pending)")
+    ls.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    rm = silence_actions.add_parser("rm", parents=[intake], help="expire a silence now")
+    rm.add_argument("id", help="the silence's id (from add or ls)")
     return parser
 
 
