@@ -116,7 +116,8 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"rankwatch simulate: {error}", file=sys.stderr)
         return 1
     killed = sum(o.exit_code is None for o in outcomes)
-    print(f"{len(outcomes)} ranks, {killed} stopped after the injected hang; rings in {args.out}")
+    ended = f"{killed} stopped after the injected hang" if simulation.faults.hangs else "all finished"
+    print(f"{len(outcomes)} ranks, {ended}; rings in {args.out}")
     return 0
 
 
@@ -243,6 +244,26 @@ def _uncordon(args: argparse.Namespace) -> int:
     return 1 if any(result.error for result in results) else 0
 
 
+def _nodes(args: argparse.Namespace) -> int:
+    from rankwatch.kube import api_client
+    from rankwatch.operator.remediation import node_marks
+    from rankwatch.operator.remediation.marked_nodes import marked_nodes, table
+
+    if args.job and "/" not in args.job:
+        print(f"rankwatch nodes: --job {args.job!r}: expected NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    nodes = marked_nodes(api_client(args.kubeconfig), args.job)
+    now = node_marks.now()
+    if args.output == "json":
+        print(json.dumps([node.to_json(now) for node in nodes], indent=2))
+    elif not nodes:
+        print("no node carries rankwatch's mark" + (f" for TrainingJob {args.job}" if args.job else ""))
+    else:
+        print(table(nodes, now))
+        print("undo: rankwatch uncordon NODE... (or --all-from-job NAMESPACE/NAME)", file=sys.stderr)
+    return 0
+
+
 def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
     """The stand-in GPU model and Megatron's batch_p2p_sync, for the Megatron-shaped driver."""
     inherit = " (default: RANKWATCH_STANDIN_DEVICE, else async)" if default is None else f" (default {default})"
@@ -278,8 +299,21 @@ def _host_cost(args: argparse.Namespace) -> HostCost:
     return HostCost(launch_us=args.host_us_per_launch, step_us=args.host_us_per_step, kernel_us=args.kernel_us)
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rankwatch")
+    except PackageNotFoundError:
+        from rankwatch import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rankwatch {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     cluster = commands.add_parser("cluster", help="the built-in local Kubernetes cluster (no containers)")
@@ -343,13 +377,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser(
         "simulate", help="run a Megatron-shaped job on the stand-in NCCL with the tracer preloaded"
     )
-    simulate.add_argument("--world-size", type=int, required=True)
-    simulate.add_argument("--tp", type=int, default=1)
-    simulate.add_argument("--pp", type=int, default=1)
-    simulate.add_argument("--steps", type=int, default=10)
-    simulate.add_argument("--microbatches", type=int, default=2)
-    simulate.add_argument("--compute-us", type=int, default=2000, help="compute time per chunk")
-    simulate.add_argument("--ranks-per-node", type=int, default=8)
+    simulate.add_argument("--world-size", type=int, required=True, help="ranks (processes) to run")
+    simulate.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    simulate.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    simulate.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    simulate.add_argument(
+        "--microbatches", type=int, default=2, help="microbatches per step, through the pipeline (default 2)"
+    )
+    simulate.add_argument(
+        "--compute-us", type=int, default=2000, help="GPU compute per chunk, microseconds (default 2000)"
+    )
+    simulate.add_argument(
+        "--ranks-per-node", type=int, default=8, help="ranks per simulated node, for node names (default 8)"
+    )
     simulate.add_argument(
         "--gpu-timing",
         action=argparse.BooleanOptionalAction,
@@ -357,22 +397,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU start/end of each call via the stand-in libcuda (default on, as spec.tracing.gpuTiming)",
     )
     _add_device_arguments(simulate, default="async")
-    simulate.add_argument("--slow-rank", type=int)
+    simulate.add_argument("--slow-rank", type=int, help="fault: this rank computes slower (see --slowdown)")
     simulate.add_argument("--slowdown", type=float, default=0.0, help="e.g. 0.2: compute 20%% slower")
     simulate.add_argument("--slow-from-call", type=int, default=0, help="the slowdown starts at this NCCL call")
-    simulate.add_argument("--hang-rank", type=int)
+    simulate.add_argument("--hang-rank", type=int, help="fault: this rank stops calling NCCL (see --hang-at)")
     simulate.add_argument("--hang-at", type=int, default=0, help="the rank never makes its N-th NCCL call")
-    simulate.add_argument("--stuck-rank", type=int)
+    simulate.add_argument(
+        "--stuck-rank", type=int, help="fault: one NCCL operation of this rank never starts on its GPU (--stuck-at)"
+    )
     simulate.add_argument(
         "--stuck-at", type=int, default=0, help="the rank's N-th NCCL operation never starts on its GPU (peers' do)"
     )
-    simulate.add_argument("--slow-link", type=int, nargs=2, metavar=("RANK_A", "RANK_B"))
-    simulate.add_argument("--link-latency-us", type=int, default=0)
-    simulate.add_argument("--device-stop-rank", type=int)
+    simulate.add_argument(
+        "--slow-link",
+        type=int,
+        nargs=2,
+        metavar=("RANK_A", "RANK_B"),
+        help="fault: sends between these two ranks are slower (see --link-latency-us)",
+    )
+    simulate.add_argument(
+        "--link-latency-us", type=int, default=0, help="added latency of each send on the slow link, microseconds"
+    )
+    simulate.add_argument(
+        "--device-stop-rank", type=int, help="fault: this rank's GPU stops (see --device-stop-at-kernel)"
+    )
     simulate.add_argument(
         "--device-stop-at-kernel", type=int, default=0, help="the rank's GPU stops in its N-th compute kernel"
     )
-    simulate.add_argument("--timeout", type=float, default=300.0)
+    simulate.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before a run that does not finish is stopped"
+    )
     simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
     simulate.set_defaults(handler=_simulate)
 
@@ -442,6 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     uncordon.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
     uncordon.set_defaults(handler=_uncordon)
+
+    nodes = commands.add_parser(
+        "nodes",
+        help="the nodes rankwatch cordoned (or marked in a dry run): for which job, since when, why",
+        description="Read back from the nodes' rankwatch.io/ annotations and taint, the only record of what "
+        "rankwatch did; `rankwatch uncordon` undoes it.",
+    )
+    nodes.add_argument("--job", metavar="NAMESPACE/NAME", help="only the nodes marked for this TrainingJob")
+    nodes.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    nodes.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
+    nodes.set_defaults(handler=_nodes)
 
     alerts = commands.add_parser(
         "alerts",
@@ -514,12 +579,26 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ModuleNotFoundError as error:
-        if not (error.name or "").startswith(DEVELOPMENT_MODULES):
+    except Exception as error:  # no kubeconfig or an API server away: one line, not the library's traceback
+        if isinstance(error, ModuleNotFoundError):
+            return _missing_module(args, error)
+        if "kubernetes" not in sys.modules:
             raise
-        print(
-            f"rankwatch {args.command}: {error.name} is a development tool, not part of this installation "
-            "(the runtime image leaves it out); install rankwatch from its source tree for it",
-            file=sys.stderr,
-        )
-        return 2
+        from rankwatch.kube import connection_problem
+
+        problem = connection_problem(error)
+        if problem is None:
+            raise
+        print(f"rankwatch {args.command}: {problem}", file=sys.stderr)
+        return 1
+
+
+def _missing_module(args: argparse.Namespace, error: ModuleNotFoundError) -> int:
+    if not (error.name or "").startswith(DEVELOPMENT_MODULES):
+        raise error
+    print(
+        f"rankwatch {args.command}: {error.name} is a development tool, not part of this installation "
+        "(the runtime image leaves it out); install rankwatch from its source tree for it",
+        file=sys.stderr,
+    )
+    return 2
