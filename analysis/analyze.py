@@ -14,6 +14,7 @@ from rankwatch.analysis.cause import attribute
 from rankwatch.analysis.chrome_trace import chrome_trace
 from rankwatch.analysis.completeness import GivenLayout, coverage, resolve_layout
 from rankwatch.analysis.compute_gaps import detect_compute_stragglers
+from rankwatch.analysis.devices import add_gpus, gpu_text
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked, utc_text
 from rankwatch.analysis.hang import detect_hangs
@@ -102,6 +103,7 @@ def analyze_trace(
             findings += fail_slow_with_culprits(trace, endpoints)
     findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
+    add_gpus(trace, findings)
     # the traces alone decide the causes they can (slow link, a GPU behind); the in-cluster diagnosis
     # decides again with the hosts' scheduling figures
     return ranked([attribute(finding) for finding in findings], problems)
@@ -132,6 +134,8 @@ def summary_text(report: AnalysisReport, trace: Trace) -> str:
     for finding in report.findings:
         lines.append(f"{finding.kind.value.upper()} (confidence {finding.confidence:.2f}): {finding.summary}")
         lines.append(f"  {finding.cause_text}")
+        for gpu in finding.evidence.get("gpus", ()):
+            lines.append(f"  GPU: {gpu_text(gpu)}")
         for key, who in (("culprit_frame", "its call"), ("waiting_frame", "its peers wait")):
             if frame := finding.evidence.get(key):
                 lines.append(f"  {who} at {frame['file']}:{frame['line']} in {frame['function']}")

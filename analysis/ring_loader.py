@@ -59,6 +59,8 @@ class _RingRead:
     hostname: str = "unknown"
     pid: int = -1
     world_size: int | None = None
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
     readable: bool = True
     problem: str | None = None
     created: list[tuple[int, int, int, int]] = field(default_factory=list)  # comm, rank in it, size, parent
@@ -76,6 +78,7 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
     records = snapshot.records
     result.hostname, result.pid = snapshot.header.hostname, snapshot.header.pid
     result.world_size = snapshot.header.world_size if snapshot.header.world_size > 0 else None
+    result.gpu_index, result.gpu_uuid = snapshot.header.gpu_index, snapshot.header.gpu_uuid
     if snapshot.torn:
         result.problem = f"{path}: {snapshot.torn} torn or in-flight records skipped"
     rejected = records["state"] == State.FAILED  # NCCL returned an error at once: no operation took place
@@ -190,7 +193,9 @@ def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str], 
         if result.offset != filled and result.count:  # overlapping moves are safe: numpy copies through a buffer
             raw[filled : filled + result.count] = raw[result.offset : result.offset + result.count]
         filled += result.count
-        ranks[result.rank] = RankSource(result.rank, result.hostname, result.pid, result.path, result.world_size)
+        ranks[result.rank] = RankSource(
+            result.rank, result.hostname, result.pid, result.path, result.world_size, result.gpu_index, result.gpu_uuid
+        )
         for comm_id, comm_rank, size, parent in result.created:
             comm = comms.setdefault(comm_id, Communicator(comm_id, size))
             comm.members[comm_rank] = result.rank

@@ -59,6 +59,8 @@ class RankSource:
     pid: int
     path: str
     world_size: int | None = None  # what the source says the job's world size is (ring header), if it does
+    gpu_index: int | None = None  # the CUDA device the rank ran on, when the source records it (ring header v2)
+    gpu_uuid: str | None = None
 
 
 @dataclass
