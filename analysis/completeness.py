@@ -24,10 +24,16 @@ SHOWN = 12  # ranks or inputs listed in a one-line reason; the JSON lists them a
 
 @dataclass(frozen=True)
 class GivenLayout:
-    """A layout and where it came from (``--world-size 16``, ``config.yaml``, ``the archive's manifest``)."""
+    """A layout, or only a world size (``--world-size`` alone says nothing of TP and PP), and where it
+    came from (``--world-size 16``, ``config.yaml``, ``the archive's manifest``)."""
 
-    layout: Layout
+    layout: Layout | None
     origin: str
+    world_size: int = 0  # default: the layout's
+
+    def __post_init__(self) -> None:
+        if self.layout is not None:
+            object.__setattr__(self, "world_size", self.layout.world_size)
 
 
 def recorded_world_size(trace: Trace) -> int | None:
@@ -61,18 +67,21 @@ def resolve_layout(trace: Trace, directory: Path | None, given: GivenLayout | No
         raise LayoutError(
             f"{SIMULATION_FILE} says world size {simulated.world_size} but the ring headers say {recorded_world}"
         )
-    layout = simulated
+    layout, world = simulated, simulated.world_size if simulated else recorded_world
     if given:
-        if recorded_world and given.layout.world_size != recorded_world:
+        if recorded_world and given.world_size != recorded_world:
             raise LayoutError(
                 f"{given.origin} disagrees with the traces: their ring headers say world size {recorded_world}"
             )
-        if simulated and (given.layout.tp, given.layout.pp) != (simulated.tp, simulated.pp):
+        if simulated and given.world_size != simulated.world_size:
+            raise LayoutError(
+                f"{given.origin} disagrees with the traces: {SIMULATION_FILE} says world size {simulated.world_size}"
+            )
+        if simulated and given.layout and (given.layout.tp, given.layout.pp) != (simulated.tp, simulated.pp):
             raise LayoutError(
                 f"{given.origin} disagrees with the traces: {SIMULATION_FILE} says TP {simulated.tp}, PP {simulated.pp}"
             )
-        layout = given.layout
-    world = layout.world_size if layout else recorded_world
+        layout, world = given.layout or simulated, given.world_size
     if world and trace.ranks and max(trace.ranks) >= world:
         origin = given.origin if given else "the traces"
         raise LayoutError(f"the trace has rank {max(trace.ranks)} but {origin} gives world size {world}")

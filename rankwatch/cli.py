@@ -169,13 +169,16 @@ def _analyze(args: argparse.Namespace) -> int:
         given = None
         if args.config_path:
             given = GivenLayout(load_config(args.config_path), args.config_path)
-        elif args.tp or args.pp or args.world_size:
-            if (args.tp or args.pp) and not args.world_size:
+        elif args.tp or args.pp:
+            if not args.world_size:
                 raise LayoutError("--tp/--pp need --world-size")
             flags = " ".join(f"--{flag} {value}" for flag, value in (("tp", args.tp), ("pp", args.pp)) if value)
-            given = GivenLayout(
-                Layout(args.tp or 1, args.pp or 1, args.world_size), f"{flags} --world-size {args.world_size}".strip()
-            )
+            layout = Layout(args.tp or 1, args.pp or 1, args.world_size)
+            given = GivenLayout(layout, f"{flags} --world-size {args.world_size}")
+        elif args.world_size:  # the ranks expected, no coordinates: TP and PP stay unknown
+            if args.world_size < 1:
+                raise LayoutError(f"--world-size {args.world_size} must be at least 1")
+            given = GivenLayout(None, f"--world-size {args.world_size}", args.world_size)
     except LayoutError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2

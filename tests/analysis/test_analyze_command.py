@@ -80,6 +80,17 @@ def test_a_world_size_the_ring_headers_contradict_is_refused(hang_run):
     assert result.returncode == 2 and "simulation.json says TP 2, PP 1" in one_line_reason(result)
 
 
+def test_a_world_size_beyond_traces_that_do_not_record_it_flags_the_missing_ranks(hang_run, tmp_path):
+    from rankwatch.analysis.megatrace import write_logs
+    from rankwatch.analysis.trace import load_path
+
+    write_logs(load_path(hang_run), tmp_path)  # Megatrace logs: no world size in them
+    result = analyze(tmp_path, "--world-size", 16)
+    assert result.returncode == 1
+    assert "INCONCLUSIVE: 8 of 16 ranks have no trace (ranks 8, 9, 10, 11, 12, 13, 14, 15)" in result.stdout
+    assert analyze(tmp_path, "--world-size", 8).returncode == 0
+
+
 def test_the_layout_is_read_from_the_traces_and_times_are_absolute(hang_run):
     result = analyze(hang_run)
     assert result.returncode == 0, result.stderr
