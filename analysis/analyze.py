@@ -177,7 +177,8 @@ def main(
         if covered.nothing_read:
             print(f"rankwatch analyze: inconclusive: {covered.reason()}", file=sys.stderr)
             if json_out:
-                _write(json_out, json.dumps(AnalysisReport([], trace.problems, covered.reason()).to_json(), indent=2))
+                nothing = AnalysisReport([], trace.problems, covered.reason()).to_json()
+                _write(json_out, json.dumps({**nothing, "coverage": covered.to_json()}, indent=2))
             return UNREADABLE_EXIT
         result = analyze_trace(trace, test_type, stall_seconds)
     except (FileNotFoundError, ValueError) as error:

@@ -95,7 +95,7 @@ class Coverage:
     world_size: int | None  # the job's, when given or recorded
     ranks_read: int
     calls: int
-    missing_ranks: tuple[int, ...]  # below the world size, without a trace
+    missing_ranks: tuple[int, ...]  # below the world size (or listed by a communicator), without a trace
     unseen_members: int  # members communicators count but whose traces are not there (ranks unknown)
     skipped: tuple[str, ...]  # inputs not read, each with its reason
 
@@ -125,7 +125,10 @@ class Coverage:
         if self.missing_ranks:
             noun = "rank" if len(self.missing_ranks) == 1 else "ranks"
             missing = f"{noun} {_listed(self.missing_ranks)}"
-            parts.append(f"{len(self.missing_ranks)} of {self.world_size} ranks have no trace ({missing})")
+            if self.world_size:
+                parts.append(f"{len(self.missing_ranks)} of {self.world_size} ranks have no trace ({missing})")
+            else:
+                parts.append(f"{len(self.missing_ranks)} member(s) of the communicators have no trace ({missing})")
         elif self.unseen_members:
             parts.append(f"communicators count {self.unseen_members} member(s) whose traces are not here")
         if self.skipped:
@@ -145,12 +148,16 @@ class Coverage:
 
 def coverage(trace: Trace, world_size: int | None) -> Coverage:
     read = set(trace.ranks)
-    missing = tuple(sorted(set(range(world_size)) - read)) if world_size else ()
+    missing = set(range(world_size)) - read if world_size else set()
     unseen = 0
-    for comm in trace.comms.values():  # a member of a communicator counted by its size but never read
+    # Without a world size, communicators show ranks missing: members they list without a trace (a
+    # flight-recorder dump's process groups name them), or more members counted than traced. With one,
+    # the ranks below it say it all: a wrapped ring may no longer show which communicators its rank was in.
+    for comm in trace.comms.values() if not world_size else ():
         members = set(comm.members.values())
-        unseen = max(unseen, comm.size - len(members & read))
-    return Coverage(world_size, len(read), len(trace.calls), missing, unseen, tuple(trace.skipped))
+        missing |= members - read
+        unseen = max(unseen, comm.size - len(members))
+    return Coverage(world_size, len(read), len(trace.calls), tuple(sorted(missing)), unseen, tuple(trace.skipped))
 
 
 def _listed(items: tuple[Any, ...], separator: str = ", ") -> str:

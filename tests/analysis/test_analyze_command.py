@@ -91,6 +91,19 @@ def test_a_world_size_beyond_traces_that_do_not_record_it_flags_the_missing_rank
     assert analyze(tmp_path, "--world-size", 8).returncode == 0
 
 
+def test_a_flight_recorder_dump_missing_from_its_process_groups_is_inconclusive(hang_run, tmp_path):
+    from rankwatch.analysis.flight_recorder import write_dumps
+    from rankwatch.analysis.trace import load_path
+
+    dumps = write_dumps(load_path(hang_run), tmp_path)
+    assert analyze(tmp_path).returncode == 0, "every rank's dump"
+    [dump_of_rank_5] = [path for path in dumps if path.name.endswith("rank_5")]
+    dump_of_rank_5.unlink()
+    result = analyze(tmp_path)
+    assert result.returncode == 1
+    assert "INCONCLUSIVE: 1 member(s) of the communicators have no trace (rank 5)" in result.stdout
+
+
 def test_the_layout_is_read_from_the_traces_and_times_are_absolute(hang_run):
     result = analyze(hang_run)
     assert result.returncode == 0, result.stderr
