@@ -380,6 +380,7 @@ def read_traces(path: str | Path, layout: Layout | None = None) -> Trace:
     path = Path(path)
     files = megascan_files(path) if path.is_dir() else [path]
     problems: list[str] = []
+    skipped: list[str] = []  # inputs not read (an analysis without them is inconclusive)
     reads: list[_RankRead] = []
     per_rank = [(f, PER_RANK.match(f.name)) for f in files]
     if all(match for _, match in per_rank):
@@ -389,6 +390,7 @@ def read_traces(path: str | Path, layout: Layout | None = None) -> Trace:
                 reads.append(_read_rank_file(file, (dp, pp, tp)))
             except (MegaScanError, OSError) as error:
                 problems.append(str(error) if str(file) in str(error) else f"{file}: {error}")
+                skipped.append(problems[-1])
     else:
         if len(files) > 1:
             names = ", ".join(f.name for f in files)
@@ -399,7 +401,9 @@ def read_traces(path: str | Path, layout: Layout | None = None) -> Trace:
             raise MegaScanError(f"{files[0]}: {error}") from error
     if not reads:
         raise MegaScanError(f"{path}: no MegaScan trace could be read: " + "; ".join(problems))
-    return _assemble(reads, layout, problems)
+    trace = _assemble(reads, layout, problems)
+    trace.skipped = skipped
+    return trace
 
 
 def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]) -> Trace:
@@ -429,9 +433,6 @@ def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]
         seen.add(rank)
         ranked.append((rank, read))
     ranked.sort(key=lambda pair: pair[0])
-    missing = layout.world_size - len(ranked)
-    if missing > 0:
-        problems.append(f"no MegaScan trace for {missing} of {layout.world_size} ranks")
     for rank, read in ranked:
         if read.outside:
             problems.append(f"rank {rank}: {read.outside} records outside any iteration (evaluation) not analysed")
@@ -444,7 +445,7 @@ def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]
     ) if any(read.iterations for _, read in ranked) else np.zeros(0, ITERATION_DTYPE)  # fmt: skip
     calls = _number_p2p_per_peer(_calls(ranked, groups))
     calls = calls[np.lexsort((calls["t_call"], calls["rank"]))]
-    sources = {rank: RankSource(rank, "unknown", -1, read.path) for rank, read in ranked}
+    sources = {rank: RankSource(rank, "unknown", -1, read.path, layout.world_size) for rank, read in ranked}
     used = set(np.unique(calls["comm"]).tolist())
     comms = {comm_id: comm for comm_id, comm in groups.comms.items() if comm_id in used}
     if not len(calls):

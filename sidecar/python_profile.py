@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rankwatch.sidecar.python_stacks import py_spy
+from rankwatch.sidecar.python_stacks import py_spy, runs_python
 
 MAX_SECONDS = 10.0
 RATE_HZ = 50
@@ -44,16 +44,18 @@ class RankProfile:
     samples: int = 0
     functions: dict[str, int] = field(default_factory=dict)
     problem: str | None = None
+    python: bool = True  # False: the rank runs no Python (a C trainer): nothing to profile, nothing wrong
 
     def to_json(self) -> dict:
-        return {"samples": self.samples, "functions": self.functions, "problem": self.problem}
+        return {"samples": self.samples, "functions": self.functions, "problem": self.problem, "python": self.python}
 
     @classmethod
     def from_json(cls, data: dict) -> RankProfile:
         functions = data.get("functions") or {}
         if not isinstance(functions, dict):
             raise ValueError("functions is not an object")
-        return cls(int(data.get("samples") or 0), {str(k): int(v) for k, v in functions.items()}, data.get("problem"))
+        return cls(int(data.get("samples") or 0), {str(k): int(v) for k, v in functions.items()}, data.get("problem"),
+                   data.get("python") is not False)  # fmt: skip
 
 
 class ProfilerBusy(Exception):
@@ -118,8 +120,10 @@ class Profiler:
                                    f"{self.min_interval_s - (now - self._last):.0f} s")  # fmt: skip
             self._last = now
             executable = self.executable
-            with ThreadPoolExecutor(max_workers=max(1, len(pids))) as pool:
-                futures = {rank: pool.submit(record, pid, seconds, executable) for rank, pid in pids.items()}
-                return {rank: future.result() for rank, future in futures.items()}
+            python = {rank: pid for rank, pid in pids.items() if runs_python(pid)}
+            with ThreadPoolExecutor(max_workers=max(1, len(python))) as pool:
+                futures = {rank: pool.submit(record, pid, seconds, executable) for rank, pid in python.items()}
+                found = {rank: future.result() for rank, future in futures.items()}
+            return {rank: found.get(rank) or RankProfile(python=False) for rank in pids}
         finally:
             self._lock.release()

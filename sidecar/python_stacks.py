@@ -18,8 +18,10 @@ per stall episode), run in a worker thread with a time limit per process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -55,6 +57,28 @@ def main_thread_frames(dump: list[dict]) -> list[str] | None:
     main = next((t for t in threads if t.get("thread_name") == "MainThread" or t.get("os_thread_id") == t.get("pid")),
                 threads[0])  # fmt: skip
     return [f"{frame.get('filename')}:{frame.get('line')} {frame.get('name')}" for frame in main["frames"][:MAX_FRAMES]]
+
+
+PYTHON_NAMES = ("python", "pypy")
+
+
+def runs_python(pid: int, proc: Path = Path("/proc")) -> bool:
+    """False only when ``pid`` is known to run no Python interpreter: its executable and its first
+    argument are not named python and no libpython is mapped (a C or C++ trainer). A process whose
+    maps cannot be read (no ptrace right) counts as Python: py-spy then says why it cannot read it."""
+    names = []
+    with contextlib.suppress(OSError):
+        names.append(os.path.basename(os.readlink(proc / str(pid) / "exe")))
+    with contextlib.suppress(OSError):
+        argv0 = (proc / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0]
+        names.append(os.path.basename(argv0.decode(errors="replace")))
+    if any(name.startswith(PYTHON_NAMES) for name in names):
+        return True
+    try:
+        with open(proc / str(pid) / "maps", "rb") as maps:
+            return any(b"libpython" in line for line in maps)
+    except OSError:
+        return True
 
 
 def take_stack(pid: int, executable: str | None = None, timeout_s: float = TIMEOUT_S) -> StackResult:
@@ -94,9 +118,11 @@ class StackTaker:
         self._said: set[str] = set()
 
     def stacks(self, pids: dict[int, int]) -> dict[int, list[str]]:
-        """Rank -> its main thread's frames, for the ranks whose stack could be read."""
+        """Rank -> its main thread's frames, for the Python ranks whose stack could be read."""
         found = {}
         for rank, pid in sorted(pids.items()):
+            if not runs_python(pid):
+                continue
             result = take_stack(pid, self.executable)
             if result.frames is not None:
                 found[rank] = result.frames

@@ -4,8 +4,9 @@
  * busy a call goes untimed (counted in the header), never blocked. Calls on a stream that is being
  * captured into a CUDA graph are not timed (recording an event there would break the capture).
  * Times are anchored to an event on a private idle stream (at the middle of the window between its
- * record and the return of its synchronisation), re-anchored every few seconds, so the
- * float milliseconds of cuEventElapsedTime never span long. The GPU start is written as soon as the
+ * record and the return of its synchronisation, the narrowest of a few), re-anchored every few seconds
+ * when a narrower window or the anchor's age allows, so the float milliseconds of cuEventElapsedTime
+ * never span long. The GPU start is written as soon as the
  * stream reaches the start event, before the operation ends: a collective that started on the GPU and
  * never completes (a hang) shows a start and no end, one that never started shows neither.
  * RANKWATCH_GPU_POLL_US sets the poller's interval (default 1000 us). A process that ends right after
@@ -28,6 +29,9 @@
 #define SLOTS 4096
 #define MAX_GROUPED 1024
 #define REANCHOR_NS 5000000000LL
+#define REANCHOR_SOON_NS 100000000LL /* while the anchor's window was wider than ANCHOR_GOOD_NS */
+#define ANCHOR_GOOD_NS 100000LL
+#define ANCHOR_DRIFT_PPM 20
 #define POLL_NS 1000000L
 #define EXIT_LOCK_WAIT_NS 1000000000L
 
@@ -60,8 +64,10 @@ static int ready; /* 1 once the pool and the poller exist */
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUcontext context;
 static CUstream anchor_stream;
-static CUevent anchor_event;
+static CUevent anchor_event, candidate_event;
 static int64_t anchor_ns;
+static int64_t anchor_error_ns = INT64_MAX; /* half the window the anchor event ran in */
+static int64_t anchor_taken_ns;
 static struct timespec poll_pause = {0, POLL_NS};
 /* One pass over the slots at a time: the poller's, or the last one at exit (on the exiting thread). */
 static pthread_mutex_t pass_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -104,17 +110,36 @@ static int load(void) {
          cu.stream_create && cu.ctx_get && cu.ctx_set;
 }
 
-/* The anchor event ran somewhere between its record and the return of its synchronisation: take the
- * middle of that window, and record again (a few times at most) while the window is wide, which it
- * is when this thread or the device was descheduled. */
+/* The anchor event ran somewhere between its record and the return of its synchronisation: its time is
+ * the middle of that window, within half its width. The window is wide when this thread or the device
+ * was descheduled (a loaded machine: tens of ms), so a re-anchor records a few candidates and keeps the
+ * narrowest, and replaces the anchor in use only with a better one; the anchor's error grows with its
+ * age (the GPU clock drifts against CLOCK_REALTIME, and cuEventElapsedTime's float loses precision over
+ * long spans), so an old anchor is replaced in the end. The header keeps the largest error of an anchor
+ * in use: what any GPU time of this ring may be off against the host's times. */
+static int64_t aged_error(int64_t now) {
+  if (anchor_error_ns == INT64_MAX) return INT64_MAX;
+  return anchor_error_ns + (now - anchor_taken_ns) / 1000000 * ANCHOR_DRIFT_PPM;
+}
+
 static void reanchor(void) {
   for (int attempt = 0; attempt < 5; attempt++) {
     int64_t before = rw_realtime_ns();
-    if (cu.event_record(anchor_event, anchor_stream) != CUDA_SUCCESS || cu.event_sync(anchor_event) != CUDA_SUCCESS)
+    if (cu.event_record(candidate_event, anchor_stream) != CUDA_SUCCESS || cu.event_sync(candidate_event) != CUDA_SUCCESS)
       return;
     int64_t after = rw_realtime_ns();
-    anchor_ns = before + (after - before) / 2;
-    if (after - before < 200000) return;
+    int64_t error = (after - before) / 2;
+    if (error < aged_error(after)) {
+      CUevent used = anchor_event;
+      anchor_event = candidate_event;
+      candidate_event = used;
+      anchor_ns = before + error;
+      anchor_error_ns = error;
+      anchor_taken_ns = after;
+      rw_ring_header* header = rw_ring();
+      if (header && error > header->gpu_clock_error_ns) header->gpu_clock_error_ns = error;
+    }
+    if (error < ANCHOR_GOOD_NS) return;
   }
 }
 
@@ -125,7 +150,8 @@ static void init(void) {
     return;
   }
   if (cu.ctx_get(&context) != CUDA_SUCCESS || cu.stream_create(&anchor_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
-      cu.event_create(&anchor_event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+      cu.event_create(&anchor_event, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+      cu.event_create(&candidate_event, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
     fprintf(stderr, "rankwatch: no CUDA context at the first traced call; GPU times stay empty\n");
     return;
   }
@@ -261,7 +287,8 @@ static void* poller(void* unused) {
     nanosleep(&poll_pause, NULL);
     pthread_mutex_lock(&pass_lock);
     pass();
-    if (rw_realtime_ns() - last_anchor > REANCHOR_NS) {
+    int64_t since = rw_realtime_ns() - last_anchor;
+    if (since > REANCHOR_NS || (since > REANCHOR_SOON_NS && anchor_error_ns > ANCHOR_GOOD_NS)) {
       reanchor();
       last_anchor = rw_realtime_ns();
     }

@@ -146,6 +146,8 @@ async def fetch_profiles(
                 continue
             if samples:
                 profiles[rank] = Profile(samples, functions)
+            elif data.get("python") is False:
+                continue  # a rank that runs no Python (a C trainer) has no profile to miss
             else:
                 problems.append(f"no Python profile of rank {rank}: {data.get('problem') or 'no samples'}")
 

@@ -22,16 +22,17 @@ from rankwatch.simulate import Faults, HostCost, PodRun, Simulation, SimulationE
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
-# GPU times are anchored to the host clock when the tracer's anchor event is synchronised, a little
-# after the device reached it: they may read up to a few milliseconds late on a loaded machine
-SLACK_NS = 5_000_000
+# Beyond the error of the ring's GPU clock anchor (its header says how large): float milliseconds of
+# cuEventElapsedTime and two clocks ticking at slightly different rates over a run of seconds
+FLOAT_NS = 50_000
 
 
 def test_nccl_call_returns_at_once_and_the_collective_completes_when_the_late_peer_arrives(run_ranks):
     early, late = run_ranks("run_ahead", 2, env=ASYNC)
-    assert early["call_us"] < 50_000, "the call only enqueued the collective"
+    # in order of events (one machine, one realtime clock), not in milliseconds a loaded machine stretches
+    assert early["returned_ns"] < late["called_ns"], "the call only enqueued the collective: back before the peer"
     assert early["query_after_call"] == CUDA_ERROR_NOT_READY, "the stream has not reached the event yet"
-    assert 250 <= early["sync_ms"] <= 1_000, "the host blocks in cuStreamSynchronize until rank 1 arrived"
+    assert early["synced_ns"] > late["called_ns"], "the host blocks in cuStreamSynchronize until rank 1 arrived"
     assert early["query_after_sync"] == CUDA_SUCCESS
     assert early["result"] == late["result"] == [3.0] * 4, "data moved on the executor, read after the sync"
 
@@ -57,17 +58,18 @@ def test_collectives_groups_splits_and_error_codes_work_on_the_asynchronous_devi
 
 
 def test_synchronous_device_keeps_the_call_blocking(run_ranks):
-    early, _ = run_ranks("run_ahead", 2, env={"RANKWATCH_STANDIN_DEVICE": "sync"})
-    assert early["call_us"] > 250_000, "sync: the call itself waits for the late peer"
-    assert early["query_after_call"] == CUDA_SUCCESS and early["sync_ms"] < 50
+    early, late = run_ranks("run_ahead", 2, env={"RANKWATCH_STANDIN_DEVICE": "sync"})
+    assert early["returned_ns"] > late["called_ns"], "sync: the call itself waits for the late peer"
+    assert early["query_after_call"] == CUDA_SUCCESS
     assert early["result"] == [3.0] * 4
 
 
 def test_host_runs_ahead_and_events_time_the_kernels(run_ranks):
     [seen] = run_ranks("kernels", 1, env=ASYNC)
     assert seen["query_while_running"] == CUDA_ERROR_NOT_READY
-    assert seen["launch_ms"] < 50, "20 kernels of 30 ms are launched without waiting for any"
-    assert 99 <= seen["event_ms"] <= 130, f"the events bracket the 100 ms kernel: {seen['event_ms']}"
+    assert seen["query_after_launches"] == CUDA_ERROR_NOT_READY, "20 kernels of 30 ms launched without waiting"
+    # the end event follows the 100 ms kernel, not the 600 ms queued after it (a sleep runs long, never short)
+    assert 99 <= seen["event_ms"] < 400, f"the events bracket the 100 ms kernel: {seen['event_ms']}"
     assert seen["ctx_sync_ms"] >= 550, "cuCtxSynchronize waits for the 600 ms of queued kernels"
     assert seen["stream_query_after"] == CUDA_SUCCESS
 
@@ -79,24 +81,25 @@ def test_a_full_launch_queue_blocks_the_host(run_ranks):
     # four items are pending, so at least ~100 + 6 x 30 ms pass before the tenth launch returns
     assert seen["launch_ms"] >= 250, seen
     [unbounded] = run_ranks("kernels", 1, env={**ASYNC, "KERNELS": "10", "KERNEL_NS": "30000000"})
-    assert unbounded["launch_ms"] < 50, "the default queue (1024) holds them all"
+    assert unbounded["query_after_launches"] == CUDA_ERROR_NOT_READY, "the default queue (1024) holds them all"
 
 
 def test_slowed_device_runs_longer_kernels(run_ranks):
     [seen] = run_ranks("kernels", 1, env={**ASYNC, "RANKWATCH_STANDIN_SLOWDOWN": "0.5", "KERNELS": "0"})
-    assert 148 <= seen["event_ms"] <= 185, f"a 100 ms kernel takes 150 ms on the slowed GPU: {seen['event_ms']}"
+    assert 148 <= seen["event_ms"] < 200, f"a 100 ms kernel takes 150 ms on the slowed GPU: {seen['event_ms']}"
 
 
 def test_hung_peer_blocks_the_host_in_stream_synchronize_not_in_the_call(run_ranks):
     waiting, _ = run_ranks("hung_peer", 2, env=ASYNC)
-    assert waiting["call_us"] < 50_000, "the NCCL call returned"
+    assert waiting["call_us"] < 1_500_000, "the NCCL call returned (rank 1 never calls)"
     assert waiting["sync_blocked_1_5_s"], "cuStreamSynchronize still blocked after 1.5 s"
 
 
 def test_aborting_the_communicator_drains_the_stream(run_ranks):
     waiting, _ = run_ranks("abort", 2, env=ASYNC)
     assert waiting["pending_before_abort"] == CUDA_ERROR_NOT_READY, "the collective waits for rank 1"
-    assert waiting["abort_result"] == 0 and waiting["drained_ms"] < 1_000, "ncclCommAbort ends it"
+    # rank 1 never calls: only the abort can have let the synchronisation return
+    assert waiting["abort_result"] == 0 and "drained_ms" in waiting, "ncclCommAbort ends it"
 
 
 def test_gpu_timing_measures_the_collective_on_the_stream(run_ranks, tmp_path):
@@ -104,21 +107,22 @@ def test_gpu_timing_measures_the_collective_on_the_stream(run_ranks, tmp_path):
     straggler joined): rank 0 starts 200 ms in and waits ~200 ms; rank 1 (400 ms kernel) waits least."""
     seen = run_ranks("ordered", 2, trace_dir=tmp_path, env={**ASYNC, "RANKWATCH_GPU_TIMING": "1"})
     assert all(r["result"] == [3.0] * 4 for r in seen)
-    rings = {}
+    rings, slack = {}, {}
     for path in tmp_path.glob("*.ring"):
         snapshot = read_ring(path)
         rings[snapshot.header.global_rank] = snapshot.records
+        slack[snapshot.header.global_rank] = snapshot.header.gpu_clock_error_ns + FLOAT_NS
     gpu_wait_ms = {}
     for rank, result in enumerate(seen):
         _, call = rings[rank][rings[rank]["op"] == Op.ALLREDUCE]
-        assert result["call_us"] < 50_000 and call["t_return_ns"] - call["t_call_ns"] < 50_000_000
         assert call["flags"] & Flag.GPU_TIMED and call["state"] == State.GPU_DONE
         kernel_end_ns = result["launched_ns"] + result["kernel_ms"] * 1_000_000
-        assert call["gpu_start_ns"] >= kernel_end_ns - 2_000_000, "starts after the compute it waits for"
+        assert call["gpu_start_ns"] >= kernel_end_ns - slack[rank], "starts after the compute it waits for"
         assert call["gpu_start_ns"] - call["t_return_ns"] > 150_000_000, "long after the host call returned"
         gpu_wait_ms[rank] = (call["gpu_end_ns"] - call["gpu_start_ns"]) / 1e6
-    assert 150 <= gpu_wait_ms[0] <= 300, f"rank 0 waits for the straggler on its GPU: {gpu_wait_ms}"
-    assert gpu_wait_ms[1] < 50, f"the straggler's collective starts last and waits least: {gpu_wait_ms}"
+    # rank 1's compute is 200 ms longer: rank 0's collective waits those 200 ms (a sleep runs long, never
+    # short, so the difference can only grow on a loaded machine), rank 1's barely at all
+    assert gpu_wait_ms[0] - gpu_wait_ms[1] >= 150, f"rank 0 waits for the straggler on its GPU: {gpu_wait_ms}"
 
 
 # ---- the Megatron-shaped driver on the asynchronous device ------------------------------------------------
@@ -128,10 +132,19 @@ def load(out: Path) -> tuple[dict, dict[int, np.ndarray]]:
     return meta, {rank: records[records["op"] < Op.COMM_INIT] for rank, records in rings.items()}
 
 
+def clock_slack(out: Path) -> dict[int, int]:
+    """Per rank, how far its GPU times may be off against its host times: the tracer anchors the GPU
+    clock within a window it measures (wide when the machine is loaded) and writes the error down."""
+    meta = json.loads((out / "simulation.json").read_text())
+    return {r["rank"]: read_ring(r["ring"]).header.gpu_clock_error_ns + FLOAT_NS for r in meta["ranks"]}
+
+
 def test_megatron_driver_runs_ahead_of_its_gpu_between_synchronisations(tmp_path):
     run(Simulation(world_size=8, tp=2, pp=2, steps=4, compute_us=2000, gpu_timing=True, device="async"), tmp_path)
     _, calls = load(tmp_path)
+    slack = clock_slack(tmp_path)
     for rank, records in calls.items():
+        assert 0 < slack[rank] - FLOAT_NS < 1_000_000_000, f"rank {rank}: the tracer measured its clock anchor"
         assert (records["op"] == Op.ALLREDUCE).sum() == 4 * (6 + 2 + 1), f"rank {rank}: the same calls as sync"
         host_ms = (records["t_return_ns"] - records["t_call_ns"]) / 1e6
         timed = records[records["state"] == State.GPU_DONE]
@@ -144,7 +157,7 @@ def test_megatron_driver_runs_ahead_of_its_gpu_between_synchronisations(tmp_path
         grad_norms = np.flatnonzero((records["op"] == Op.ALLREDUCE) & (records["count"] == 1))
         for index in grad_norms[:-1]:
             if records[index]["state"] == State.GPU_DONE:
-                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - SLACK_NS, f"rank {rank}"
+                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - slack[rank], f"rank {rank}"
 
 
 def test_a_rank_that_ends_right_after_its_last_synchronisation_keeps_its_last_calls_gpu_times(tmp_path, monkeypatch):
@@ -156,13 +169,14 @@ def test_a_rank_that_ends_right_after_its_last_synchronisation_keeps_its_last_ca
     run(Simulation(world_size=4, tp=1, pp=2, steps=20, compute_us=3000, gpu_timing=True, device="async",
                    ranks_per_node=2), tmp_path)  # fmt: skip
     _, calls = load(tmp_path)
+    slack = clock_slack(tmp_path)
     for rank, records in calls.items():
         assert (records["flags"] & Flag.GPU_TIMED).all(), f"rank {rank}: every call was timed"
         unresolved = np.flatnonzero((records["state"] != State.GPU_DONE) | (records["gpu_start_ns"] == 0))
         assert not len(unresolved), f"rank {rank}: calls {unresolved.tolist()} of {len(records)} have no GPU times"
         last = records[-1]
         assert last["op"] == Op.ALLREDUCE and last["count"] == 1, "the last call is the grad norm's AllReduce"
-        assert last["gpu_end_ns"] >= last["gpu_start_ns"] >= last["t_call_ns"] - SLACK_NS
+        assert last["gpu_end_ns"] >= last["gpu_start_ns"] >= last["t_call_ns"] - slack[rank]
     # judged as a saved ring is, later: a call still in flight then would be a hang
     report = analyze_trace(load_path(tmp_path), now_ns=time.time_ns() + 60_000_000_000)
     assert report.findings == [], [finding.summary for finding in report.findings]
@@ -198,12 +212,13 @@ def test_batch_p2p_sync_makes_the_host_wait_after_each_pipeline_exchange(tmp_pat
     run(Simulation(world_size=4, tp=1, pp=4, steps=3, compute_us=2000, gpu_timing=True, device="async",
                    p2p_sync=True), tmp_path)  # fmt: skip
     _, calls = load(tmp_path)
+    slack = clock_slack(tmp_path)
     checked = 0
     for rank, records in calls.items():
         p2p = np.flatnonzero(np.isin(records["op"], [Op.SEND, Op.RECV]))
         for index in p2p[p2p < len(records) - 1]:
             if records[index]["state"] == State.GPU_DONE:
-                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - SLACK_NS, f"rank {rank}"
+                assert records[index + 1]["t_call_ns"] >= records[index]["gpu_end_ns"] - slack[rank], f"rank {rank}"
                 checked += 1
     assert checked >= 30
 
@@ -284,7 +299,10 @@ def test_slowed_rank_starts_last_and_waits_least_on_its_gpu(tmp_path):
         gpu_wait[rank] = float(np.median(tp["gpu_end_ns"] - tp["gpu_start_ns"]))
         assert np.median(tp["t_return_ns"] - tp["t_call_ns"]) < 500_000, "host calls return at once"
     assert min(gpu_wait, key=gpu_wait.get) == slow, gpu_wait
-    assert gpu_wait[slow] * 3 < min(w for r, w in gpu_wait.items() if r != slow), gpu_wait
+    # its peers wait for its extra compute (1.5 ms a step) on top of what everyone's collective takes,
+    # which a loaded machine stretches for all alike: compare differences, not ratios
+    extra_ns = 0.5 * 3000 * 1000
+    assert min(w for r, w in gpu_wait.items() if r != slow) - gpu_wait[slow] > extra_ns / 2, gpu_wait
 
 
 def test_slow_link_shows_in_the_gpu_time_of_that_pair(tmp_path):

@@ -49,15 +49,43 @@ def test_a_profile_gives_each_functions_share_of_the_wall_time_and_a_second_one_
         profiler.profile({7: trainer}, seconds=1)
 
 
-@pytest.mark.skipif(py_spy() is None, reason="py-spy is a dependency of rankwatch; not installed here")
-def test_a_process_that_is_not_python_gets_a_problem_not_an_exception():
+def test_a_rank_that_runs_no_python_gets_no_profile_attempt_and_no_problem_line():
+    """A C trainer (here `sleep`): the sidecar does not run py-spy on it, and the operator's diagnosis
+    lists no "no Python profile" problem for it (the demo's describe listed one per C rank)."""
+    import asyncio
+
+    from aiohttp import web
+
+    from rankwatch.operator.diagnosis.differential_profile import fetch_profiles
+
     process = subprocess.Popen(["sleep", "30"])
     try:
-        (profile,) = Profiler(min_interval_s=0).profile({1: process.pid}, seconds=1).values()
+        answer = Profiler(executable="/nonexistent/py-spy", min_interval_s=0).profile({1: process.pid}, seconds=1)
     finally:
         process.kill()
         process.wait()
-    assert profile.samples == 0 and profile.problem, profile
+    assert answer[1].samples == 0 and answer[1].problem is None and answer[1].python is False, answer
+
+    async def scenario() -> tuple[dict, list[str]]:
+        async def sidecar(_request: web.Request) -> web.Response:
+            return web.json_response({"ranks": {str(rank): profile.to_json() for rank, profile in answer.items()}})
+
+        app = web.Application()
+        app.router.add_get("/profile", sidecar)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            return await fetch_profiles({1: f"http://127.0.0.1:{runner.addresses[0][1]}"}, "token", seconds=1)
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == ({}, [])
+
+
+def test_a_python_rank_that_cannot_be_read_gets_a_problem_not_an_exception(trainer):
+    (profile,) = Profiler(executable="/nonexistent/py-spy", min_interval_s=0).profile({1: trainer}, seconds=1).values()
+    assert profile.python and profile.samples == 0 and "py-spy could not run" in profile.problem, profile
 
 
 def test_raw_output_counts_each_function_once_per_sample():

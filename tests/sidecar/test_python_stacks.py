@@ -14,7 +14,7 @@ import pytest
 from rankwatch.analysis.findings import Finding
 from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
-from rankwatch.sidecar.python_stacks import py_spy, take_stack
+from rankwatch.sidecar.python_stacks import py_spy, runs_python, take_stack
 
 pytestmark = pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
 
@@ -55,6 +55,9 @@ def test_the_stack_of_a_python_process_names_its_innermost_function(rank_process
     assert result.frames[0].endswith(" load_batch") and result.frames[1].endswith(" train_step")
     not_python = subprocess.Popen(["sleep", "30"])
     try:
+        assert runs_python(rank_process("peer").pid) and not runs_python(not_python.pid), (
+            "the stall watch asks only Python"
+        )
         result = take_stack(not_python.pid)
         assert result.frames is None, "a C process has no Python stack"
         assert result.problem and "python" in result.problem.lower(), f"said, not raised: {result.problem!r}"
