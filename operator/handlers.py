@@ -5,6 +5,8 @@ create/resume  -> create the token Secret, the headless Service and the worker P
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists), post
                   Events on transitions, recreate pods lost before the job started; job events tell
                   the monitor which jobs run and recovery which jobs to look at
+pod admission  -> the webhook injects opted-in pods of other kinds (``kinds/webhook.py``); those that
+                  start without it are reported on their group (``kinds/unwatched.py``)
 node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``); the
                   per-job series of /metrics (``diagnosis/job_metrics.py``) follow the jobs' status,
                   their pods and rankwatch's cordons; a deleted job's series go
@@ -25,6 +27,7 @@ import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers th
 from rankwatch.kube import api_client
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.kinds import unwatched, webhook
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
 from rankwatch.operator.remediation import node_marks
@@ -55,7 +58,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = WATCH_SECONDS
     settings.watching.client_timeout = WATCH_SECONDS + timeout
     settings.watching.connect_timeout = timeout
+    settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
+    memo.unwatched = unwatched.UnwatchedPods(memo.kube)
     memo.watch = Watch(memo.config, memo.kube, memo.leading)
     await memo.watch.start()
 
