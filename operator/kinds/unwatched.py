@@ -2,8 +2,8 @@
 
 The webhook fails open: a pod created while the operator was down (or the webhook not installed, or
 its namespace not labelled, or a pod the webhook could not inject) starts as its owner made it. The
-operator sees every opted-in pod (kopf's pod watch); those without the injection are counted on
-``rankwatch_unwatched_pods{kind}``, and their group hears of it: one Warning Event ``Unwatched`` on
+operator sees every opted-in pod (kopf's pod watch); those without the injection are counted, until
+they finish, on ``rankwatch_unwatched_pods{kind}``, and their group hears of it: one Warning Event ``Unwatched`` on
 the owning object (the same Event counted up as more come), naming the pods and why, and the
 annotation ``rankwatch.io/unwatched-pods`` with how many run now. A pod no supported kind owns gets
 the Event itself.
@@ -37,6 +37,7 @@ UNWATCHED_PODS = Gauge(
     "watched, by the kind owning them (unsupported: no kind rankwatch knows)",
     ["kind"],
 )
+FINISHED = ("Succeeded", "Failed")
 REPORT_DELAY_S = 2.0
 """Pods of one group seen within this delay make one report (a Job's pods come together)."""
 NAMESPACE_CACHE_S = 30.0
@@ -64,8 +65,8 @@ class UnwatchedPods:
     async def observe(self, pod: dict[str, Any], deleted: bool) -> None:
         metadata = pod.get("metadata", {})
         uid, name, namespace = metadata.get("uid", ""), metadata.get("name", ""), metadata.get("namespace", "")
-        if deleted:
-            self._forget(uid)
+        if deleted or pod.get("status", {}).get("phase") in FINISHED:
+            self._forget(uid)  # nothing left to watch: no longer counted, and never news at first sight
             return
         if uid in self._pods or not injection.opted_in(pod) or injection.is_injected(pod):
             return
