@@ -106,15 +106,6 @@ def annotate_owner(kube: kubernetes.client.ApiClient, group: Group, annotations:
     )
 
 
-def group_pods(kube: kubernetes.client.ApiClient, adapter: KindAdapter, group: Group) -> list[dict[str, Any]]:
-    """The group's pods as the API server has them. Blocking: call from a thread."""
-    pods = kubernetes.client.CoreV1Api(kube).list_namespaced_pod(
-        group.namespace, label_selector=adapter.pod_selector(group)
-    )
-    serializer = kubernetes.client.ApiClient()
-    return [serializer.sanitize_for_serialization(pod) for pod in pods.items]
-
-
 def ensure_token_secret(kube: kubernetes.client.ApiClient, adapter: KindAdapter, group: Group) -> bool:
     """Create the group's token Secret unless it exists; True when this call made it. Blocking."""
     secret = pod_spec.group_token_secret(adapter.token_secret_name(group), group.namespace, group.owner_reference)

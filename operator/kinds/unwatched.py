@@ -26,7 +26,7 @@ from prometheus_client import Gauge
 from rankwatch.operator import api
 from rankwatch.operator.events import EventTarget, post_event
 from rankwatch.operator.kinds import injection
-from rankwatch.operator.kinds.adapter import Group, annotate_owner
+from rankwatch.operator.kinds.adapter import Group, KindAdapter, annotate_owner, read_owner
 from rankwatch.operator.kinds.registry import adapter_for
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class _Report:
     target: EventTarget
     group: Group | None
     """None: the pod has no supported owner; the Event goes on the pod."""
+    adapter: KindAdapter | None
     pods: dict[str, str] = field(default_factory=dict)
     """pod name -> why it was not injected"""
     pending: asyncio.Task[None] | None = None
@@ -78,8 +79,9 @@ class UnwatchedPods:
                 f"its namespace lacks the label {api.INJECT_NAMESPACE_LABEL}={api.INJECT_NAMESPACE_VALUE}"
             )  # fmt: skip
         claimed = adapter_for(pod)
+        adapter: KindAdapter | None = None
         if claimed is not None:
-            _, group = claimed
+            adapter, group = claimed
             key: tuple[str, ...] = (group.kind, group.namespace, group.uid)
             kind, target = group.kind, group.event_target
         else:
@@ -87,7 +89,7 @@ class UnwatchedPods:
             target = EventTarget("v1", "Pod", name, uid, namespace)
         self._pods[uid] = (key, kind, name)
         UNWATCHED_PODS.labels(kind).inc()
-        report = self._reports.setdefault(key, _Report(target, group))
+        report = self._reports.setdefault(key, _Report(target, group, adapter))
         report.pods[name] = why
         self._schedule(key)
 
@@ -130,8 +132,8 @@ class UnwatchedPods:
             )
             reasons = "; ".join(sorted(set(pods.values()))[:3])
             message = (
-                f"{len(names)} opted-in pod(s) run without rankwatch's injection, so rankwatch does not watch them: "
-                f"{shown}. Why: {reasons}. Pods created once the webhook injects them are watched."
+                f"{len(names)}{self._of_size(report)} opted-in pod(s) run without rankwatch's injection, so rankwatch "
+                f"does not watch them: {shown}. Why: {reasons}. Pods created once the webhook injects them are watched."
             )
             now = datetime.datetime.now(datetime.UTC)
             post_event(
@@ -145,6 +147,17 @@ class UnwatchedPods:
             except ApiException as error:
                 if error.status != 404:  # the owner is gone: nothing to say it on
                     raise
+
+    def _of_size(self, report: _Report) -> str:
+        """`` of 4`` when the group's size is known (the owner read now), else nothing."""
+        if report.group is None or report.adapter is None:
+            return ""
+        try:
+            owner = read_owner(self.kube, report.group)
+        except ApiException:
+            return ""
+        size = report.adapter.expected_size(owner) if owner is not None else None
+        return f" of {size}" if size else ""
 
     async def _namespace_opted_in(self, namespace: str) -> bool:
         cached = self._namespaces.get(namespace)

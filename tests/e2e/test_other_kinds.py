@@ -109,6 +109,8 @@ def wait_for_webhook(kubectl, namespace: str, eventually) -> None:
         return result.returncode == 0 and "rankwatch-sidecar" in result.stdout
 
     eventually(answered, 60, interval=0.5, what="the operator's webhook to answer")
+    made = kubectl("get", "secret", "-n", namespace, "probe-rankwatch-job-token", check=False)
+    assert made.returncode != 0, "a dry run has no side effects (sideEffects: NoneOnDryRun)"
 
 
 def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_start_and_are_reported(
@@ -146,6 +148,21 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
             lambda: all(p.status.phase == "Running" for p in pods("watched")), 60, what="the injected pods running"
         )
 
+        # A pod the webhook cannot inject is admitted as it is, says why, and its Job hears of it.
+        refused = indexed_job("refused", 1)
+        refused["spec"]["template"]["spec"]["containers"][0]["name"] = "rankwatch-sidecar"
+        refused = batch.create_namespaced_job(namespace, refused)
+        [pod] = eventually(lambda: pods("refused"), 60, what="the refused Job's pod")
+        assert not injected(pod)
+        why = f"Job {namespace}/refused: container name 'rankwatch-sidecar' is reserved for rankwatch"
+        assert pod.metadata.annotations["rankwatch.io/not-injected"] == why
+
+        def refused_reported() -> list[Any]:
+            events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
+            return [e for e in events if e.involved_object.uid == refused.metadata.uid and why in e.message]
+
+        eventually(refused_reported, 60, what="the Unwatched Event on the refused Job, with the reason")
+
         stop(operator)
         # The webhook is gone: the API server gets no answer and, failing open, admits the pods as they are.
         unwatched = batch.create_namespaced_job(namespace, indexed_job("unwatched", 2))
@@ -168,11 +185,11 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
 
         [event] = eventually(reported, 90, what="the Unwatched Event on the Job")
         assert event.type == "Warning" and event.involved_object.kind == "Job"
-        assert event.message.startswith("2 opted-in pod(s)") and "operator was down" in event.message
+        assert event.message.startswith("2 of 2 opted-in pod(s)") and "operator was down" in event.message
         job = batch.read_namespaced_job("unwatched", namespace)
         assert job.metadata.annotations["rankwatch.io/unwatched-pods"] == "2"
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{collector_port}/metrics", timeout=10).read().decode()
-        assert 'rankwatch_unwatched_pods{kind="Job"} 2.0' in metrics
+        assert 'rankwatch_unwatched_pods{kind="Job"} 3.0' in metrics, "these two and the refused Job's pod"
         watched_events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
         assert not [e for e in watched_events if e.involved_object.uid == watched.metadata.uid], (
             "the injected Job is watched"

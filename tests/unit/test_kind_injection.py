@@ -156,6 +156,26 @@ def test_pods_the_webhook_leaves_alone_and_why(change, reason, asked):
     assert reason in decision.reason and decision.asked is asked
 
 
+def test_the_indexed_job_adapter_finds_the_group_its_size_and_each_pods_place():
+    from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
+    from rankwatch.operator.kinds.registry import adapter_for
+
+    pod = indexed_job_pod(3)
+    adapter, group = adapter_for(pod)
+    assert adapter is INDEXED_JOB and adapter.restart_lever is None, "no safe lever: cordon and page only"
+    assert (group.kind, group.namespace, group.name, group.uid) == ("Job", "team-b", "bert", JOB_UID)
+    assert str(group) == "Job team-b/bert"
+    assert adapter.index_of(pod) == 3
+    key, value = adapter.pod_selector(group).split("=")
+    assert pod["metadata"]["labels"][key] == value, "the selector finds exactly the group's pods"
+    assert adapter.expected_size({"spec": {"completions": 4, "parallelism": 4}}) == 4
+    assert adapter.expected_size({"spec": {}}) is None
+    assert group.event_target.kind == "Job" and group.event_target.uid == JOB_UID
+    assert adapter.token_secret_name(group) != "bert-rankwatch-token", "never a TrainingJob's of the same name"
+    pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] = "x"
+    assert adapter.index_of(pod) is None
+
+
 def run_webhook(pod: dict[str, Any]) -> dict[str, Any]:
     """The admission handler as kopf calls it (a dry run: no token Secret made); the pod after its patch."""
     body = kopf.Body(copy.deepcopy(pod))
