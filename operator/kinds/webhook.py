@@ -77,10 +77,17 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
 
 
 async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:
-    """The group's token Secret, made by its first pod. If the API server refuses now, the pod still
+    """The group's token Secret, made by its first pod, once its owner is known to exist with that uid (a
+    pod's owner references are whatever its creator wrote). If the API server refuses now, the pod still
     starts (the Secret volume is optional) and its sidecar ships once a later pod has made it."""
+    group = decision.group
     try:
-        made = await asyncio.to_thread(adapter.ensure_token_secret, memo.kube, decision.adapter, decision.group)
+        if await asyncio.to_thread(adapter.read_owner, memo.kube, group) is None:
+            log.warning(
+                "%s (uid %s), named by a pod's owner reference, does not exist: no token Secret", group, group.uid
+            )
+            return
+        made = await asyncio.to_thread(adapter.ensure_token_secret, memo.kube, decision.adapter, group)
     except Exception as error:
         log.warning("%s: token Secret not made now (%s); its sidecars wait for it", decision.group, error)
         return

@@ -85,22 +85,47 @@ def injected(pod: kubernetes.client.V1Pod) -> bool:
     return any(c.name == "rankwatch-sidecar" for c in pod.spec.init_containers or [])
 
 
-def wait_for_webhook(kubectl, namespace: str, eventually) -> None:
-    """Until the operator's webhook answers the API server: a server-side dry run of an opted-in pod of
-    a (made-up) Indexed Job comes back injected."""
-    probe = {
+def probe_pod(namespace: str, job: str) -> dict[str, Any]:
+    """An opted-in pod whose owner reference names an Indexed Job ``job`` that does not exist."""
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": "probe",
+            "name": f"{job}-0",
             "namespace": namespace,
             "annotations": {"rankwatch.io/inject": "true", "batch.kubernetes.io/job-completion-index": "0"},
             "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "Job", "name": "probe", "uid": str(uuid.uuid4()), "controller": True}
+                {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": str(uuid.uuid4()), "controller": True}
             ],
         },
         "spec": {"containers": [{"name": "c", "image": "x"}]},
     }
+
+
+def secrets_made_while(core: kubernetes.client.CoreV1Api, namespace: str, action: Any) -> list[str]:
+    """The Secrets created in ``namespace`` while ``action`` ran (asserted truthy), seen in the order the
+    API server made them: until a marker Secret made after it (the garbage collector may delete a
+    Secret with a dangling owner before anyone lists it; the watch still saw it made)."""
+    start = core.list_namespaced_secret(namespace).metadata.resource_version
+    assert action()
+    marker = f"marker-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_secret(namespace, {"metadata": {"name": marker}})
+    made = []
+    for event in kubernetes.watch.Watch().stream(
+        core.list_namespaced_secret, namespace, resource_version=start, timeout_seconds=60
+    ):
+        name = event["object"].metadata.name
+        if event["type"] == "ADDED" and name == marker:
+            return made
+        if event["type"] == "ADDED":
+            made.append(name)
+    raise AssertionError("the marker Secret was never seen")
+
+
+def wait_for_webhook(kubectl, namespace: str, eventually) -> None:
+    """Until the operator's webhook answers the API server: a server-side dry run of an opted-in pod of
+    a (made-up) Indexed Job comes back injected."""
+    probe = probe_pod(namespace, "probe")
 
     def answered() -> bool:
         result = kubectl(
@@ -109,8 +134,6 @@ def wait_for_webhook(kubectl, namespace: str, eventually) -> None:
         return result.returncode == 0 and "rankwatch-sidecar" in result.stdout
 
     eventually(answered, 60, interval=0.5, what="the operator's webhook to answer")
-    made = kubectl("get", "secret", "-n", namespace, "probe-rankwatch-job-token", check=False)
-    assert made.returncode != 0, "a dry run has no side effects (sideEffects: NoneOnDryRun)"
 
 
 def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_start_and_are_reported(
@@ -147,6 +170,22 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
         eventually(
             lambda: all(p.status.phase == "Running" for p in pods("watched")), 60, what="the injected pods running"
         )
+
+        # A dry run has no side effects (sideEffects: NoneOnDryRun): injected, but no token Secret made.
+        held = indexed_job("held", 1)
+        held["spec"]["suspend"] = True  # no pods of its own
+        held = batch.create_namespaced_job(namespace, held)
+        dry = probe_pod(namespace, "held")
+        dry["metadata"]["ownerReferences"][0]["uid"] = held.metadata.uid
+        answer = kubectl("create", "--dry-run=server", "-o", "yaml", "-f", "-", input=yaml.safe_dump(dry))
+        assert "rankwatch-sidecar" in answer.stdout
+        made = kubectl("get", "secret", "-n", namespace, "held-rankwatch-job-token", check=False)
+        assert made.returncode != 0, "a Secret made by a dry run"
+
+        # Owner references are whatever a pod's creator writes: no token Secret for a Job that does not exist.
+        assert secrets_made_while(core, namespace, lambda: injected(
+            core.create_namespaced_pod(namespace, probe_pod(namespace, "ghost"))
+        )) == [], "a token Secret for a Job that does not exist"  # fmt: skip
 
         # A pod the webhook cannot inject is admitted as it is, says why, and its Job hears of it.
         refused = indexed_job("refused", 1)
