@@ -69,6 +69,43 @@ def webhook(helm, kubectl, kubeconfig, unwatched_namespace, processes, tmp_path)
     kubectl("delete", "mutatingwebhookconfiguration", configuration["metadata"]["name"], "--ignore-not-found")
 
 
+@pytest.fixture
+def chart_rbac_kubeconfig(helm, kubectl, kubeconfig, tmp_path) -> Any:
+    """A kubeconfig holding a token of the chart's operator ServiceAccount, bound to the chart's RBAC as
+    rendered with the webhook on (for namespaces rw-own-*): the operator below runs with exactly that."""
+    release, namespace = f"kinds-rbac-{uuid.uuid4().hex[:6]}", "rankwatch-e2e-system"
+    rendered = helm(
+        "template", release, str(REPO / "helm" / "rankwatch"), "--namespace", namespace,
+        "--set", "webhook.enabled=true", "--set", "operator.namespaces={rw-own-*}",
+        "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml",
+    ).stdout  # fmt: skip
+    kubectl("create", "namespace", namespace, check=False)
+    kubectl("apply", "-f", "-", input=rendered)
+    api = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+    token = (
+        kubernetes.client.CoreV1Api(api)
+        .create_namespaced_service_account_token(
+            f"{release}-rankwatch", namespace, {"spec": {"expirationSeconds": 3600}}
+        )
+        .status.token
+    )
+    admin = yaml.safe_load(Path(kubeconfig).read_text())
+    cluster = next(c for c in admin["clusters"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "operator",
+        "clusters": [cluster],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": "operator"}}],
+    }
+    path = tmp_path / "operator-kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    yield str(path)
+    kubectl("delete", "-f", "-", "--ignore-not-found", input=rendered)
+
+
 def start_operator(processes, kubeconfig, namespace, log, port, certs, collector_port) -> subprocess.Popen:
     return processes.operator(
         kubeconfig, namespace, log, collector_port,
@@ -137,7 +174,7 @@ def wait_for_webhook(kubectl, namespace: str, eventually) -> None:
 
 
 def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_start_and_are_reported(
-    webhook, processes, api, kubeconfig, kubectl, unwatched_namespace, eventually, tmp_path
+    webhook, chart_rbac_kubeconfig, processes, api, kubectl, unwatched_namespace, eventually, tmp_path
 ):
     port, certs = webhook
     namespace = unwatched_namespace
@@ -148,7 +185,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
     def pods(job: str) -> list[kubernetes.client.V1Pod]:
         return core.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job}").items
 
-    operator = start_operator(processes, kubeconfig, namespace, log, port, certs, collector_port)
+    operator = start_operator(processes, chart_rbac_kubeconfig, namespace, log, port, certs, collector_port)
     try:
         wait_for_webhook(kubectl, namespace, eventually)
         watched = batch.create_namespaced_job(namespace, indexed_job("watched", 2))
@@ -212,7 +249,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
         )
         names = sorted(pod.metadata.name for pod in both)
 
-        operator = start_operator(processes, kubeconfig, namespace, log, port, certs, collector_port)
+        operator = start_operator(processes, chart_rbac_kubeconfig, namespace, log, port, certs, collector_port)
 
         def reported() -> list[Any]:
             events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
@@ -243,6 +280,8 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
             )
 
         eventually(lambda: annotation() is None, 60, what="the annotation gone with the unwatched pods")
+        refused_calls = [line for line in log.read_text().splitlines() if "403" in line or "orbidden" in line]
+        assert not refused_calls, "the chart's RBAC lacks what the operator called"
     finally:
         if operator.poll() is None:
             stop(operator)
