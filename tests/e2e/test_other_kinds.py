@@ -21,6 +21,9 @@ from rankwatch.cluster import pki
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).parents[2]
+PATIENCE_S = 300
+"""How long to wait for what must happen (an operator starting, a controller acting): generous, since
+the machine may be busy; a wait that ends early costs nothing."""
 
 
 def indexed_job(name: str, completions: int) -> dict[str, Any]:
@@ -115,7 +118,7 @@ def start_operator(processes, kubeconfig, namespace, log, port, certs, collector
 
 def stop(process: subprocess.Popen) -> None:
     process.send_signal(signal.SIGTERM)
-    process.wait(30)
+    process.wait(PATIENCE_S)
 
 
 def injected(pod: kubernetes.client.V1Pod) -> bool:
@@ -149,7 +152,7 @@ def secrets_made_while(core: kubernetes.client.CoreV1Api, namespace: str, action
     core.create_namespaced_secret(namespace, {"metadata": {"name": marker}})
     made = []
     for event in kubernetes.watch.Watch().stream(
-        core.list_namespaced_secret, namespace, resource_version=start, timeout_seconds=60
+        core.list_namespaced_secret, namespace, resource_version=start, timeout_seconds=PATIENCE_S
     ):
         name = event["object"].metadata.name
         if event["type"] == "ADDED" and name == marker:
@@ -170,7 +173,7 @@ def wait_for_webhook(kubectl, namespace: str, eventually) -> None:
         )
         return result.returncode == 0 and "rankwatch-sidecar" in result.stdout
 
-    eventually(answered, 60, interval=0.5, what="the operator's webhook to answer")
+    eventually(answered, PATIENCE_S, interval=0.5, what="the operator's webhook to answer")
 
 
 def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_start_and_are_reported(
@@ -189,7 +192,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
     try:
         wait_for_webhook(kubectl, namespace, eventually)
         watched = batch.create_namespaced_job(namespace, indexed_job("watched", 2))
-        both = eventually(lambda: len(pods("watched")) == 2 and pods("watched"), 60, what="the Job's 2 pods")
+        both = eventually(lambda: len(pods("watched")) == 2 and pods("watched"), PATIENCE_S, what="the Job's 2 pods")
         for pod in both:
             assert injected(pod), f"{pod.metadata.name} was not injected"
             assert pod.metadata.annotations["rankwatch.io/tracing"] == "enabled"
@@ -205,7 +208,9 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
         assert [owner.uid for owner in secret.metadata.owner_references] == [watched.metadata.uid]
         assert secret.data["token"], "the group's sidecars have a token"
         eventually(
-            lambda: all(p.status.phase == "Running" for p in pods("watched")), 60, what="the injected pods running"
+            lambda: all(p.status.phase == "Running" for p in pods("watched")),
+            PATIENCE_S,
+            what="the injected pods running",
         )
 
         # A dry run has no side effects (sideEffects: NoneOnDryRun): injected, but no token Secret made.
@@ -228,7 +233,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
         refused = indexed_job("refused", 1)
         refused["spec"]["template"]["spec"]["containers"][0]["name"] = "rankwatch-sidecar"
         refused = batch.create_namespaced_job(namespace, refused)
-        [pod] = eventually(lambda: pods("refused"), 60, what="the refused Job's pod")
+        [pod] = eventually(lambda: pods("refused"), PATIENCE_S, what="the refused Job's pod")
         assert not injected(pod)
         why = f"Job {namespace}/refused: container name 'rankwatch-sidecar' is reserved for rankwatch"
         assert pod.metadata.annotations["rankwatch.io/not-injected"] == why
@@ -237,15 +242,19 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
             events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
             return [e for e in events if e.involved_object.uid == refused.metadata.uid and why in e.message]
 
-        eventually(refused_reported, 60, what="the Unwatched Event on the refused Job, with the reason")
+        eventually(refused_reported, PATIENCE_S, what="the Unwatched Event on the refused Job, with the reason")
 
         stop(operator)
         # The webhook is gone: the API server gets no answer and, failing open, admits the pods as they are.
         unwatched = batch.create_namespaced_job(namespace, indexed_job("unwatched", 2))
-        both = eventually(lambda: len(pods("unwatched")) == 2 and pods("unwatched"), 60, what="pods with no webhook")
+        both = eventually(
+            lambda: len(pods("unwatched")) == 2 and pods("unwatched"), PATIENCE_S, what="pods with no webhook"
+        )
         assert not any(injected(pod) for pod in both)
         eventually(
-            lambda: all(p.status.phase == "Running" for p in pods("unwatched")), 60, what="un-injected pods running"
+            lambda: all(p.status.phase == "Running" for p in pods("unwatched")),
+            PATIENCE_S,
+            what="un-injected pods running",
         )
         names = sorted(pod.metadata.name for pod in both)
 
@@ -259,12 +268,14 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
                 if e.involved_object.uid == unwatched.metadata.uid and all(n in e.message for n in names)
             ]
 
-        [event] = eventually(reported, 90, what="the Unwatched Event on the Job")
+        [event] = eventually(reported, PATIENCE_S, what="the Unwatched Event on the Job")
         assert event.type == "Warning" and event.involved_object.kind == "Job"
         assert event.message.startswith("2 of 2 opted-in pod(s)") and "operator was down" in event.message
         job = batch.read_namespaced_job("unwatched", namespace)
         assert job.metadata.annotations["rankwatch.io/unwatched-pods"] == "2"
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{collector_port}/metrics", timeout=10).read().decode()
+        metrics = (
+            urllib.request.urlopen(f"http://127.0.0.1:{collector_port}/metrics", timeout=PATIENCE_S).read().decode()
+        )
         assert 'rankwatch_unwatched_pods{kind="Job"} 3.0' in metrics, "these two and the refused Job's pod"
         watched_events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
         assert not [e for e in watched_events if e.involved_object.uid == watched.metadata.uid], (
@@ -279,7 +290,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
                 "rankwatch.io/unwatched-pods"
             )
 
-        eventually(lambda: annotation() is None, 60, what="the annotation gone with the unwatched pods")
+        eventually(lambda: annotation() is None, PATIENCE_S, what="the annotation gone with the unwatched pods")
         refused_calls = [line for line in log.read_text().splitlines() if "403" in line or "orbidden" in line]
         assert not refused_calls, "the chart's RBAC lacks what the operator called"
     finally:
