@@ -61,6 +61,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
     memo.unwatched = unwatched.UnwatchedPods(memo.kube)
+    memo.groups_with_token = webhook.GroupsWithToken()
     memo.watch = Watch(memo.config, memo.kube, memo.leading)
     await memo.watch.start()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,24 @@ log = logging.getLogger(__name__)
 
 WEBHOOK_ID = "inject-pods"
 """The handler's id, which is also the URL path the configuration names (``/inject-pods``)."""
+
+
+class GroupsWithToken:
+    """Groups (by uid) whose token Secret this process has seen made: their other pods are admitted
+    without an API call (a 1,000-pod Job's pods come in bursts, each waiting for its admission)."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._uids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, uid: str) -> bool:
+        return uid in self._uids
+
+    def add(self, uid: str) -> None:
+        self._uids[uid] = None
+        self._uids.move_to_end(uid)
+        while len(self._uids) > self.size:
+            self._uids.popitem(last=False)
 
 
 def admission_server(settings: WebhookSettings) -> Any:
@@ -81,6 +100,9 @@ async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:
     pod's owner references are whatever its creator wrote). If the API server refuses now, the pod still
     starts (the Secret volume is optional) and its sidecar ships once a later pod has made it."""
     group = decision.group
+    known: GroupsWithToken | None = memo.get("groups_with_token")
+    if known is not None and group.uid in known:
+        return
     try:
         if await asyncio.to_thread(adapter.read_owner, memo.kube, group) is None:
             log.warning(
@@ -88,6 +110,8 @@ async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:
             )
             return
         made = await asyncio.to_thread(adapter.ensure_token_secret, memo.kube, decision.adapter, group)
+        if known is not None:
+            known.add(group.uid)
     except Exception as error:
         log.warning("%s: token Secret not made now (%s); its sidecars wait for it", decision.group, error)
         return

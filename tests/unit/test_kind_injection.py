@@ -200,3 +200,10 @@ def test_a_pod_the_webhook_cannot_inject_is_admitted_with_the_reason():
     untouched = indexed_job_pod()
     untouched["metadata"]["annotations"].pop("rankwatch.io/inject")
     assert run_webhook(untouched) == untouched
+
+
+def test_groups_with_a_token_are_remembered_within_a_bound():
+    known = webhook.GroupsWithToken(size=2)
+    for uid in ("a", "b", "a", "c"):
+        known.add(uid)
+    assert "a" in known and "c" in known and "b" not in known, "the least recently made goes first"
