@@ -10,17 +10,20 @@
 # directory and a clean venv) and, in a real Debian root filesystem, by `make image-rootfs`.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
-# -- 1: the NCCL tracing library (C, gcc only) -------------------------------------------------
+# -- 1: the NCCL tracing library (C) ------------------------------------------------------------
+# Built for glibc 2.17 with zig's cross toolchain (PyPI's ziglang, in a venv of its own), whatever the
+# base image's glibc: it is preloaded into trainer images that may be much older than ours.
 FROM ${PYTHON_IMAGE} AS native
-# Versions come from the Debian release the pinned base image fixes; libc6-dev must match the image's
-# own libc6, which a hard pin would break at the next Debian security update.
+# Versions come from the Debian release the pinned base image fixes.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev make \
+    && apt-get install -y --no-install-recommends make \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY nccl_patch/ nccl_patch/
-RUN make -C nccl_patch build/librankwatch-nccl.so
+RUN python -I -m venv /opt/rankwatch/zig \
+    && /opt/rankwatch/zig/bin/pip install --no-cache-dir ziglang==0.17.1 \
+    && make -C nccl_patch build/librankwatch-nccl.so ZIG_PYTHON=/opt/rankwatch/zig/bin/python
 
 # -- 2: the Python package in its own venv -----------------------------------------------------
 # The Megatrace tokeniser is a C extension (the base image has Python's headers, not a compiler).

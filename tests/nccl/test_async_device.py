@@ -29,9 +29,10 @@ FLOAT_NS = 50_000
 
 def test_nccl_call_returns_at_once_and_the_collective_completes_when_the_late_peer_arrives(run_ranks):
     early, late = run_ranks("run_ahead", 2, env=ASYNC)
-    assert early["call_us"] < 50_000, "the call only enqueued the collective"
+    # in order of events (one machine, one realtime clock), not in milliseconds a loaded machine stretches
+    assert early["returned_ns"] < late["called_ns"], "the call only enqueued the collective: back before the peer"
     assert early["query_after_call"] == CUDA_ERROR_NOT_READY, "the stream has not reached the event yet"
-    assert 250 <= early["sync_ms"] <= 1_000, "the host blocks in cuStreamSynchronize until rank 1 arrived"
+    assert early["synced_ns"] > late["called_ns"], "the host blocks in cuStreamSynchronize until rank 1 arrived"
     assert early["query_after_sync"] == CUDA_SUCCESS
     assert early["result"] == late["result"] == [3.0] * 4, "data moved on the executor, read after the sync"
 
@@ -57,17 +58,18 @@ def test_collectives_groups_splits_and_error_codes_work_on_the_asynchronous_devi
 
 
 def test_synchronous_device_keeps_the_call_blocking(run_ranks):
-    early, _ = run_ranks("run_ahead", 2, env={"RANKWATCH_STANDIN_DEVICE": "sync"})
-    assert early["call_us"] > 250_000, "sync: the call itself waits for the late peer"
-    assert early["query_after_call"] == CUDA_SUCCESS and early["sync_ms"] < 50
+    early, late = run_ranks("run_ahead", 2, env={"RANKWATCH_STANDIN_DEVICE": "sync"})
+    assert early["returned_ns"] > late["called_ns"], "sync: the call itself waits for the late peer"
+    assert early["query_after_call"] == CUDA_SUCCESS
     assert early["result"] == [3.0] * 4
 
 
 def test_host_runs_ahead_and_events_time_the_kernels(run_ranks):
     [seen] = run_ranks("kernels", 1, env=ASYNC)
     assert seen["query_while_running"] == CUDA_ERROR_NOT_READY
-    assert seen["launch_ms"] < 50, "20 kernels of 30 ms are launched without waiting for any"
-    assert 99 <= seen["event_ms"] <= 130, f"the events bracket the 100 ms kernel: {seen['event_ms']}"
+    assert seen["query_after_launches"] == CUDA_ERROR_NOT_READY, "20 kernels of 30 ms launched without waiting"
+    # the end event follows the 100 ms kernel, not the 600 ms queued after it (a sleep runs long, never short)
+    assert 99 <= seen["event_ms"] < 400, f"the events bracket the 100 ms kernel: {seen['event_ms']}"
     assert seen["ctx_sync_ms"] >= 550, "cuCtxSynchronize waits for the 600 ms of queued kernels"
     assert seen["stream_query_after"] == CUDA_SUCCESS
 
@@ -79,24 +81,25 @@ def test_a_full_launch_queue_blocks_the_host(run_ranks):
     # four items are pending, so at least ~100 + 6 x 30 ms pass before the tenth launch returns
     assert seen["launch_ms"] >= 250, seen
     [unbounded] = run_ranks("kernels", 1, env={**ASYNC, "KERNELS": "10", "KERNEL_NS": "30000000"})
-    assert unbounded["launch_ms"] < 50, "the default queue (1024) holds them all"
+    assert unbounded["query_after_launches"] == CUDA_ERROR_NOT_READY, "the default queue (1024) holds them all"
 
 
 def test_slowed_device_runs_longer_kernels(run_ranks):
     [seen] = run_ranks("kernels", 1, env={**ASYNC, "RANKWATCH_STANDIN_SLOWDOWN": "0.5", "KERNELS": "0"})
-    assert 148 <= seen["event_ms"] <= 185, f"a 100 ms kernel takes 150 ms on the slowed GPU: {seen['event_ms']}"
+    assert 148 <= seen["event_ms"] < 200, f"a 100 ms kernel takes 150 ms on the slowed GPU: {seen['event_ms']}"
 
 
 def test_hung_peer_blocks_the_host_in_stream_synchronize_not_in_the_call(run_ranks):
     waiting, _ = run_ranks("hung_peer", 2, env=ASYNC)
-    assert waiting["call_us"] < 50_000, "the NCCL call returned"
+    assert waiting["call_us"] < 1_500_000, "the NCCL call returned (rank 1 never calls)"
     assert waiting["sync_blocked_1_5_s"], "cuStreamSynchronize still blocked after 1.5 s"
 
 
 def test_aborting_the_communicator_drains_the_stream(run_ranks):
     waiting, _ = run_ranks("abort", 2, env=ASYNC)
     assert waiting["pending_before_abort"] == CUDA_ERROR_NOT_READY, "the collective waits for rank 1"
-    assert waiting["abort_result"] == 0 and waiting["drained_ms"] < 1_000, "ncclCommAbort ends it"
+    # rank 1 never calls: only the abort can have let the synchronisation return
+    assert waiting["abort_result"] == 0 and "drained_ms" in waiting, "ncclCommAbort ends it"
 
 
 def test_gpu_timing_measures_the_collective_on_the_stream(run_ranks, tmp_path):
@@ -104,21 +107,22 @@ def test_gpu_timing_measures_the_collective_on_the_stream(run_ranks, tmp_path):
     straggler joined): rank 0 starts 200 ms in and waits ~200 ms; rank 1 (400 ms kernel) waits least."""
     seen = run_ranks("ordered", 2, trace_dir=tmp_path, env={**ASYNC, "RANKWATCH_GPU_TIMING": "1"})
     assert all(r["result"] == [3.0] * 4 for r in seen)
-    rings = {}
+    rings, slack = {}, {}
     for path in tmp_path.glob("*.ring"):
         snapshot = read_ring(path)
         rings[snapshot.header.global_rank] = snapshot.records
+        slack[snapshot.header.global_rank] = snapshot.header.gpu_clock_error_ns + FLOAT_NS
     gpu_wait_ms = {}
     for rank, result in enumerate(seen):
         _, call = rings[rank][rings[rank]["op"] == Op.ALLREDUCE]
-        assert result["call_us"] < 50_000 and call["t_return_ns"] - call["t_call_ns"] < 50_000_000
         assert call["flags"] & Flag.GPU_TIMED and call["state"] == State.GPU_DONE
         kernel_end_ns = result["launched_ns"] + result["kernel_ms"] * 1_000_000
-        assert call["gpu_start_ns"] >= kernel_end_ns - 2_000_000, "starts after the compute it waits for"
+        assert call["gpu_start_ns"] >= kernel_end_ns - slack[rank], "starts after the compute it waits for"
         assert call["gpu_start_ns"] - call["t_return_ns"] > 150_000_000, "long after the host call returned"
         gpu_wait_ms[rank] = (call["gpu_end_ns"] - call["gpu_start_ns"]) / 1e6
-    assert 150 <= gpu_wait_ms[0] <= 300, f"rank 0 waits for the straggler on its GPU: {gpu_wait_ms}"
-    assert gpu_wait_ms[1] < 50, f"the straggler's collective starts last and waits least: {gpu_wait_ms}"
+    # rank 1's compute is 200 ms longer: rank 0's collective waits those 200 ms (a sleep runs long, never
+    # short, so the difference can only grow on a loaded machine), rank 1's barely at all
+    assert gpu_wait_ms[0] - gpu_wait_ms[1] >= 150, f"rank 0 waits for the straggler on its GPU: {gpu_wait_ms}"
 
 
 # ---- the Megatron-shaped driver on the asynchronous device ------------------------------------------------

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import resource
 import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.ring import Flag, Op, RingReader, State, read_ring
+from rankwatch.native import native_artifacts
 
 FLOAT32 = 7
 
@@ -264,3 +267,18 @@ def test_misuse_returns_nccl_error_codes_and_is_recorded_as_failed(run_ranks, tm
 def test_without_the_interposer_nothing_is_written(run_ranks, tmp_path):
     seen = run_ranks("basic", 4, trace_dir=tmp_path, preload=False)
     assert seen[3]["allreduce"] == [10.0] * 4 and not list(tmp_path.glob("*.ring"))
+
+
+GLIBC_FLOOR = (2, 17)  # the README's floor: CentOS 7, Ubuntu 14.04 and every later distribution
+
+
+def test_the_tracing_library_needs_no_glibc_newer_than_the_stated_floor():
+    """It is preloaded into every process of a trainer's image: a symbol version above the floor would
+    keep the training processes of an older image from starting at all (gcc on this machine gives 2.34)."""
+    library = native_artifacts().interposer
+    symbols = subprocess.run(["objdump", "-T", str(library)], capture_output=True, text=True, check=True).stdout
+    versions = {tuple(map(int, v.split("."))) for v in re.findall(r"\bGLIBC_(\d+(?:\.\d+)+)\b", symbols)}
+    assert versions, f"objdump -T {library} lists no glibc symbol versions"
+    assert max(versions) <= GLIBC_FLOOR, f"{library} needs glibc {'.'.join(map(str, max(versions)))}"
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert f"glibc {'.'.join(map(str, GLIBC_FLOOR))}" in readme, "the README states the floor"

@@ -62,7 +62,10 @@ def test_slowed_rank_waits_least_in_its_collectives(tmp_path):
     }
     assert min(median_wait, key=median_wait.get) == slow, median_wait
     others = [median_wait[r] for r in tp_peers if r != slow]
-    assert median_wait[slow] * 3 < min(others), f"the straggler arrives last and barely waits: {median_wait}"
+    # its peers wait for its extra compute (1.5 ms a step) on top of what every collective takes, which a
+    # loaded machine stretches for all alike: a difference, not a ratio
+    extra_ns = 0.5 * 3000 * 1000
+    assert min(others) - median_wait[slow] > extra_ns / 2, f"the straggler arrives last and waits least: {median_wait}"
 
 
 def test_hang_before_a_call_leaves_the_culprit_behind_its_peers(tmp_path):

@@ -259,15 +259,14 @@ def run_ahead():
     if RANK == 1:
         time.sleep(0.3)
     send, recv = floats([RANK + 1.0] * 4), floats([0.0] * 4)
-    t0 = time.perf_counter_ns()
+    called_ns = time.time_ns()
     call(ALLREDUCE, world, send, recv, 4, stream=stream.value)
-    call_us = micros_since(t0)
+    returned_ns = time.time_ns()
     check(cuda.cuEventRecord(done, stream), "cuEventRecord")
     query_after_call = cuda.cuEventQuery(done)
-    t1 = time.perf_counter_ns()
     check(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
-    sync_ms = micros_since(t1) / 1e3
-    seen = {"call_us": call_us, "query_after_call": query_after_call, "sync_ms": sync_ms, "result": list(recv)}
+    seen = {"called_ns": called_ns, "returned_ns": returned_ns, "synced_ns": time.time_ns(),
+            "query_after_call": query_after_call, "result": list(recv)}  # fmt: skip
     seen["query_after_sync"] = cuda.cuEventQuery(done)
     check(lib.tl_destroy(world), "destroy")
     return seen
@@ -285,12 +284,16 @@ def kernels():
     for _ in range(int(os.environ.get("KERNELS", "20"))):
         check(cuda.rwStandinLaunchKernel(stream, int(os.environ.get("KERNEL_NS", "30000000"))), "kernel")
     launch_ms = micros_since(t0) / 1e3
+    launched = new_event(cuda)
+    check(cuda.cuEventRecord(launched, stream), "record")
+    query_after_launches = cuda.cuEventQuery(launched)
     check(cuda.cuEventSynchronize(end), "cuEventSynchronize")
     event_ms = elapsed_ms(cuda, start, end)
     t1 = time.perf_counter_ns()
     check(cuda.cuCtxSynchronize(), "cuCtxSynchronize")
     return {
         "query_while_running": query_while_running,
+        "query_after_launches": query_after_launches,
         "launch_ms": launch_ms,
         "event_ms": event_ms,
         "ctx_sync_ms": micros_since(t1) / 1e3,
