@@ -195,6 +195,8 @@ def _analyze(args: argparse.Namespace) -> int:
     try:
         with archive.trace_source(path, args.s3_endpoint) as source:
             print(f"reading the {source.description}", file=sys.stderr)
+            for problem in source.problems:
+                print(f"warning: {problem}", file=sys.stderr)
             return run(str(source.directory), layout or source.layout)
     except archive.ArchiveError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)

@@ -58,12 +58,12 @@ def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefi
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client = s3_client(
-        target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
-    )
     files = sorted(path for path in directory.rglob("*") if path.is_file())
     files.sort(key=lambda path: path.name == MANIFEST)  # the manifest last: its presence means complete
     try:
+        client = s3_client(
+            target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
+        )
         for path in files:
             client.upload_file(str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}")
     except (BotoCoreError, ClientError, S3UploadFailedError) as error:
