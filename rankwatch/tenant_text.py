@@ -12,6 +12,7 @@ through one of these functions on its way there, cut to a bound first:
 - :func:`lark_md`: Feishu ``lark_md`` card text. Markup characters become HTML character references
   (which Feishu shows as the characters), and ``://`` loses its link-making colon: tenant text is
   shown, never bold, a link, a mention or a heading. Newlines stay (cards lay out lines).
+- :func:`one_line_strings`: every string of a JSON-like value (a status patch) made :func:`one_line`.
 - :func:`bounded` and :func:`bounded_strings`: only the bound (alert annotations, JSON evidence).
 """
 
@@ -48,6 +49,17 @@ def bounded_strings(value: Any, limit: int) -> Any:
         return {bounded(str(k), limit): bounded_strings(v, limit) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [bounded_strings(v, limit) for v in value]
+    return value
+
+
+def one_line_strings(value: Any, limit: int = LINE_LIMIT) -> Any:
+    """A JSON-like value with every string in it made :func:`one_line` (a status patch, say)."""
+    if isinstance(value, str):
+        return one_line(value, limit)
+    if isinstance(value, dict):
+        return {k: one_line_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [one_line_strings(v, limit) for v in value]
     return value
 
 
