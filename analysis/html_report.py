@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.analysis.fail_slow import step_times
+from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 BINS = 80
@@ -91,12 +92,15 @@ def _step_plot(trace: Trace, findings: list[dict[str, Any]]) -> str:
 def html_report(trace: Trace, document: dict[str, Any]) -> str:
     findings = document["findings"]
     items = "".join(
-        f"<li><b>{html.escape(f['kind'].upper())}</b> (confidence {f['confidence']:.2f}): "
-        f"{html.escape(f['summary'])}<pre>{html.escape(json.dumps(f['evidence'], indent=1))}</pre></li>"
+        f"<li><b>{html.escape(f['kind'].upper())}</b> (confidence {f['confidence']:.2f}): {html.escape(f['summary'])}"
+        f"<p>{html.escape(Finding.from_json(f).cause_text)}</p>"
+        f"<pre>{html.escape(json.dumps(f['evidence'], indent=1))}</pre></li>"
         for f in findings
     )
     problems = "".join(f"<li>{html.escape(p)}</li>" for p in document["problems"])
     verdict = "healthy: no finding" if document["healthy"] else f"{len(findings)} finding(s), most likely first"
+    if document.get("inconclusive"):
+        verdict = f"INCONCLUSIVE: {document.get('inconclusive_reason', '')}; {verdict}"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>rankwatch report</title>"
         "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}pre{background:#f4f4f4;padding:.5em}"
