@@ -7,7 +7,6 @@ the two in step.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +24,6 @@ class Parallelism:
     data: int | None = None
 
 
-REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
-"""What botocore accepts as a region name (a host label); the CRD's pattern says the same."""
-PREFIX = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,62}")
-
-
 @dataclass(frozen=True)
 class S3Archive:
     """An S3-compatible bucket; credentials come from the Secret ``secretRef`` (keys
@@ -41,20 +35,8 @@ class S3Archive:
     """Base URL of an S3-compatible server (MinIO, Ceph RGW, ...); unset: AWS S3."""
     region: str = "us-east-1"
     prefix: str = "rankwatch"
-    """Key prefix, one path segment; each attempt goes to ``<prefix>/<namespace>/<job>/<job uid>/attempt-<n>/``,
-    so a job writes only below its own namespace and name."""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.region, str) or not REGION.fullmatch(self.region):
-            raise InvalidSpec(
-                f"spec.tracing.archive.s3.region {self.region!r} is not a region name "
-                "(letters, digits and inner hyphens, at most 63: us-east-1)"
-            )
-        if not isinstance(self.prefix, str) or not PREFIX.fullmatch(self.prefix):
-            raise InvalidSpec(
-                f"spec.tracing.archive.s3.prefix {self.prefix!r} must be one path segment (letters, digits, "
-                "'.', '_', '-'; no '/'): the namespace and job name follow it, so that a job writes only below its own"
-            )
+    """Key prefix, one path segment (``archive.check_target``); each attempt goes to
+    ``<prefix>/<namespace>/<job>/<job uid>/attempt-<n>/``, so a job writes only below its own namespace and name."""
 
 
 @dataclass(frozen=True)

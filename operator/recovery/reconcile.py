@@ -245,6 +245,7 @@ class Recovery:
         moment = attempts.now_text()
         started = time.monotonic()
         try:
+            archive.check_target(target.s3)  # before anything is collected for it
             pods = [
                 SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port, self.config.pods.sidecar_endpoint_hosts)
                 for pod in await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, attempt)
