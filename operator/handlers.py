@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
+from rankwatch import tenant_text
 from rankwatch.kube import api_client
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
@@ -89,7 +90,7 @@ def _fail(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, generat
     conditions = list(body.get("status", {}).get("conditions") or [])
     conditions = job_status.set_condition(conditions, "Failed", "True", reason, message, moment, generation)
     patch.status.update(phase=job_status.FAILED, message=message, conditions=conditions, completionTime=moment)
-    kopf.event(body, type="Warning", reason=reason, message=message)
+    kopf.event(body, type="Warning", reason=reason, message=tenant_text.one_line(message))
 
 
 @kopf.on.resume(*JOBS)
@@ -119,7 +120,7 @@ def create_workers(
         _fail(body, patch, "NameConflict", str(error), generation)
         return
     if created:
-        kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
+        kopf.event(body, type="Normal", reason="Created", message=tenant_text.one_line(f"created {', '.join(created)}"))
     if not status.get("conditions"):
         patch.status.update(
             phase=job_status.PENDING,
