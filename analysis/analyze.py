@@ -166,9 +166,11 @@ def main(
     chrome_out: str | None = None,
     html_out: str | None = None,
     workers: int = 1,
+    skipped: tuple[str, ...] = (),
 ) -> int:
     """``rankwatch analyze``: the text summary on standard output (on standard error when an output is
-    ``-``, standard output), the reports to their files."""
+    ``-``, standard output), the reports to their files. ``skipped``: inputs left unread before
+    ``path`` (an archive's files that are not regular files inside it), counted as the trace's own."""
     outputs = [out for out in (json_out, chrome_out, html_out) if out]
     if outputs.count(STANDARD_OUTPUT) > 1:
         print(
@@ -178,6 +180,7 @@ def main(
     summary_to = sys.stderr if STANDARD_OUTPUT in outputs else sys.stdout
     try:
         trace = load_path(path, workers, layout.layout if layout else None)
+        trace.skipped += skipped
         directory = Path(path) if Path(path).is_dir() else None
         resolved, world_size = resolve_layout(trace, directory, layout)
         trace.layout = resolved or trace.layout  # MegaScan's file names give the layout

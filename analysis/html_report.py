@@ -24,12 +24,16 @@ def _heatmap(trace: Trace) -> str:
         return "<p>No completed collectives to draw.</p>"
     ranks = np.unique(calls["rank"])[:MAX_ROWS]
     calls = calls[np.isin(calls["rank"], ranks)]
-    start, end = int(calls["t_call"].min()), int(calls["t_call"].max()) + 1
-    column = ((calls["t_call"] - start) * BINS // (end - start)).astype(np.int64)
+    # In floating point: a trace's times are its own say (a ring may hold any 64-bit value), and
+    # integer differences of far-apart times overflow.
+    called = calls["t_call"].astype(np.float64)
+    start, end = float(called.min()), float(called.max())
+    span = end - start or 1.0
+    column = np.clip(((called - start) / span * BINS).astype(np.int64), 0, BINS - 1)
     row = np.searchsorted(ranks, calls["rank"])
     total = np.zeros((len(ranks), BINS))
     count = np.zeros((len(ranks), BINS))
-    np.add.at(total, (row, column), (calls["t_return"] - calls["t_call"]) / 1e6)
+    np.add.at(total, (row, column), (calls["t_return"].astype(np.float64) - called) / 1e6)
     np.add.at(count, (row, column), 1)
     mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
     top = float(np.percentile(mean[count > 0], 95)) or 1.0
@@ -51,7 +55,7 @@ def _heatmap(trace: Trace) -> str:
     return (
         f'<svg width="{60 + BINS * cell_w}" height="{height + 20}" role="img" aria-label="wait-time heatmap">'
         f"{labels}{''.join(rects)}"
-        f'<text x="60" y="{height + 15}" font-size="11">time → ({(end - start) / 1e9:.1f} s); white = no wait, '
+        f'<text x="60" y="{height + 15}" font-size="11">time → ({span / 1e9:.1f} s); white = no wait, '
         f"red = {top:.2f} ms or more (95th percentile)</text></svg>"
     )
 

@@ -183,7 +183,7 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
 
-    def run(source: str, layout: GivenLayout | None) -> int:
+    def run(source: str, layout: GivenLayout | None, skipped: tuple[str, ...] = ()) -> int:
         return main(
             source,
             args.test_type,
@@ -194,6 +194,7 @@ def _analyze(args: argparse.Namespace) -> int:
             args.chrome_trace,
             args.html,
             max(1, args.jobs),
+            skipped,
         )
 
     from rankwatch.analysis import archive
@@ -204,7 +205,7 @@ def _analyze(args: argparse.Namespace) -> int:
         with archive.trace_source(path, args.s3_endpoint) as source:
             print(f"reading the {source.description}", file=sys.stderr)
             recorded = GivenLayout(source.layout, "the archive's manifest") if source.layout else None
-            return run(str(source.directory), given or recorded)
+            return run(str(source.directory), given or recorded, source.problems)
     except archive.ArchiveError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2

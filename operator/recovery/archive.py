@@ -10,6 +10,7 @@ Blocking (boto3): call from a worker thread.
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +48,31 @@ def read_credentials(kube: kubernetes.client.ApiClient, namespace: str, secret_n
     return S3Credentials(data[ACCESS_KEY], data[SECRET_KEY], data.get(SESSION_TOKEN) or None)
 
 
+REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+"""What botocore accepts as a region name (a host label); the CRD's pattern says the same."""
+PREFIX = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,62}")
+"""One path segment: the namespace and job name follow it, so a job writes only below its own."""
+
+
+def check_target(target: S3Archive) -> None:
+    """ArchiveFailed when the region or the prefix cannot be used. The CRD refuses both; a job stored
+    under an older CRD may still carry them, and its evidence is then not kept (its run goes on)."""
+    if not REGION.fullmatch(str(target.region)):
+        raise ArchiveFailed(
+            f"spec.tracing.archive.s3.region {target.region!r} is not a region name "
+            "(letters, digits and inner hyphens, at most 63: eu-west-1)"
+        )
+    if not PREFIX.fullmatch(str(target.prefix)):
+        raise ArchiveFailed(
+            f"spec.tracing.archive.s3.prefix {target.prefix!r} is not one path segment (letters, digits, '.', "
+            "'_', '-'): the namespace and job name follow it, so that a job writes only below its own"
+        )
+
+
 def key_prefix(target: S3Archive, namespace: str, job: str, uid: str, attempt: int, moment: str, reason: str) -> str:
+    """``<prefix>/<namespace>/<job>/<uid>/attempt-<n>/<time>-<reason>``; ArchiveFailed for a target
+    :func:`check_target` refuses."""
+    check_target(target)
     stamp = moment.replace(":", "").replace("-", "")
     parts = [target.prefix.strip("/"), namespace, job, uid, f"attempt-{attempt}", f"{stamp}-{reason.lower()}"]
     return "/".join(part for part in parts if part)
@@ -58,12 +83,12 @@ def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefi
     from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client = s3_client(
-        target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
-    )
     files = sorted(path for path in directory.rglob("*") if path.is_file())
     files.sort(key=lambda path: path.name == MANIFEST)  # the manifest last: its presence means complete
     try:
+        client = s3_client(
+            target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
+        )
         for path in files:
             client.upload_file(str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}")
     except (BotoCoreError, ClientError, S3UploadFailedError) as error:
