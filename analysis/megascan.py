@@ -459,14 +459,15 @@ def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]
 
 
 def write_traces(trace: Trace, directory: str | Path, microbatches: int) -> list[Path]:
-    """One ``benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json`` per rank of a generated run (the model
-    of ``analysis/scenario.py``: per iteration, the forward then the backward of each microbatch, each
-    of its TP collectives followed by the pipeline exchange, then the DP and world AllReduces), as
-    MegaScan writes them with ``--trace-granularity full``: one forward/backward span per microbatch
-    (the TP collectives inside it), the communication scopes, and each iteration between two ends of
-    the world AllReduce (the first iteration, with no start, is left out), each record with the rank's
-    coordinates as newer versions add them. GPU times where recorded, else host times (the synchronous
-    model's)."""
+    """One ``benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json`` per rank of a generated or simulated run
+    (the model of ``analysis/scenario.py``, or the rings of ``rankwatch simulate`` with TP > 1: per
+    iteration the forward of each microbatch, then the backwards, with their TP collectives and pipeline
+    sends and receives, then the DP and world AllReduces), as MegaScan writes them with
+    ``--trace-granularity full``: one forward/backward span per microbatch (its TP collectives inside),
+    the communication scopes, and each iteration between two ends of the world AllReduce (the first
+    iteration, with no start, is left out), each record with the rank's coordinates as newer versions
+    add them. GPU times where recorded, else host times (the synchronous model's). Raises ValueError
+    when a rank's steps cannot be split into ``microbatches`` forwards and backwards."""
     if trace.layout is None:
         raise ValueError("write_traces needs the run's layout (trace.layout)")
     layout, directory = trace.layout, Path(directory)
@@ -495,6 +496,66 @@ def write_traces(trace: Trace, directory: str | Path, microbatches: int) -> list
     return written
 
 
+def _scope_records(name: str, begin: int, end: int, **attrs: Any) -> list[dict[str, Any]]:
+    return [{"name": name, "ph": "B", "rel_ts": begin}, {"name": name, "ph": "E", "rel_ts": end, **attrs}]
+
+
+def _p2p_name(op: int, peer: int, stage: int) -> str:
+    """MegaScan's name of a pipeline send or receive: forward goes to the next stage, backward to the previous."""
+    verb = "send" if op == Op.SEND else "recv"
+    return f"{verb}-{'forward' if (verb == 'send') == (peer > stage) else 'backward'}"
+
+
+def _phases_by_tp_calls(
+    calls: np.ndarray,
+    group_kind: np.ndarray,
+    begin: np.ndarray,
+    end: np.ndarray,
+    start: int,
+    microbatches: int,
+    stage: int,
+) -> list[dict[str, Any]]:
+    """With tensor parallelism a microbatch's forward (and its backward) holds the same number of TP
+    collectives on every microbatch: the forward's are the first run of them (the step's first
+    forward is followed by a send, a receive or the next forward's receive; ``rankwatch simulate``'s
+    driver and the model alike), the backward's the rest. A span runs from the end of the call before
+    its first TP collective to the end of its last."""
+    tp = np.flatnonzero(group_kind == "TP")
+    breaks = np.flatnonzero(np.diff(tp) > 1)
+    forward = int(breaks[0]) + 1 if len(breaks) else len(tp)
+    per_microbatch = len(tp) // microbatches if microbatches else 0
+    backward = per_microbatch - forward
+    if not per_microbatch or len(tp) % microbatches or backward < 1:
+        raise ValueError(
+            f"rank at pipeline stage {stage}: {len(tp)} TP collectives in a step do not split into {microbatches} "
+            "microbatches' forward and backward: MegaScan's spans cannot be placed"
+        )
+    sizes = [forward] * microbatches + [backward] * microbatches
+    phase_of = np.repeat(np.arange(2 * microbatches), sizes)
+    first = {int(tp[i]): int(phase_of[i]) for i in np.r_[0, np.cumsum(sizes)[:-1]]}
+    last = {int(tp[i]): int(phase_of[i]) for i in np.cumsum(sizes) - 1}
+    records: list[dict[str, Any]] = [{"name": "iteration", "ph": "B", "pad_before": 0}]
+    for index in range(len(calls)):
+        if index in first:
+            opened = int(end[index - 1]) if index else start
+            kind = "forward" if first[index] < microbatches else "backward"
+            records.append({"name": kind, "ph": "B", "rel_ts": opened - start})
+        op = int(calls["op"][index])
+        if group_kind[index] == "TP":
+            name = TP_SCOPES.get(Op(op), "_reduce")
+            records += _scope_records(name, int(begin[index]) - start, int(end[index]) - start, group=None)
+        elif op in (Op.SEND, Op.RECV):
+            name = _p2p_name(op, int(calls["peer"][index]), stage)
+            data = int(calls["count"][index])
+            records += _scope_records(name, int(begin[index]) - start, int(end[index]) - start, data=data)
+        if index in last:
+            phase = last[index]
+            kind, microbatch = ("forward", phase) if phase < microbatches else ("backward", phase - microbatches)
+            records.append({"microbatch": microbatch, "model_chunk": 0, "pp_rank": stage, "name": kind, "ph": "E",
+                            "rel_ts": int(end[index]) - start})  # fmt: skip
+    return records
+
+
 def _iteration_records(
     calls: np.ndarray,
     group_kind: np.ndarray,
@@ -511,7 +572,10 @@ def _iteration_records(
     closing = np.flatnonzero(np.isin(group_kind, ("DP", "world")))  # the DP and world AllReduces end the step
     tail = int(closing[0]) if len(closing) else len(calls)
     body = np.arange(tail)
-    # a phase (one microbatch's forward or backward) ends with its pipeline exchange, or its last TP call
+    if (group_kind[body] == "TP").any():
+        records = _phases_by_tp_calls(calls[:tail], group_kind[:tail], begin, end, start, microbatches, stage)
+        return records + _tail_records(calls, group_kind, begin, end, start, tail)
+    # a phase (one microbatch's forward or backward) ends with its pipeline exchange
     p2p = np.isin(calls["op"][body], P2P_OPS)
     if p2p.any():
         group = calls["group"][body]
@@ -553,11 +617,18 @@ def _iteration_records(
                             {"name": name, "ph": "E", "rel_ts": rel(end[index]),
                              "data": int(calls["count"][index])}]  # fmt: skip
         previous_end = int(end[last])
+    return records + _tail_records(calls, group_kind, begin, end, start, tail)
+
+
+def _tail_records(
+    calls: np.ndarray, group_kind: np.ndarray, begin: np.ndarray, end: np.ndarray, start: int, tail: int
+) -> list[dict[str, Any]]:
+    """The step's DP AllReduces (MegaScan's ``allreduce``) and the iteration's end, after its microbatches."""
+    records = []
     for index in range(tail, len(calls)):
         if group_kind[index] == "DP":
-            records += [{"name": "allreduce", "ph": "B", "rel_ts": rel(begin[index])},
-                        {"name": "allreduce", "ph": "E", "rel_ts": rel(end[index])}]  # fmt: skip
-    duration = rel(end[-1])
+            records += _scope_records("allreduce", int(begin[index]) - start, int(end[index]) - start)
+    duration = int(end[-1]) - start
     records.append({"name": "iteration", "ph": "E", "rel_ts": duration, "duration_cuda": duration,
                     "duration_wall": duration})  # fmt: skip
     return records

@@ -251,3 +251,24 @@ def test_a_newer_aggregate_of_slices_names_the_same_culprit_as_its_rank_files(tm
     for trace in (per_rank, aggregated):
         findings = analyze(trace)["findings"]
         assert findings[0]["ranks"] == [21] and {r for f in findings for r in f["ranks"]} == {21}, findings
+
+
+def test_a_run_of_the_stand_in_device_written_as_megascan_names_its_slower_gpu(tmp_path: Path):
+    """A real `rankwatch simulate` run (asynchronous device, GPU-timed; its driver receives before a
+    backward computes) written in MegaScan's format: the slower GPU is named, from the collectives and
+    from the spans alone."""
+    from rankwatch.analysis.compute_spans import detect_span_stragglers
+    from rankwatch.analysis.topology import Layout
+    from rankwatch.simulate import Faults, Simulation, run
+
+    rings, traces = tmp_path / "rings", tmp_path / "megascan"
+    run(Simulation(world_size=8, tp=2, pp=2, steps=12, compute_us=2000, ranks_per_node=4,
+                   faults=Faults(slow_rank=5, slowdown=0.3)), rings, log=lambda _m: None)  # fmt: skip
+    trace = load_path(rings)
+    trace.layout = Layout(2, 2, 8)
+    write_traces(trace, traces, microbatches=2)
+    megascan = load_path(traces)
+    findings = analyze(megascan)["findings"]
+    assert findings and findings[0]["ranks"] == [5] and {r for f in findings for r in f["ranks"]} == {5}, findings
+    by_spans, _ = detect_span_stragglers(megascan)
+    assert [f.ranks for f in by_spans] == [[5]]
