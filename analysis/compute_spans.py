@@ -3,7 +3,8 @@ forward and backward, per model chunk, and each iteration's time).
 
 Against peers: ranks of one pipeline stage (its TP and DP peers) do the same work for the same
 microbatch, model chunk and iteration, so each span is compared with the median of that cell over the
-stage's ranks (cells with at least three ranks). A rank's effect is the median of its log ratios; the
+stage's ranks (cells with at least two ranks: of two, the longer is above their median by half the
+difference, the other below). A rank's effect is the median of its log ratios; the
 noise floor comes from the run: the ranks' spread of effects (MAD; more with many ranks, at least
 2.5%, as for ``compute_gaps``), and the rank must be longer in far more cells than chance allows
 (sign test). A span holds the rank's TP collectives, where its TP peers wait for it: a slow rank's
@@ -30,7 +31,10 @@ from rankwatch.analysis.instances import grouped_median
 from rankwatch.analysis.trace import Trace
 
 MIN_CELLS = 6  # spans a rank needs compared with its peers to be judged
-MIN_STAGE_RANKS = 3  # a cell's median needs this many ranks
+# a cell's median needs this many ranks: of two peers doing the same work, the longer stands above their
+# mean by half their difference, the other below it, so only the longer can pass the floor
+MIN_STAGE_RANKS = 2
+MIN_JUDGED = 3  # ranks whose spread of effects gives the noise floor
 SIGN_P = 1e-4  # the chance that a healthy rank is longer in this many cells (divided by the ranks)
 
 
@@ -91,14 +95,16 @@ def detect_span_stragglers(trace: Trace, explained: frozenset[int] = frozenset()
     """(stragglers, notes): ranks whose forward/backward compute is longer than their pipeline
     stage's; notes say what the comparison measured (or why it could not judge)."""
     effects = _stage_effects(trace)
-    if len(effects) < MIN_STAGE_RANKS:
+    if not effects:
         if trace.spans is not None and trace.layout is not None:
             per_stage = trace.layout.tp * trace.layout.dp
             return [], [
-                f"compute spans: {per_stage} rank(s) per pipeline stage (TP x DP), fewer than "
-                f"{MIN_STAGE_RANKS}: no peers doing the same work; each rank is compared with its own history only"
+                f"compute spans: {per_stage} rank(s) per pipeline stage (TP x DP): no peers doing the same work; "
+                "each rank is compared with its own history only"
             ]
         return [], []
+    if len(effects) < MIN_JUDGED:
+        return [], [f"compute spans: {len(effects)} ranks with peers, too few to measure the run's spread"]
     ranks = sorted(effects)
     excess = np.array([effects[r][0] for r in ranks])
     noise = 1.4826 * float(np.median(np.abs(excess - np.median(excess))))

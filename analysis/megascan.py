@@ -474,6 +474,11 @@ def write_traces(trace: Trace, directory: str | Path, microbatches: int) -> list
     directory.mkdir(parents=True, exist_ok=True)
     kinds = {c.id: layout.group_kind(set(c.members.values())) for c in trace.comms.values()}
     world_comms = [comm_id for comm_id, kind in kinds.items() if kind == "world"]
+    if len(world_comms) > 1:  # one group of the layout is the world (TP 8 of 8): the step ends at the rarest
+        calls_on = {comm_id: int((trace.calls["comm"] == comm_id).sum()) for comm_id in world_comms}
+        world_comms = [min(world_comms, key=calls_on.__getitem__)]
+        axis = "TP" if layout.tp == layout.world_size else "DP" if layout.dp == layout.world_size else "PP"
+        kinds.update({comm_id: axis for comm_id in calls_on if comm_id not in world_comms})
     written = []
     for rank in sorted(trace.ranks):
         calls = trace.calls[trace.rows_of(rank)]
@@ -518,14 +523,16 @@ def _phases_by_tp_calls(
     """With tensor parallelism a microbatch's forward (and its backward) holds the same number of TP
     collectives on every microbatch: the forward's are the first run of them (the step's first
     forward is followed by a send, a receive or the next forward's receive; ``rankwatch simulate``'s
-    driver and the model alike), the backward's the rest. A span runs from the end of the call before
-    its first TP collective to the end of its last."""
+    driver and the model alike), the backward's the rest; without a pipeline nothing separates them and
+    a microbatch's are taken as halves. A span runs from the end of the call before its first TP
+    collective to the end of its last."""
     tp = np.flatnonzero(group_kind == "TP")
     breaks = np.flatnonzero(np.diff(tp) > 1)
-    forward = int(breaks[0]) + 1 if len(breaks) else len(tp)
     per_microbatch = len(tp) // microbatches if microbatches else 0
+    # no pipeline: nothing between the TP collectives tells a forward's from a backward's; taken as halves
+    forward = int(breaks[0]) + 1 if len(breaks) else (per_microbatch // 2 if per_microbatch % 2 == 0 else 0)
     backward = per_microbatch - forward
-    if not per_microbatch or len(tp) % microbatches or backward < 1:
+    if not per_microbatch or len(tp) % microbatches or forward < 1 or backward < 1:
         raise ValueError(
             f"rank at pipeline stage {stage}: {len(tp)} TP collectives in a step do not split into {microbatches} "
             "microbatches' forward and backward: MegaScan's spans cannot be placed"

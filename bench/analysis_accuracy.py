@@ -14,6 +14,8 @@ logs, clocks taken as aligned and again with ``--ranks-per-node``: stragglers ar
 call times of a run-ahead host cannot localise (nobody else may be named), the hang's culprit must come first.
 8 to 32 processes (the async layouts, and TP4 PP2 and TP2 PP4 at 32). ``--logs DIR`` keeps the logs, and
 reads them from there when present (the same runs before and after a change).
+``megascan``: real asynchronous GPU-timed runs (healthy, straggler 5/10/20%, slow link; the async layouts with
+TP and PP > 1) written as MegaScan traces (``megascan.write_traces``) and judged as the async suite judges them.
 ``scale``: a scale mode, the same model with its hosts running ahead of their GPUs (calls return at once,
 the host waits at each step's end), 64 to 1,024 ranks in ten TP x PP layouts (TP and PP 1/2/4/8), GPU
 timing on and off, for stragglers, slow links, healthy runs and hangs (a rank that never calls; a call that
@@ -300,6 +302,38 @@ def megatrace_suite(seeds: int, only: list[str] | None = None, steps: int = 20, 
     scored_table("megatrace", only or MEGATRACE_SCENARIOS, seeds, score, MEGATRACE_EVIDENCE)
 
 
+MEGASCAN_SCENARIOS = ["healthy", "straggler 5%", "straggler 10%", "straggler 20%", "slow link"]
+# the writer places spans by the TP collectives, and tells a forward's from a backward's by the pipeline
+MEGASCAN_LAYOUTS = [layout for layout in ASYNC_LAYOUTS if layout[1] > 1 and layout[2] > 1]
+
+
+def megascan_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -> None:
+    """Real asynchronous GPU-timed runs written as MegaScan traces (``megascan.write_traces``, full
+    granularity) and read back as `rankwatch analyze` reads them; judged as the async suite judges."""
+    from rankwatch.analysis.megascan import write_traces
+    from rankwatch.analysis.topology import Layout
+
+    def score(scenario: str, seed: int, gpu_timing: bool):
+        case = async_case(scenario, seed, gpu_timing, steps, MEGASCAN_LAYOUTS)
+        sim = case.simulation
+        with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as traces:
+            run(sim, Path(out), log=lambda _m: None)
+            rings = load_path(out)
+            rings.layout = Layout(sim.tp, sim.pp, sim.world_size)
+            write_traces(rings, traces, microbatches=sim.microbatches)
+            trace = load_path(traces)
+            trace.ranks_per_node = RANKS_PER_NODE
+            document = analyze(trace)
+            verdict = judge(case, document, trace, node_of=trace.node_of)
+        miss = None
+        if not verdict[0] or verdict[2] or verdict[3]:
+            said = [(f["kind"], f["ranks"]) for f in document["findings"]]
+            miss = f"{sim.world_size} ranks TP{sim.tp} PP{sim.pp} culprits {case.culprits}: {said}"
+        return verdict, miss
+
+    scored_table("megascan", only or MEGASCAN_SCENARIOS, seeds, score, (("GPU-timed", True),))
+
+
 # scale mode: the vectorised model (analysis/scenario.py) with its hosts running ahead of their GPUs,
 # 64 to 1,024 ranks; every TP and PP of 1/2/4/8 appears; 8 ranks per node
 SCALE_LAYOUTS = [(64, 1, 8), (64, 8, 1), (128, 2, 4), (128, 4, 2), (256, 1, 4), (256, 8, 8), (512, 4, 4),
@@ -369,7 +403,8 @@ def scale_suite(seeds: int, only: list[str] | None = None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", choices=["simulate", "model", "async", "megatrace", "scale", "all"], default="all")
+    suites = ["simulate", "model", "async", "megatrace", "megascan", "scale", "all"]
+    parser.add_argument("--suite", choices=suites, default="all")
     parser.add_argument("--repeat", type=int, default=3, help="runs per simulate scenario")
     parser.add_argument("--seeds", type=int, default=20, help="runs per model (or async) scenario")
     parser.add_argument("--only", nargs="*", default=None, help="async scenarios to run (default: all)")
@@ -384,6 +419,9 @@ def main() -> None:
         return
     if args.suite == "async":
         async_suite(args.seeds, args.only, args.async_steps)
+        return
+    if args.suite == "megascan":
+        megascan_suite(args.seeds, args.only, args.async_steps)
         return
     if args.suite == "scale":
         scale_suite(args.seeds, args.only)

@@ -57,7 +57,7 @@ def test_a_published_run_is_healthy_and_the_report_gives_the_spread_that_says_wh
     assert document["healthy"] and not document["findings"]
     problems = "\n".join(document["problems"])
     # one rank per pipeline stage: nobody does the same work, so only the run's own history is judged
-    assert "1 rank(s) per pipeline stage (TP x DP), fewer than 3" in problems
+    assert "1 rank(s) per pipeline stage (TP x DP): no peers doing the same work" in problems
     assert "iteration time 715.8 ms (median of 20 iterations, spread 0.3%): no lasting rise of 20%" in problems
     assert "each rank's compute per iteration" in problems
 
