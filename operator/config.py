@@ -159,6 +159,13 @@ class OperatorConfig:
             breaker=breaker,
             cooldown_seconds=env.get("RANKWATCH_CORDON_COOLDOWN_SECONDS", Safeguards.cooldown_seconds, _not_negative),
             min_confidence=env.get("RANKWATCH_CORDON_MIN_CONFIDENCE", Safeguards.min_confidence, _share),
+            max_nodes_per_namespace=env.get(
+                "RANKWATCH_CORDON_MAX_NODES_PER_NAMESPACE", Safeguards.max_nodes_per_namespace, _at_least(0)
+            ),
+            max_nodes=env.get("RANKWATCH_CORDON_MAX_NODES", Safeguards.max_nodes, _at_least(0)),
+            shared_expiry_seconds=env.get(
+                "RANKWATCH_CORDON_SHARED_EXPIRY_SECONDS", Safeguards.shared_expiry_seconds, _positive
+            ),
         )
         own_namespace = env.get("POD_NAMESPACE", AlertingSettings.namespace, _non_empty)
         alerting = AlertingSettings(

@@ -1,6 +1,6 @@
 """What the leader runs beside kopf's handlers: the collector (sidecar summaries, Alertmanager intake,
 /metrics), the monitor (detector, diagnoses and their follow-ups), recovery (evidence archive,
-restarts) and the alert pipeline.
+restarts), the alert pipeline and the expiry of cordons of shared nodes.
 
 Started by a kopf startup handler, so only on the replica that holds the Lease (``main.py`` starts
 kopf only there), and stopped by its cleanup handler, before the Lease is given up.
@@ -24,6 +24,7 @@ from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSetti
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.recovery.reconcile import Recovery
+from rankwatch.operator.remediation.cordon import expire_cordons_periodically
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class Watch:
         self.recovery: Recovery | None = None
         self.alerts: Any = None
         self.job_metrics: JobMetrics | None = None
+        self.cordon_expiry: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -65,6 +67,7 @@ class Watch:
             add_routes(self.collector.app, self.alerts)
         await self.collector.start()
         self.monitor.start()
+        self.cordon_expiry = asyncio.create_task(expire_cordons_periodically(self.kube), name="cordon-expiry")
         self.recovery = Recovery(
             self.kube, config, tokens, new_attempt=self.monitor.new_attempt, diagnosing=self.monitor.diagnosing
         )
@@ -78,6 +81,10 @@ class Watch:
         return StateLimits.for_job(job.spec.world_size, job.spec.replicas)
 
     async def stop(self) -> None:
+        if self.cordon_expiry:
+            self.cordon_expiry.cancel()
+            await asyncio.gather(self.cordon_expiry, return_exceptions=True)
+            self.cordon_expiry = None
         if self.recovery:
             await self.recovery.stop()
         if self.monitor:
