@@ -261,6 +261,13 @@ def worker_pod(
     for volume in pod_spec.get("volumes", []):
         if volume.get("name") in (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME, NO_API_TOKEN_VOLUME):
             raise InvalidSpec(f"TrainingJob {job_id}: volume name {volume['name']!r} is reserved for rankwatch")
+    if pod_spec.get("nodeName"):
+        # nodeName bypasses the scheduler (cordons, taints, quotas by node pool): a job could place its
+        # workers on any node, another team's included, and get that node named by its diagnosis.
+        raise InvalidSpec(
+            f"TrainingJob {job_id}: spec.template.spec.nodeName is not allowed (it bypasses the scheduler); "
+            "use nodeSelector or affinity"
+        )
 
     injected = rendezvous_env(name, namespace, spec, index, attempt)
     if tracing:

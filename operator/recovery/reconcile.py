@@ -222,7 +222,8 @@ class Recovery:
             self._wake_at(namespace, name, parse_time(status["restartAfter"]))
             return
         attempt = children.current_attempt(status)
-        existing = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name)
+        uid = job["metadata"]["uid"]
+        existing = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, uid)
         ended = [pod for pod in existing if int(pod["metadata"]["labels"].get(api.ATTEMPT_LABEL, "0")) < attempt]
         await asyncio.to_thread(attempts.end_pods, self.kube, namespace, ended)  # a crash between status and delete
         names = {pod["metadata"]["name"] for pod in existing}
@@ -246,7 +247,9 @@ class Recovery:
         try:
             pods = [
                 SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port, self.config.pods.sidecar_endpoint_hosts)
-                for pod in await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, attempt)
+                for pod in await asyncio.to_thread(
+                    attempts.attempt_pods, self.kube, namespace, name, metadata["uid"], attempt
+                )
                 if not pod["metadata"].get("deletionTimestamp")
             ]
             token = await self.tokens(namespace, name)
@@ -323,7 +326,8 @@ class Recovery:
         )
         if written is None:
             return  # handled elsewhere meanwhile
-        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, ended.attempt)
+        uid = job["metadata"]["uid"]
+        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, uid, ended.attempt)
         if self.new_attempt is not None:
             self.new_attempt(namespace, name, {pod["metadata"]["name"] for pod in old})
         await asyncio.to_thread(attempts.end_pods, self.kube, namespace, old)
@@ -355,7 +359,8 @@ class Recovery:
         )
         if written is None:
             return
-        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, ended.attempt)
+        uid = job["metadata"]["uid"]
+        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, uid, ended.attempt)
         await asyncio.to_thread(attempts.end_pods, self.kube, namespace, old)  # a hung attempt keeps no GPUs
         fresh = await asyncio.to_thread(_read_job, self.kube, namespace, name)
         message = (fresh or written).get("status", {}).get("message", verdict.message)

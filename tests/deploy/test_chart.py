@@ -238,12 +238,18 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
     return {(g, res, verb) for r in rules for g in r["apiGroups"] for res in r["resources"] for verb in r["verbs"]}
 
 
-def test_listed_namespaces_keep_secrets_and_configmaps_out_of_the_cluster_role(render):
-    """With the watched namespaces named, the operator reads Secrets only there (and in its own namespace,
-    for the alerting Secrets), never cluster-wide."""
+NAMESPACED = ("pods", "services", "secrets", "configmaps")
+"""What the operator may touch only in the namespaces it watches, when they are listed."""
+
+
+def test_listed_namespaces_keep_pods_services_secrets_and_configmaps_out_of_the_cluster_role(render):
+    """With the watched namespaces named, the operator creates and deletes pods and reads Secrets only
+    there (and Secrets in its own namespace, for the alerting Secrets), never cluster-wide: not in
+    kube-system, not in another team's namespace."""
     objects = render("--set", "operator.namespaces={team-a,team-b}", release="rw", namespace="ops")
     cluster = _grants(one(objects, "ClusterRole")["rules"])
-    assert not {item for item in cluster if item[1] in ("secrets", "configmaps")}
+    assert not {item for item in cluster if item[1] in NAMESPACED}
+    assert [b["roleRef"]["kind"] for b in by_kind(objects, "ClusterRoleBinding")] == ["ClusterRole"]
     roles = {role["metadata"]["namespace"]: _grants(role["rules"]) for role in by_kind(objects, "Role")}
     assert set(roles) == {"ops", "team-a", "team-b"}
     for namespace in ("team-a", "team-b"):
@@ -251,11 +257,12 @@ def test_listed_namespaces_keep_secrets_and_configmaps_out_of_the_cluster_role(r
                                                                               ("", "secrets", "create")}  # fmt: skip
     assert {item for item in roles["ops"] if item[1] == "secrets"} == {("", "secrets", "get")}
     everything = _grants(one(render(release="rw", namespace="ops"), "ClusterRole")["rules"])
-    assert everything - {item for item in everything if item[1] in ("secrets", "configmaps")} <= cluster, (
-        "only Secrets and ConfigMaps move into the namespaces' Roles"
+    assert everything - {item for item in everything if item[1] in NAMESPACED} <= cluster, (
+        "only pods, Services, Secrets and ConfigMaps move into the namespaces' Roles"
     )
     for namespace in ("team-a", "team-b"):
-        assert {item for item in everything if item[1] in ("secrets", "configmaps")} <= roles[namespace]
+        assert {item for item in everything if item[1] in NAMESPACED} <= roles[namespace]
+        assert ("", "pods", "delete") in roles[namespace]
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(objects, "RoleBinding")}
     assert set(bindings) == {"ops", "team-a", "team-b"}
     account = one(objects, "ServiceAccount")["metadata"]["name"]

@@ -1,0 +1,34 @@
+"""A job's pods are those its TrainingJob controls: a pod that only carries the job's labels (any
+tenant of the namespace can create one) is neither archived from, counted, ended nor made a node of
+the job. Real API server; recovery's own pod functions."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the remediation tests' job helpers
+from test_remediation import bare_pod, create_job
+
+from rankwatch.operator.recovery import attempts
+
+pytestmark = pytest.mark.e2e
+
+
+def test_ending_an_attempt_deletes_only_the_pods_the_job_controls(api, unwatched_namespace):
+    namespace = unwatched_namespace
+    job = create_job(api, namespace, "llama", ["gpu-node-0", "gpu-node-1"])
+    labels = {"rankwatch.io/job-name": "llama", "rankwatch.io/replica-index": "0", "rankwatch.io/attempt": "0"}
+    bare_pod(api, namespace, "someone-elses-pod", "gpu-node-2", labels)
+
+    pods = attempts.attempt_pods(api, namespace, "llama", job.job_uid)
+    ended = attempts.end_pods(api, namespace, pods)
+
+    assert sorted(ended) == ["llama-worker-0", "llama-worker-1"]
+    left = kubernetes.client.CoreV1Api(api).read_namespaced_pod("someone-elses-pod", namespace)
+    assert left.metadata.deletion_timestamp is None
+    # A TrainingJob recreated under the same name is another job: the old one's pods are not its own.
+    assert attempts.attempt_pods(api, namespace, "llama", "another-uid") == []
