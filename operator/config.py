@@ -104,6 +104,8 @@ class OperatorConfig:
     collector: CollectorSettings = field(default_factory=CollectorSettings)
     probe_listen: tuple[str, int] | None = None
     """host:port of /healthz (alive) and /readyz (the leader, collector up); None: not served."""
+    metrics_listen: tuple[str, int] | None = None
+    """host:port of /metrics on a port of its own (the leader's); None: /metrics on the collector's port."""
     diagnosis: DiagnosisLimits = field(default_factory=DiagnosisLimits)
     safeguards: Safeguards = field(default_factory=Safeguards)
     alerting: AlertingSettings = field(default_factory=AlertingSettings)
@@ -134,8 +136,14 @@ class OperatorConfig:
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
         parse_workers = env.get("RANKWATCH_COLLECTOR_PARSE_WORKERS", CollectorSettings.parse_workers, _at_least(0))
+        metrics_listen = env.get("RANKWATCH_METRICS_LISTEN", None, _listen)
         collector = CollectorSettings(
-            host=host, port=port, rate_per_job=rate, burst_per_job=10 * rate, parse_workers=parse_workers
+            host=host,
+            port=port,
+            rate_per_job=rate,
+            burst_per_job=10 * rate,
+            parse_workers=parse_workers,
+            serves_metrics=metrics_listen is None,
         )
         probe = env.get("RANKWATCH_PROBE_LISTEN", None, _listen)
         limits = DiagnosisLimits(
@@ -206,6 +214,7 @@ class OperatorConfig:
             ),
             collector=collector,
             probe_listen=probe,
+            metrics_listen=metrics_listen,
             diagnosis=limits,
             safeguards=safeguards,
             alerting=alerting,

@@ -23,6 +23,7 @@ from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.monitor import Monitor
+from rankwatch.operator.metrics_server import MetricsServer
 from rankwatch.operator.recovery.reconcile import Recovery
 from rankwatch.operator.remediation.cordon import expire_cordons_periodically
 
@@ -38,6 +39,7 @@ class Watch:
         self.alerts: Any = None
         self.job_metrics: JobMetrics | None = None
         self.cordon_expiry: asyncio.Task[None] | None = None
+        self.metrics_server: MetricsServer | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -66,6 +68,9 @@ class Watch:
 
             add_routes(self.collector.app, self.alerts)
         await self.collector.start()
+        if config.metrics_listen is not None:
+            self.metrics_server = MetricsServer(*config.metrics_listen)
+            await self.metrics_server.start()
         self.monitor.start()
         self.cordon_expiry = asyncio.create_task(expire_cordons_periodically(self.kube), name="cordon-expiry")
         self.recovery = Recovery(
@@ -91,6 +96,9 @@ class Watch:
             await self.monitor.stop()
         if self.collector:
             await self.collector.stop()
+        if self.metrics_server:
+            await self.metrics_server.stop()
+            self.metrics_server = None
         if self.alerts is not None:
             await self.alerts.stop()
         if self.job_metrics is not None:

@@ -34,6 +34,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
             "RANKWATCH_CORDON_SHARED_EXPIRY_SECONDS": "900",
             "RANKWATCH_COLLECTOR_LISTEN": "127.0.0.1:0",
             "RANKWATCH_PROBE_LISTEN": ":8081",
+            "RANKWATCH_METRICS_LISTEN": "0.0.0.0:9090",
             "RANKWATCH_DIAGNOSIS_CONCURRENCY": "4",
             "RANKWATCH_DIAGNOSIS_MEMORY_MIB": "2048",
             "RANKWATCH_ALERTING_CONFIG": str(alerting),
@@ -49,6 +50,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
     assert (guards.max_nodes_per_namespace, guards.max_nodes, guards.shared_expiry_seconds) == (2, 8, 900)
     assert (config.collector.host, config.collector.port, config.probe_listen) == ("127.0.0.1", 0, ("0.0.0.0", 8081))
     assert config.diagnosis.worker_memory_bytes == 512 << 20
+    assert config.metrics_listen == ("0.0.0.0", 9090) and not config.collector.serves_metrics
     assert config.alerting.config_path == str(alerting) and config.alerting.namespace == "rankwatch-system"
     assert config.leader.lease_namespace == "rankwatch-system" and config.leader.identity.startswith(
         "rankwatch-operator-7d9-x2_"
