@@ -23,6 +23,7 @@ from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
 from rankwatch.operator.diagnosis.collector import CollectorSettings
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.event_loop import loop_factory
+from rankwatch.operator.recovery import archive_endpoints
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon_decision import Safeguards
 
@@ -120,6 +121,9 @@ class OperatorConfig:
     cordon. A watch that carries nothing for its 300 s plus this long is opened again."""
     event_loop: str = "asyncio"
     """The operator's event loop: asyncio's, or uvloop's (``rankwatch.operator.event_loop``)."""
+    archive_endpoints: tuple[str, ...] = ()
+    """S3 endpoints (origins: ``scheme://host:port``) a job's archive may name; empty: AWS S3 only
+    (``rankwatch.operator.recovery.archive_endpoints``)."""
 
     @classmethod
     def from_env(
@@ -223,6 +227,7 @@ class OperatorConfig:
             node_alerts=node_alerts,
             api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
             event_loop=env.get("RANKWATCH_EVENT_LOOP", cls.event_loop, _event_loop),
+            archive_endpoints=env.get("RANKWATCH_ARCHIVE_ENDPOINTS", (), _origin_list),
         )
         if env.problems:
             raise ConfigError(env.problems)
@@ -332,6 +337,10 @@ def _host_list(value: str) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"{bad[0]!r} is not a host name or IP address (comma-separated, no wildcards)")
     return hosts
+
+
+def _origin_list(value: str) -> tuple[str, ...]:
+    return tuple(archive_endpoints.origin(url) for url in value.split(",") if url.strip())
 
 
 def _http_url(value: str) -> str:

@@ -10,6 +10,7 @@ Blocking (boto3): call from a worker thread.
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from rankwatch.analysis.archive import MANIFEST, s3_client
 from rankwatch.operator.spec import S3Archive
 
 ACCESS_KEY, SECRET_KEY, SESSION_TOKEN = "accessKeyId", "secretAccessKey", "sessionToken"
+CREDENTIALS_LABEL = "rankwatch.io/archive-credentials"
+"""A Secret rankwatch reads as archive credentials must carry this label (``"true"``): a job names a
+Secret by name, and without the opt-in it could have the operator read any Secret of its namespace."""
+_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9.]{0,63}")
 
 
 class ArchiveFailed(RuntimeError):
@@ -40,6 +45,11 @@ def read_credentials(kube: kubernetes.client.ApiClient, namespace: str, secret_n
         raise ArchiveFailed(
             f"Secret {namespace}/{secret_name} (spec.tracing.archive.s3.secretRef) not readable: HTTP {error.status}"
         ) from None
+    if (secret.metadata.labels or {}).get(CREDENTIALS_LABEL) != "true":
+        raise ArchiveFailed(
+            f"Secret {namespace}/{secret_name} (spec.tracing.archive.s3.secretRef) is not labelled "
+            f"{CREDENTIALS_LABEL}=true; label it to let rankwatch use it for the archive"
+        )
     data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
     missing = [key for key in (ACCESS_KEY, SECRET_KEY) if not data.get(key)]
     if missing:
@@ -72,10 +82,16 @@ def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefi
     return f"s3://{target.bucket}/{prefix}/"
 
 
-def _reason(error: Exception) -> str:
-    """The server's error code and message (never the request, which carries the signature)."""
+def _reason(error: BaseException) -> str:
+    """The HTTP status and the server's error code when it is a plain word (``AccessDenied``), nothing
+    more: the server's own text (its message, its body) is the server's to choose, and it goes into
+    status and Events. Never the request either, which carries the signature."""
+    while not getattr(error, "response", None) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__  # boto3 wraps the ClientError of a failed upload
     response = getattr(error, "response", None) or {}
-    details = response.get("Error") or {}
-    if details:
-        return f"{details.get('Code', '?')}: {details.get('Message', '')}".strip()
-    return type(error).__name__ + (f": {error}" if "Credential" not in str(error) else "")
+    code = str((response.get("Error") or {}).get("Code") or "")
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    if response:
+        said = code if _ERROR_CODE.fullmatch(code) else "an error"
+        return f"HTTP {status}: {said}" if status else said
+    return type(error).__name__

@@ -30,7 +30,7 @@ from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.diagnose import SidecarPod
 from rankwatch.operator.lifecycle import children, job_status
-from rankwatch.operator.recovery import archive, attempts, evidence
+from rankwatch.operator.recovery import archive, archive_endpoints, attempts, evidence
 from rankwatch.operator.recovery.decision import (
     SLOWDOWN_KINDS,
     WORKER_FAILED,
@@ -262,12 +262,14 @@ class Recovery:
             )
             if layout is not None:
                 manifest.layout = {"tensor": layout.tp, "pipeline": layout.pp, "world_size": layout.world_size}
+            refused = archive_endpoints.refusal(target.s3.endpoint, self.config.archive_endpoints)
+            if refused:
+                raise archive.ArchiveFailed(refused)
+            # Credentials before the evidence: a Secret not opted in costs no download.
+            credentials = await asyncio.to_thread(archive.read_credentials, self.kube, namespace, target.s3.secretRef)
             with tempfile.TemporaryDirectory(prefix="rankwatch-evidence-") as temporary:
                 directory = Path(temporary)
                 await evidence.collect(directory, manifest, pods, token, layout, report, spec.world_size)
-                credentials = await asyncio.to_thread(
-                    archive.read_credentials, self.kube, namespace, target.s3.secretRef
-                )
                 prefix = archive.key_prefix(target.s3, namespace, name, metadata["uid"], attempt, moment, reason)
                 path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
             kept = Kept(path, tuple(manifest.problems))

@@ -341,6 +341,16 @@ def test_an_egress_policy_lets_the_operator_reach_only_what_it_needs(render):
     assert len(_policies(render("--set", "networkPolicy.egress.enabled=false"))) == 1
 
 
+def test_archive_endpoints_come_from_the_values_and_none_by_default(render):
+    def env(*args: str) -> dict[str, str]:
+        container = one(render(*args), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert env()["RANKWATCH_ARCHIVE_ENDPOINTS"] == ""
+    listed = env("--set", "operator.archive.endpoints={http://minio.storage.svc:9000,https://s3.example.com}")
+    assert listed["RANKWATCH_ARCHIVE_ENDPOINTS"] == "http://minio.storage.svc:9000,https://s3.example.com"
+
+
 def test_the_sidecar_endpoint_annotation_is_trusted_for_no_host_by_default(render):
     container = one(render(), "Deployment")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}

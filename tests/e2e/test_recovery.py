@@ -26,12 +26,14 @@ TARGET_S = SENSITIVITY + 30  # hang onset -> every worker Running again
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
+def s3(tmp_path_factory, operator):
     """MinIO on loopback with one bucket; yields the server (endpoint and credentials)."""
     from rankwatch.analysis.archive import s3_client
     from rankwatch.cluster.s3_server import S3Server
 
-    with S3Server(tmp_path_factory.mktemp("minio")) as server:
+    # On the port the session operator allows as its archive endpoint (conftest.py).
+    port = int(os.environ["RANKWATCH_ARCHIVE_ENDPOINTS"].rsplit(":", 1)[1])
+    with S3Server(tmp_path_factory.mktemp("minio"), port=port) as server:
         s3_client(server.endpoint, "us-east-1", server.access_key, server.secret_key).create_bucket(Bucket=BUCKET)
         yield server
 
@@ -41,7 +43,7 @@ def s3_secret(api, namespace, s3):
     kubernetes.client.CoreV1Api(api).create_namespaced_secret(
         namespace,
         {
-            "metadata": {"name": "evidence-bucket"},
+            "metadata": {"name": "evidence-bucket", "labels": {"rankwatch.io/archive-credentials": "true"}},
             "stringData": {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key},
         },
     )

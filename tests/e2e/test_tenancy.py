@@ -1,6 +1,6 @@
-"""A job's pods are those its TrainingJob controls: a pod that only carries the job's labels (any
-tenant of the namespace can create one) is neither archived from, counted, ended nor made a node of
-the job. Real API server; recovery's own pod functions."""
+"""What a job author cannot make rankwatch do, on the real API server: end pods its TrainingJob does
+not control (a pod that only carries the job's labels, which any tenant of the namespace can create),
+or have the operator read a Secret that was not opted in as archive credentials."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the remediation tests' job helpers
 from test_remediation import bare_pod, create_job
 
-from rankwatch.operator.recovery import attempts
+from rankwatch.operator.recovery import archive, attempts
 
 pytestmark = pytest.mark.e2e
 
@@ -32,3 +32,19 @@ def test_ending_an_attempt_deletes_only_the_pods_the_job_controls(api, unwatched
     assert left.metadata.deletion_timestamp is None
     # A TrainingJob recreated under the same name is another job: the old one's pods are not its own.
     assert attempts.attempt_pods(api, namespace, "llama", "another-uid") == []
+
+
+def test_a_secret_not_opted_in_is_not_read_as_archive_credentials(api, unwatched_namespace):
+    core = kubernetes.client.CoreV1Api(api)
+    keys = {"accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "not-for-rankwatch"}
+    core.create_namespaced_secret(unwatched_namespace, {"metadata": {"name": "team-db"}, "stringData": keys})
+    labels = {archive.CREDENTIALS_LABEL: "true"}
+    core.create_namespaced_secret(
+        unwatched_namespace, {"metadata": {"name": "bucket", "labels": labels}, "stringData": keys}
+    )
+
+    with pytest.raises(
+        archive.ArchiveFailed, match=r"team-db .* is not labelled rankwatch\.io/archive-credentials=true"
+    ):
+        archive.read_credentials(api, unwatched_namespace, "team-db")
+    assert archive.read_credentials(api, unwatched_namespace, "bucket").access_key == "AKIAEXAMPLE"
