@@ -121,6 +121,8 @@ class OperatorConfig:
     cordon. A watch that carries nothing for its 300 s plus this long is opened again."""
     event_loop: str = "asyncio"
     """The operator's event loop: asyncio's, or uvloop's (``rankwatch.operator.event_loop``)."""
+    archive_budget_bytes: int = 512 << 20
+    """Bytes one archive may take on disk, every pod's dumps and files together (one archive at a time)."""
     archive_endpoints: tuple[str, ...] = ()
     """S3 endpoints (origins: ``scheme://host:port``) a job's archive may name; empty: AWS S3 only
     (``rankwatch.operator.recovery.archive_endpoints``)."""
@@ -228,6 +230,8 @@ class OperatorConfig:
             api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
             event_loop=env.get("RANKWATCH_EVENT_LOOP", cls.event_loop, _event_loop),
             archive_endpoints=env.get("RANKWATCH_ARCHIVE_ENDPOINTS", (), _origin_list),
+            archive_budget_bytes=env.get("RANKWATCH_ARCHIVE_BUDGET_MIB", cls.archive_budget_bytes >> 20, _at_least(16))
+            << 20,
         )
         if env.problems:
             raise ConfigError(env.problems)

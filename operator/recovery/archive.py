@@ -66,16 +66,21 @@ def key_prefix(target: S3Archive, namespace: str, job: str, uid: str, attempt: i
 def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefix: str) -> str:
     """Upload every file under ``directory`` (the manifest last); returns ``s3://bucket/prefix/``."""
     from boto3.exceptions import S3UploadFailedError
+    from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 
     client = s3_client(
         target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
     )
+    # boto3's default (10 threads x 8 MiB parts) would hold about 80 MiB of the operator's memory.
+    transfer = TransferConfig(multipart_chunksize=8 << 20, max_concurrency=2)
     files = sorted(path for path in directory.rglob("*") if path.is_file())
     files.sort(key=lambda path: path.name == MANIFEST)  # the manifest last: its presence means complete
     try:
         for path in files:
-            client.upload_file(str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}")
+            client.upload_file(
+                str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}", Config=transfer
+            )
     except (BotoCoreError, ClientError, S3UploadFailedError) as error:
         where = target.endpoint or "AWS S3"
         raise ArchiveFailed(f"upload to bucket {target.bucket} at {where} failed: {_reason(error)}") from None

@@ -121,6 +121,12 @@ class Recovery:
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._again: set[tuple[str, str]] = set()
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        # One archive at a time: each may take its whole byte budget on disk, and a diagnosis worker's
+        # memory to render it (as much as one diagnosis: operator.diagnosis.memoryMiB / concurrency).
+        self._archiving = asyncio.Lock()
+        self.evidence_limits = evidence.EvidenceLimits(
+            config.archive_budget_bytes, config.diagnosis.worker_memory_bytes, config.diagnosis.timeout_seconds
+        )
 
     def schedule(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -267,11 +273,14 @@ class Recovery:
                 raise archive.ArchiveFailed(refused)
             # Credentials before the evidence: a Secret not opted in costs no download.
             credentials = await asyncio.to_thread(archive.read_credentials, self.kube, namespace, target.s3.secretRef)
-            with tempfile.TemporaryDirectory(prefix="rankwatch-evidence-") as temporary:
-                directory = Path(temporary)
-                await evidence.collect(directory, manifest, pods, token, layout, report, spec.world_size)
-                prefix = archive.key_prefix(target.s3, namespace, name, metadata["uid"], attempt, moment, reason)
-                path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
+            async with self._archiving:
+                with tempfile.TemporaryDirectory(prefix="rankwatch-evidence-") as temporary:
+                    directory = Path(temporary)
+                    await evidence.collect(
+                        directory, manifest, pods, token, layout, report, spec.world_size, self.evidence_limits
+                    )
+                    prefix = archive.key_prefix(target.s3, namespace, name, metadata["uid"], attempt, moment, reason)
+                    path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
             kept = Kept(path, tuple(manifest.problems))
         except archive.ArchiveFailed as error:
             kept = Kept("", (str(error),))

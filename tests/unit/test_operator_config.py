@@ -35,6 +35,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
             "RANKWATCH_COLLECTOR_LISTEN": "127.0.0.1:0",
             "RANKWATCH_PROBE_LISTEN": ":8081",
             "RANKWATCH_METRICS_LISTEN": "0.0.0.0:9090",
+            "RANKWATCH_ARCHIVE_BUDGET_MIB": "256",
             "RANKWATCH_DIAGNOSIS_CONCURRENCY": "4",
             "RANKWATCH_DIAGNOSIS_MEMORY_MIB": "2048",
             "RANKWATCH_ALERTING_CONFIG": str(alerting),
@@ -51,6 +52,7 @@ def test_settings_are_read_into_their_sections(tmp_path):
     assert (config.collector.host, config.collector.port, config.probe_listen) == ("127.0.0.1", 0, ("0.0.0.0", 8081))
     assert config.diagnosis.worker_memory_bytes == 512 << 20
     assert config.metrics_listen == ("0.0.0.0", 9090) and not config.collector.serves_metrics
+    assert config.archive_budget_bytes == 256 << 20
     assert config.alerting.config_path == str(alerting) and config.alerting.namespace == "rankwatch-system"
     assert config.leader.lease_namespace == "rankwatch-system" and config.leader.identity.startswith(
         "rankwatch-operator-7d9-x2_"
