@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rankwatch import tenant_text
 from rankwatch.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
 from rankwatch.alerting.model import Alert, Level, job_of, node_of, rfc3339
 
@@ -258,8 +259,8 @@ def _mention(user: str) -> str:
 
 
 def _escape(text: str) -> str:
-    # lark_md treats these as markup; an alert's text is data, not formatting.
-    return _cut(str(text), MAX_TEXT).replace("<", "&lt;").replace(">", "&gt;")
+    # lark_md treats much of an alert's text as markup (a job's frame names, its pod names); it is data.
+    return tenant_text.lark_md(text, MAX_TEXT)
 
 
 def _cut(text: str, limit: int) -> str:

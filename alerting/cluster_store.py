@@ -14,18 +14,22 @@ namespace, which every replica reaches:
   that Monday (UTC), for the weekly report; old weeks are deleted after the retention.
 
 Compressed, the working state holds thousands of active alerts within the 1 MiB object limit;
-beyond it a write fails with a message saying so, and the alert is still delivered from memory.
+beyond it a write fails with a message saying so. A change is made to a copy of the state and
+becomes the state only once written: a refused write leaves the store as it was, so one team's
+refused alert does not make every later write (another team's alert) fail too.
 Blocking (the Kubernetes client); the pipeline's writes are small and rare (per batch, not per alert).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import copy
 import datetime
 import gzip
 import json
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import kubernetes
@@ -90,13 +94,22 @@ class ClusterAlertStore:
             raise StoreError(f"alert store {self.path}: schema {state['schema']} is newer than this rankwatch")
         return {**self._empty(), **state}
 
-    def _save(self) -> None:
-        """Write the working state (caller holds the lock)."""
-        packed = _pack(self._state)
+    @contextlib.contextmanager
+    def _change(self) -> Iterator[dict[str, Any]]:
+        """A copy of the working state to change; written when the block ends, and only then the
+        state (caller holds the lock). A write refused leaves the state as it was."""
+        draft = copy.deepcopy(self._state)
+        yield draft
+        self._save(draft)
+        self._state = draft
+
+    def _save(self, state: dict[str, Any]) -> None:
+        """Write ``state`` as the working state (caller holds the lock)."""
+        packed = _pack(state)
         if len(packed) > MAX_OBJECT_BYTES:
             raise StoreError(
                 f"alert store {self.path}: {len(packed) >> 10} KiB compressed is over the "
-                f"{MAX_OBJECT_BYTES >> 10} KiB an object may hold ({len(self._state['alerts'])} active alerts)"
+                f"{MAX_OBJECT_BYTES >> 10} KiB an object may hold ({len(state['alerts'])} active alerts); not written"
             )
         body = {
             "metadata": {
@@ -124,33 +137,31 @@ class ClusterAlertStore:
     # -- alerts -------------------------------------------------------------------------------------
 
     def save_alerts(self, alerts: Iterable[Alert], now: float) -> None:
-        with self._lock:
+        with self._lock, self._change() as state:
             closed: list[list[Any]] = []
             for alert in alerts:
                 fp = alert.fingerprint
-                self._state["alerts"][fp] = alert.to_json()
-                episode = self._state["open"].get(fp)
+                state["alerts"][fp] = alert.to_json()
+                episode = state["open"].get(fp)
                 if alert.resolved(now):
                     if episode is not None:
                         closed.append([*episode[:5], alert.ends_at])
-                        del self._state["open"][fp]
+                        del state["open"][fp]
                 elif episode is None:
                     scope = job_of(alert) or node_of(alert)
-                    self._state["open"][fp] = [fp, alert.name, scope, alert.level.value, alert.starts_at, None]
+                    state["open"][fp] = [fp, alert.name, scope, alert.level.value, alert.starts_at, None]
                 else:
                     episode[3] = alert.level.value
             self._append_history(closed)  # first: a crash before the state write leaves it open, not lost
-            self._save()
 
     def load_alerts(self) -> list[Alert]:
         with self._lock:
             return [Alert.from_json(data) for data in self._state["alerts"].values()]
 
     def forget_alerts(self, fingerprints: Iterable[str]) -> None:
-        with self._lock:
+        with self._lock, self._change() as state:
             for fp in fingerprints:
-                self._state["alerts"].pop(fp, None)
-            self._save()
+                state["alerts"].pop(fp, None)
 
     # -- notification log ---------------------------------------------------------------------------
 
@@ -159,45 +170,42 @@ class ClusterAlertStore:
             return {(g, r): NotifyRecord(g, r, frozenset(f), frozenset(s), t) for g, r, f, s, t in self._state["nlog"]}
 
     def record_notified(self, records: Iterable[NotifyRecord], retired: Iterable[str] = ()) -> None:
-        with self._lock:
-            log = {(g, r): [g, r, f, s, t] for g, r, f, s, t in self._state["nlog"]}
+        with self._lock, self._change() as state:
+            log = {(g, r): [g, r, f, s, t] for g, r, f, s, t in state["nlog"]}
             for record in records:
                 log[(record.group_key, record.receiver)] = [
                     record.group_key, record.receiver, sorted(record.firing), sorted(record.resolved), record.sent_at
                 ]  # fmt: skip
-            self._state["nlog"] = list(log.values())
+            state["nlog"] = list(log.values())
             for fp in retired:
-                self._state["alerts"].pop(fp, None)
-            self._save()
+                state["alerts"].pop(fp, None)
 
     def forget_groups(self, keys: Iterable[tuple[str, str]]) -> None:
-        with self._lock:
+        with self._lock, self._change() as state:
             gone = set(keys)
-            self._state["nlog"] = [entry for entry in self._state["nlog"] if (entry[0], entry[1]) not in gone]
-            self._save()
+            state["nlog"] = [entry for entry in state["nlog"] if (entry[0], entry[1]) not in gone]
 
     # -- silences -----------------------------------------------------------------------------------
 
     def save_silence(self, silence: Silence) -> None:
-        with self._lock:
-            self._state["silences"][silence.id] = silence_to_data(silence)
-            self._save()
+        with self._lock, self._change() as state:
+            state["silences"][silence.id] = silence_to_data(silence)
 
     def load_silences(self, now: float) -> list[Silence]:
         with self._lock:
-            silences = self._state["silences"]
-            expired = [key for key, data in silences.items() if data["endsAt"] <= now]
-            for key in expired:
-                del silences[key]
+            expired = [key for key, data in self._state["silences"].items() if data["endsAt"] <= now]
             if expired:
-                self._save()
-            return [silence_from_data(data) for data in silences.values()]
+                with self._change() as state:
+                    for key in expired:
+                        del state["silences"][key]
+            return [silence_from_data(data) for data in self._state["silences"].values()]
 
     def delete_silence(self, silence_id: str) -> bool:
         with self._lock:
-            if self._state["silences"].pop(silence_id, None) is None:
+            if silence_id not in self._state["silences"]:
                 return False
-            self._save()
+            with self._change() as state:
+                del state["silences"][silence_id]
             return True
 
     # -- history ------------------------------------------------------------------------------------
@@ -281,6 +289,5 @@ class ClusterAlertStore:
             return self._state["meta"].get(key)
 
     def set_meta(self, key: str, value: str) -> None:
-        with self._lock:
-            self._state["meta"][key] = value
-            self._save()
+        with self._lock, self._change() as state:
+            state["meta"][key] = value

@@ -4,18 +4,47 @@ Labels (the identity) say what and where: kind, job, nodes, ranks, communicator.
 found again by the next diagnosis is the same alert (deduplicated, repeated at repeat_interval);
 another rank or node is another alert. Cause, confidence and evidence are annotations: they change
 from one diagnosis to the next without making a new alert.
+
+A finding's text comes partly from the job (its Python frames, its profile's function names), so
+every annotation is bounded (``tenant_text``): one job's 40 KB function names cannot fill the alert
+store that every team's alerts share.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
+from rankwatch import tenant_text
 from rankwatch.alerting.model import Alert, Level
 from rankwatch.analysis.findings import Finding
 from rankwatch.operator.spec import Alerting
 
 MAX_RANKS_IN_LABEL = 16
+MAX_LABEL = 256
+MAX_SUMMARY = 1000
+MAX_CAUSE = 2000
+MAX_EVIDENCE_STRING = 256
+"""Each string inside the evidence (a frame's file and function, a profile's function names)."""
+MAX_EVIDENCE = 8 << 10
+"""The evidence annotation (JSON): entries past it are left out, and named under ``omitted``."""
+MAX_NODE_ALERTS = 4000
+
+
+def bounded_evidence(evidence: dict[str, Any]) -> str:
+    """The evidence as JSON, each string in it and the whole bounded; what is left out is named."""
+    kept: dict[str, Any] = {}
+    omitted: list[str] = []
+    for key, value in tenant_text.bounded_strings(evidence, MAX_EVIDENCE_STRING).items():
+        trial = {**kept, key: value, **({"omitted": omitted} if omitted else {})}
+        if len(json.dumps(trial, sort_keys=True, default=str)) + MAX_EVIDENCE_STRING <= MAX_EVIDENCE:
+            kept[key] = value
+        else:
+            omitted.append(key)
+    if omitted:
+        kept["omitted"] = omitted
+    return json.dumps(kept, sort_keys=True, default=str)
 
 
 def alert_from_finding(
@@ -38,20 +67,20 @@ def alert_from_finding(
         "namespace": namespace,
         "trainingjob": job,
         "route": alerting.route,
-        "node": ",".join(sorted(finding.nodes)),
+        "node": tenant_text.bounded(",".join(sorted(finding.nodes)), MAX_LABEL),
         "rank": rank_label,
     }
     if finding.communicator:
         labels["communicator"] = finding.communicator
     annotations = {
-        "summary": finding.summary,
-        "cause": finding.cause_text,
+        "summary": tenant_text.bounded(finding.summary, MAX_SUMMARY),
+        "cause": tenant_text.bounded(finding.cause_text, MAX_CAUSE),
         "confidence": f"{finding.confidence:.2f}",
-        "evidence": json.dumps(finding.evidence, sort_keys=True, default=str),
+        "evidence": bounded_evidence(finding.evidence),
     }
     node_alerts = [str(alert.get("text", "")) for alert in finding.evidence.get("node_alerts") or []]
     if node_alerts:
-        annotations["node_alerts"] = "\n".join(node_alerts)
+        annotations["node_alerts"] = tenant_text.bounded("\n".join(node_alerts), MAX_NODE_ALERTS)
     if report_url:
         annotations["report_url"] = report_url
     return Alert(

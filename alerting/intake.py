@@ -8,6 +8,7 @@ Alertmanager's level is its ``severity`` label: ``P0``..``P3`` as they are, Prom
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
 from collections.abc import Mapping
@@ -170,7 +171,48 @@ async def _list_alerts(request: web.Request) -> web.Response:
 
 async def _list_silences(request: web.Request) -> web.Response:
     _authorised(request)
-    return web.json_response([s.to_json() for s in request.app[PIPELINE_KEY].silences()])
+    pipeline = request.app[PIPELINE_KEY]
+    now = pipeline._clock()
+    return web.json_response([silence.to_json(now) for silence in pipeline.silences()])
+
+
+SILENCE_BODY = (
+    "expected {matchers: [...], duration: '2h' | endsAt: RFC 3339, startsAt: RFC 3339 (default now), "
+    "createdBy, comment}"
+)
+
+
+def silence_window(body: Mapping[str, Any], now: float) -> tuple[float, float]:
+    """(starts_at, ends_at) of a silence request: ``startsAt`` (default now), then ``endsAt`` or ``duration``
+    counted from the start. Raises ValueError naming the field and what to write."""
+    starts_at = _silence_time(body, "startsAt") if body.get("startsAt") else now
+    if body.get("endsAt"):
+        ends_at = _silence_time(body, "endsAt")
+    else:
+        duration = body.get("duration")
+        if duration in (None, ""):
+            raise ValueError("give duration (e.g. 2h) or endsAt")
+        try:
+            seconds = parse_duration(duration)
+        except ValueError:
+            raise ValueError(f"duration {duration!r} is not a duration (write e.g. 30m, 2h, 1h30m, 7d)") from None
+        if seconds <= 0:
+            raise ValueError(f"duration {duration!r} must be positive")
+        ends_at = starts_at + seconds
+    if ends_at <= now:
+        raise ValueError(f"it would end at {rfc3339(ends_at)}, in the past")
+    return starts_at, ends_at
+
+
+def _silence_time(body: Mapping[str, Any], field: str) -> float:
+    text = str(body[field])
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{field} {text!r} is not an RFC 3339 time (write e.g. 2026-12-01T08:00:00Z)") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{field} {text!r} has no time zone (write e.g. 2026-12-01T08:00:00Z)")
+    return moment.timestamp()
 
 
 async def _add_silence(request: web.Request) -> web.Response:
@@ -178,18 +220,19 @@ async def _add_silence(request: web.Request) -> web.Response:
     pipeline = request.app[PIPELINE_KEY]
     body = await _json(request)
     if not isinstance(body, Mapping):
-        raise web.HTTPBadRequest(text="expected {matchers: [...], duration: '2h' | endsAt: ..., createdBy, comment}\n")
+        raise web.HTTPBadRequest(text=f"{SILENCE_BODY}\n")
     try:
-        if "endsAt" in body:
-            ends_at = parse_rfc3339(str(body["endsAt"]))
-        else:
-            ends_at = pipeline._clock() + parse_duration(body.get("duration", ""))
+        starts_at, ends_at = silence_window(body, pipeline._clock())
         silence = pipeline.add_silence(
-            body.get("matchers") or [], ends_at, str(body.get("createdBy", "")), str(body.get("comment", ""))
+            body.get("matchers") or [],
+            ends_at,
+            str(body.get("createdBy", "")),
+            str(body.get("comment", "")),
+            starts_at=starts_at,
         )
     except (MatcherError, ValueError) as error:
         raise web.HTTPBadRequest(text=f"silence: {error}\n") from None
-    return web.json_response(silence.to_json(), status=201)
+    return web.json_response(silence.to_json(pipeline._clock()), status=201)
 
 
 async def _expire_silence(request: web.Request) -> web.Response:

@@ -211,11 +211,17 @@ class AlertPipeline:
     # -- silences -------------------------------------------------------------------------------
 
     def add_silence(
-        self, matchers: Iterable[str | Matcher], ends_at: float, created_by: str = "", comment: str = ""
+        self,
+        matchers: Iterable[str | Matcher],
+        ends_at: float,
+        created_by: str = "",
+        comment: str = "",
+        starts_at: float | None = None,
     ) -> Silence:
-        """A silence from now (or its start) to ``ends_at``; stored, so it outlives a restart."""
+        """A silence from ``starts_at`` (default now; a later start mutes nothing until then) to
+        ``ends_at``; stored, so it outlives a restart."""
         parsed = [m if isinstance(m, Matcher) else Matcher.parse(m) for m in matchers]
-        silence = Silence.new(parsed, self._clock(), ends_at, created_by, comment)
+        silence = Silence.new(parsed, self._clock() if starts_at is None else starts_at, ends_at, created_by, comment)
         self.store.save_silence(silence)
         self._silences.append(silence)
         return silence

@@ -40,8 +40,15 @@ class Silence:
     def mutes(self, alert: Alert, now: float) -> bool:
         return self.active(now) and matches_all(self.matchers, alert.match_labels())
 
-    def to_json(self) -> dict:
+    def state(self, now: float) -> str:
+        """``pending`` (starts later), ``active`` or ``expired``, as Alertmanager names them."""
+        return "pending" if now < self.starts_at else "active" if now < self.ends_at else "expired"
+
+    def to_json(self, now: float | None = None) -> dict:
+        """The API's shape; with ``now``, also its ``status.state``."""
+        status = {"status": {"state": self.state(now)}} if now is not None else {}
         return {
+            **status,
             "id": self.id,
             "matchers": [str(m) for m in self.matchers],
             "startsAt": rfc3339(self.starts_at),

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rankwatch.analysis.cause import attribute
-from rankwatch.analysis.chrome_trace import write_chrome_trace
+from rankwatch.analysis.chrome_trace import chrome_trace
+from rankwatch.analysis.completeness import GivenLayout, coverage, resolve_layout
 from rankwatch.analysis.compute_gaps import detect_compute_stragglers
+from rankwatch.analysis.devices import add_gpus, gpu_text
 from rankwatch.analysis.fail_slow import detect_fail_slow
-from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
+from rankwatch.analysis.findings import AnalysisReport, Finding, ranked, utc_text
 from rankwatch.analysis.hang import detect_hangs
-from rankwatch.analysis.html_report import write_html_report
+from rankwatch.analysis.html_report import html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
 from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
-from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace, load_path
 
 TEST_TYPES = ("all", "hang", "slow", "parallel")
@@ -101,6 +103,7 @@ def analyze_trace(
             findings += fail_slow_with_culprits(trace, endpoints)
     findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
+    add_gpus(trace, findings)
     # the traces alone decide the causes they can (slow link, a GPU behind); the in-cluster diagnosis
     # decides again with the hosts' scheduling figures
     return ranked([attribute(finding) for finding in findings], problems)
@@ -120,17 +123,29 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
 
 def summary_text(report: AnalysisReport, trace: Trace) -> str:
     lines = [f"{len(trace.ranks)} ranks, {len(trace.calls)} NCCL calls, {len(trace.comms)} communicators"]
+    if len(trace.calls):
+        lines[0] += f", {utc_text(int(trace.calls['t_call'].min()))} to {utc_text(trace.end_ns)}"
     for problem in report.problems:
         lines.append(f"warning: {problem}")
-    if report.healthy:
+    if report.inconclusive:
+        lines.append(f"INCONCLUSIVE: {report.inconclusive}")
+    elif report.healthy:
         lines.append("healthy: no hang, no straggler, no slow link, no fail-slow")
     for finding in report.findings:
         lines.append(f"{finding.kind.value.upper()} (confidence {finding.confidence:.2f}): {finding.summary}")
         lines.append(f"  {finding.cause_text}")
+        for gpu in finding.evidence.get("gpus", ()):
+            lines.append(f"  GPU: {gpu_text(gpu)}")
         for key, who in (("culprit_frame", "its call"), ("waiting_frame", "its peers wait")):
             if frame := finding.evidence.get(key):
                 lines.append(f"  {who} at {frame['file']}:{frame['line']} in {frame['function']}")
     return "\n".join(lines)
+
+
+STANDARD_OUTPUT = "-"
+INCONCLUSIVE_EXIT, UNREADABLE_EXIT = 1, 2
+"""Exit codes: 0 a verdict (healthy or findings) on the whole input; 1 inconclusive, part of it read (the
+report says what is missing); 2 nothing to analyse, or arguments the traces contradict."""
 
 
 def main(
@@ -138,27 +153,59 @@ def main(
     test_type: str,
     stall_seconds: float,
     json_out: str | None,
-    layout: Layout | None = None,
+    layout: GivenLayout | None = None,
     ranks_per_node: int | None = None,
     chrome_out: str | None = None,
     html_out: str | None = None,
     workers: int = 1,
+    skipped: tuple[str, ...] = (),
 ) -> int:
+    """``rankwatch analyze``: the text summary on standard output (on standard error when an output is
+    ``-``, standard output), the reports to their files. ``skipped``: inputs left unread before
+    ``path`` (an archive's files that are not regular files inside it), counted as the trace's own."""
+    outputs = [out for out in (json_out, chrome_out, html_out) if out]
+    if outputs.count(STANDARD_OUTPUT) > 1:
+        print(
+            "rankwatch analyze: only one of --json, --chrome-trace, --html can be - (standard output)", file=sys.stderr
+        )
+        return UNREADABLE_EXIT
+    summary_to = sys.stderr if STANDARD_OUTPUT in outputs else sys.stdout
     try:
-        trace = load_path(path, workers, layout)
-        trace.layout, trace.ranks_per_node = layout, ranks_per_node
-        if layout and trace.ranks and max(trace.ranks) >= layout.world_size:
-            raise ValueError(f"the trace has rank {max(trace.ranks)} but world_size is {layout.world_size}")
+        trace = load_path(path, workers, layout.layout if layout else None)
+        trace.skipped += skipped
+        directory = Path(path) if Path(path).is_dir() else None
+        trace.layout, world_size = resolve_layout(trace, directory, layout)
+        trace.ranks_per_node = ranks_per_node
+        covered = coverage(trace, world_size)
+        if covered.nothing_read:
+            print(f"rankwatch analyze: inconclusive: {covered.reason()}", file=sys.stderr)
+            if json_out:
+                nothing = AnalysisReport([], trace.problems, covered.reason()).to_json()
+                _write(json_out, json.dumps({**nothing, "coverage": covered.to_json()}, indent=2))
+            return UNREADABLE_EXIT
         result = analyze_trace(trace, test_type, stall_seconds)
     except (FileNotFoundError, ValueError) as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
-        return 2
-    print(summary_text(result, trace))
-    document = result.to_json()
+        return UNREADABLE_EXIT
+    result = replace(result, inconclusive=covered.reason())
+    print(summary_text(result, trace), file=summary_to)
+    document = {**result.to_json(), "coverage": covered.to_json()}
     if json_out:
-        Path(json_out).write_text(json.dumps(document, indent=2))
+        _write(json_out, json.dumps(document, indent=2))
     if chrome_out:
-        write_chrome_trace(trace, document["findings"], chrome_out)
+        _write(chrome_out, json.dumps(chrome_trace(trace, document["findings"])))
     if html_out:
-        write_html_report(trace, document, html_out)
+        _write(html_out, html_report(trace, document))
+    if result.inconclusive:
+        print(f"rankwatch analyze: inconclusive: {result.inconclusive}", file=sys.stderr)
+        return INCONCLUSIVE_EXIT
     return 0
+
+
+def _write(out: str, text: str) -> None:
+    """A report to its file, or to standard output for ``-``."""
+    if out == STANDARD_OUTPUT:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+    else:
+        Path(out).write_text(text)

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -73,11 +76,27 @@ def s3_client(
     )
 
 
+_ATTEMPT = re.compile(r"attempt-(\d{1,9})")
+_STAMP = re.compile(r"(\d{8}T\d{6}Z)-")
+
+
+def _when(manifest: str) -> tuple[str, int, str]:
+    """An archive's age from its path, ``.../attempt-<n>/<UTC time>-<reason>/manifest.json``: the time,
+    then the attempt number (as a number: attempt-10 is after attempt-9), then the path."""
+    attempt, stamp = -1, ""
+    for part in PurePosixPath(manifest).parts[:-1]:
+        if found := _ATTEMPT.fullmatch(part):
+            attempt = int(found.group(1))
+        elif found := _STAMP.match(part):
+            stamp = found.group(1)
+    return stamp, attempt, manifest
+
+
 def _newest_archive(manifests: list[str]) -> str:
-    """The directory of the newest manifest among keys/paths (archive directories sort by time)."""
+    """The directory of the newest manifest among keys/paths."""
     if not manifests:
         raise ArchiveError("no manifest.json below it: not a rankwatch archive")
-    return str(PurePosixPath(sorted(manifests)[-1]).parent)
+    return str(PurePosixPath(max(manifests, key=_when)).parent)
 
 
 def download(url: str, directory: Path, client: Any = None) -> Path:
@@ -127,7 +146,28 @@ def is_archive(path: str) -> bool:
     return local.is_dir() and (local / MANIFEST).is_file()
 
 
+def _inside(archive: Path, candidates: list[Path], problems: list[str]) -> list[Path]:
+    """The candidates that are regular files inside ``archive`` itself: an archive is a tenant's
+    upload, and a symbolic link in it (``rank_0.log`` -> a token file) must not make us read, and
+    report, a file of the machine reading it. The others are named in ``problems``."""
+    root = archive.resolve()
+    kept = []
+    for path in candidates:
+        try:
+            regular = stat.S_ISREG(os.lstat(path).st_mode) and path.resolve().is_relative_to(root)
+        except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+            regular = False
+        if regular:
+            kept.append(path)
+        else:
+            where = path.relative_to(archive)
+            problems.append(f"{where}: not a regular file inside the archive (a symbolic link?): not read")
+    return kept
+
+
 def manifest(archive: Path) -> dict[str, Any]:
+    if not _inside(archive, [archive / MANIFEST], []):
+        raise ArchiveError(f"{archive / MANIFEST}: not a regular file inside the archive (a symbolic link?)")
     try:
         return json.loads((archive / MANIFEST).read_text())
     except (OSError, ValueError) as error:
@@ -147,10 +187,12 @@ def _gathered(files: list[Path], directory: Path) -> Path:
 @dataclass(frozen=True)
 class ArchiveSource:
     directory: Path
-    """What to analyse: the rings, or a directory gathering the Megatrace logs or flight-recorder dumps."""
+    """What to analyse: a directory gathering the rings, the Megatrace logs or the flight-recorder dumps."""
     description: str
     layout: Layout | None
     """The job's parallel layout, as the manifest records it."""
+    problems: tuple[str, ...] = ()
+    """Files of the archive left unread (not regular files inside it)."""
 
 
 def _layout(about: dict[str, Any]) -> Layout | None:
@@ -163,7 +205,8 @@ def _layout(about: dict[str, Any]) -> Layout | None:
 
 @contextlib.contextmanager
 def trace_source(path: str, endpoint: str | None = None) -> Iterator[ArchiveSource]:
-    """What to analyse in the archive at ``path`` (local or s3://); temporary files go on exit."""
+    """What to analyse in the archive at ``path`` (local or s3://); temporary files go on exit. Only
+    regular files inside the archive are read: symbolic links are not followed."""
     with tempfile.TemporaryDirectory(prefix="rankwatch-archive-") as temporary:
         if is_s3_url(path):
             archive = download(path, Path(temporary) / "archive", s3_client(endpoint) if endpoint else None)
@@ -172,18 +215,21 @@ def trace_source(path: str, endpoint: str | None = None) -> Iterator[ArchiveSour
         about = manifest(archive)
         where = f"archive of {about.get('namespace')}/{about.get('job')} attempt {about.get('attempt')} ({about.get('reason')}, {about.get('time')})"  # noqa: E501
         layout = _layout(about)
-        rings = archive / "rings"
-        if any(rings.glob("*.ring")):
-            yield ArchiveSource(rings, f"{where}: rings", layout)
+        problems: list[str] = []
+        rings = _inside(archive, sorted((archive / "rings").glob("*.ring")), problems)
+        if rings:
+            yield ArchiveSource(_gathered(rings, Path(temporary) / "rings"), f"{where}: rings", layout, tuple(problems))
             return
         files = archive / "files"
-        logs = sorted(files.glob("*/megatrace/rank_*.log"))
+        logs = _inside(archive, sorted(files.glob("*/megatrace/rank_*.log")), problems)
         if logs:
-            yield ArchiveSource(_gathered(logs, Path(temporary) / "megatrace"), f"{where}: Megatrace logs", layout)
+            gathered = _gathered(logs, Path(temporary) / "megatrace")
+            yield ArchiveSource(gathered, f"{where}: Megatrace logs", layout, tuple(problems))
             return
-        dumps = sorted(files.glob("*/flight_recorder_rank_*"))
+        dumps = _inside(archive, sorted(files.glob("*/flight_recorder_rank_*")), problems)
         if dumps:
             gathered = _gathered(dumps, Path(temporary) / "flight-recorder")
-            yield ArchiveSource(gathered, f"{where}: flight-recorder dumps", layout)
+            yield ArchiveSource(gathered, f"{where}: flight-recorder dumps", layout, tuple(problems))
             return
-        raise ArchiveError(f"{path}: the archive holds no rings, Megatrace logs or flight-recorder dumps")
+        refused = f" ({'; '.join(problems)})" if problems else ""
+        raise ArchiveError(f"{path}: the archive holds no rings, Megatrace logs or flight-recorder dumps{refused}")

@@ -50,7 +50,12 @@ def chrome_trace(trace: Trace, findings: list[dict[str, Any]]) -> dict[str, Any]
                     "pid": rank,
                     "name": f"{finding['kind'].upper()}: {finding['summary'][:200]}",
                     "ts": (end - origin) / 1e3,
-                    "args": {"confidence": finding["confidence"], **finding["evidence"]},
+                    "args": {
+                        "confidence": finding["confidence"],
+                        "cause": finding.get("cause", "unknown"),
+                        "cause_evidence": finding.get("cause_evidence", ""),
+                        **finding["evidence"],
+                    },
                 }
             )
     return {"traceEvents": events, "displayTimeUnit": "ms"}

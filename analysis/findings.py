@@ -9,6 +9,7 @@ key that levels it (``hang``). A hang whose members all sit inside one collectiv
 
 from __future__ import annotations
 
+import datetime
 import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -133,30 +134,45 @@ class AnalysisReport:
 
     findings: list[Finding]
     problems: list[str]
+    inconclusive: str = ""
+    """Why the input cannot support a verdict (nothing or only part of it read; ``completeness.py``), '' if it can."""
 
     @property
     def healthy(self) -> bool:
-        return not self.findings
+        """No finding in an input read whole: a partial read is never called healthy."""
+        return not self.findings and not self.inconclusive
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` document (schema 1)."""
-        return {
+        """The ``--json`` document (schema 1; ``inconclusive`` and its reason added later, absent means false)."""
+        document = {
             "schema": SCHEMA,
             "healthy": self.healthy,
+            "inconclusive": bool(self.inconclusive),
             "findings": [finding.to_json() for finding in self.findings],
             "problems": list(self.problems),
         }
+        if self.inconclusive:
+            document["inconclusive_reason"] = self.inconclusive
+        return document
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> AnalysisReport:
         if document.get("schema") != SCHEMA:
             raise ValueError(f"analysis report schema {document.get('schema')!r}; this rankwatch reads {SCHEMA}")
-        return cls([Finding.from_json(f) for f in document["findings"]], [str(p) for p in document["problems"]])
+        findings = [Finding.from_json(f) for f in document["findings"]]
+        return cls(findings, [str(p) for p in document["problems"]], str(document.get("inconclusive_reason") or ""))
 
 
 def ranked(findings: list[Finding], problems: list[str]) -> AnalysisReport:
     """The report of ``findings``, most likely first."""
     return AnalysisReport(sorted(findings, key=lambda finding: -finding.confidence), problems)
+
+
+def utc_text(ns: int) -> str:
+    """A trace time (CLOCK_REALTIME ns) as ``2026-11-28 10:35:36.123 UTC``: fixed, unlike "N s ago",
+    so a report pasted into a ticket reads the same tomorrow."""
+    moment = datetime.datetime.fromtimestamp(ns / 1e9, datetime.UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d} UTC"
 
 
 def comm_label(comm_id: int) -> str:

@@ -458,6 +458,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
     sources: dict[int, RankSource] = {}
     configs: dict[str, list[int]] = {}
     problems: list[str] = []
+    skipped: list[str] = []
     progress = Progress(len(paths), "reading flight-recorder dumps")
     for path in sorted(paths):
         progress.advance()
@@ -466,6 +467,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
             rank_dump = _read_one(path, dump, configs)
         except (FlightRecorderError, OSError, SyntaxError, ValueError, RecursionError) as error:
             problems.append(str(error) if str(path) in str(error) else f"{path}: {error}")
+            skipped.append(problems[-1])
             continue
         if rank_dump.rank in sources:
             problems.append(f"{path}: a second dump of rank {rank_dump.rank}: ignored")
@@ -490,7 +492,9 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
         (d.rank, _group_id(r.group), r.seq, r.op): r.frames for d in dumps for r in d.records if r.frames and r.peer < 0
     }
     order = np.lexsort((calls["t_call"], calls["rank"]))
-    trace = Trace(calls[order], sources, comms, problems, has_returns=timed, pending_known=True, stacks=stacks)
+    trace = Trace(
+        calls[order], sources, comms, problems, skipped=skipped, has_returns=timed, pending_known=True, stacks=stacks
+    )
     if not timed and records:
         problems.append(
             "the dumps carry no completion times (gloo records only when each call was made): ranks are "

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from rankwatch.analysis.findings import Finding, comm_label
+from rankwatch.analysis.findings import Finding, comm_label, utc_text
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.sync_points import not_culprits
 from rankwatch.analysis.trace import P2P_OPS, Communicator, Trace
@@ -395,8 +395,12 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         own = calls[trace.rows_of(culprit)]
         last = own[-1] if len(own) else None
         if last is not None:
-            idle = (end - int(max(last["t_return"], last["t_call"]))) / 1e9
-            last_text = f"its last NCCL call was {_describe_call(last)}, {idle:.1f} s ago"
+            last_seen = int(max(last["t_return"], last["t_call"]))
+            idle = (end - last_seen) / 1e9  # absolute times: a re-analysis reads the same, not "N s ago"
+            last_text = (
+                f"its last NCCL call was {_describe_call(last)}, at {utc_text(last_seen)}, "
+                f"{idle:.1f} s before {utc_text(end)}"
+            )
             if not completion_known:  # offline logs: how long they go on after it, not the wall clock
                 after = (trace.end_ns - int(last["t_call"])) / 1e9
                 last_text = f"its last NCCL call was {_describe_call(last)}; the logs end {after:.3f} s later"

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rankwatch.analysis.fail_slow import step_times
+from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 BINS = 80
@@ -23,12 +24,16 @@ def _heatmap(trace: Trace) -> str:
         return "<p>No completed collectives to draw.</p>"
     ranks = np.unique(calls["rank"])[:MAX_ROWS]
     calls = calls[np.isin(calls["rank"], ranks)]
-    start, end = int(calls["t_call"].min()), int(calls["t_call"].max()) + 1
-    column = ((calls["t_call"] - start) * BINS // (end - start)).astype(np.int64)
+    # In floating point: a trace's times are its own say (a ring may hold any 64-bit value), and
+    # integer differences of far-apart times overflow.
+    called = calls["t_call"].astype(np.float64)
+    start, end = float(called.min()), float(called.max())
+    span = end - start or 1.0
+    column = np.clip(((called - start) / span * BINS).astype(np.int64), 0, BINS - 1)
     row = np.searchsorted(ranks, calls["rank"])
     total = np.zeros((len(ranks), BINS))
     count = np.zeros((len(ranks), BINS))
-    np.add.at(total, (row, column), (calls["t_return"] - calls["t_call"]) / 1e6)
+    np.add.at(total, (row, column), (calls["t_return"].astype(np.float64) - called) / 1e6)
     np.add.at(count, (row, column), 1)
     mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
     top = float(np.percentile(mean[count > 0], 95)) or 1.0
@@ -50,7 +55,7 @@ def _heatmap(trace: Trace) -> str:
     return (
         f'<svg width="{60 + BINS * cell_w}" height="{height + 20}" role="img" aria-label="wait-time heatmap">'
         f"{labels}{''.join(rects)}"
-        f'<text x="60" y="{height + 15}" font-size="11">time → ({(end - start) / 1e9:.1f} s); white = no wait, '
+        f'<text x="60" y="{height + 15}" font-size="11">time → ({span / 1e9:.1f} s); white = no wait, '
         f"red = {top:.2f} ms or more (95th percentile)</text></svg>"
     )
 
@@ -87,12 +92,15 @@ def _step_plot(trace: Trace, findings: list[dict[str, Any]]) -> str:
 def html_report(trace: Trace, document: dict[str, Any]) -> str:
     findings = document["findings"]
     items = "".join(
-        f"<li><b>{html.escape(f['kind'].upper())}</b> (confidence {f['confidence']:.2f}): "
-        f"{html.escape(f['summary'])}<pre>{html.escape(json.dumps(f['evidence'], indent=1))}</pre></li>"
+        f"<li><b>{html.escape(f['kind'].upper())}</b> (confidence {f['confidence']:.2f}): {html.escape(f['summary'])}"
+        f"<p>{html.escape(Finding.from_json(f).cause_text)}</p>"
+        f"<pre>{html.escape(json.dumps(f['evidence'], indent=1))}</pre></li>"
         for f in findings
     )
     problems = "".join(f"<li>{html.escape(p)}</li>" for p in document["problems"])
     verdict = "healthy: no finding" if document["healthy"] else f"{len(findings)} finding(s), most likely first"
+    if document.get("inconclusive"):
+        verdict = f"INCONCLUSIVE: {document.get('inconclusive_reason', '')}; {verdict}"
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>rankwatch report</title>"
         "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}pre{background:#f4f4f4;padding:.5em}"

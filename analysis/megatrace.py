@@ -459,19 +459,21 @@ def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
     files = log_files(directory)
     if not files:
         raise FileNotFoundError(f"{directory}: no rank_*.log (or other Megatrace) logs")
-    parts, ranks, problems = [], {}, []
+    parts, ranks, problems, skipped = [], {}, [], []
     reader = _Reader()
     progress = Progress(len(files), "reading Megatrace logs")
     for path, result in zip(files, _map(reader.parse_or_problem, files), strict=True):
         progress.advance()
         if isinstance(result, str):
             problems.append(result)
+            skipped.append(result)
             continue
         if not result.rows:
             continue
         highest = int(result.rank.max())
         if highest > MAX_GLOBAL_RANK:  # per-rank arrays of the analysis would be as long as this
             problems.append(f"{path}: rank {highest} is beyond the highest analysed ({MAX_GLOBAL_RANK}); skipped")
+            skipped.append(problems[-1])
             continue
         rank = int(result.rank[0])
         if rank not in ranks or ranks[rank].node == "unknown":
@@ -485,7 +487,7 @@ def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
     for _ in _map(lambda job: _fill(calls, *job), zip(firsts, ordered, strict=True)):
         pass
     _match_unnamed_communicators(calls, comms, problems, layout)
-    return Trace(calls, ranks, comms, problems, has_returns=False)
+    return Trace(calls, ranks, comms, problems, skipped=skipped, has_returns=False)
 
 
 def _match_unnamed_communicators(

@@ -18,7 +18,11 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"RWRING\0\0"
-SUPPORTED_VERSION = 1
+SUPPORTED_VERSION = 2
+"""The newest ring format this reader understands; it reads every older one too (version 1 rings do not
+name their GPU)."""
+OLDEST_VERSION = 1
+HEADER_GPU_TIMING, HEADER_GPU_KNOWN = 1, 2  # header flags (rankwatch_ring.h: enum rw_header_flags)
 HEADER_SIZE = 4096
 RECORD_SIZE = 128
 
@@ -151,8 +155,11 @@ HEADER_DTYPE = np.dtype(
         ("sensitivity_ms", "<i4"),
         ("gpu_skipped", "<u4"),
         ("gpu_clock_error_ns", "<i8"),
+        ("gpu_index", "<i4"),  # version 2
+        ("gpu_uuid", "u1", (16,)),  # version 2
     ]
 )
+assert HEADER_DTYPE.fields["gpu_uuid"][1] == 228  # rankwatch_ring.h asserts the same offset
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,15 @@ class RingHeader:
     gpu_skipped: int
     start_monotonic_ns: int = 0
     gpu_clock_error_ns: int = 0  # how far GPU times may be off against host times (the clock anchor's window)
+    gpu_index: int | None = None  # the CUDA device ordinal, when the ring names it (version 2, once known)
+    gpu_uuid: str | None = None  # ``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx``, as nvidia-smi prints it
+
+    @property
+    def gpu(self) -> str | None:
+        """``GPU 3 (GPU-5f1c…)``, as much as the ring knows; None when it does not."""
+        if self.gpu_index is None:
+            return None
+        return f"GPU {self.gpu_index}" + (f" ({self.gpu_uuid})" if self.gpu_uuid else "")
 
 
 @dataclass(frozen=True)
@@ -203,10 +219,10 @@ def _validate(path: Path, head: bytes, size: int) -> int:
     header = np.frombuffer(head, HEADER_DTYPE, count=1)[0]
     if bytes(header["magic"]).ljust(8, b"\0") != MAGIC:
         raise RingError(f"{path}: offset 0: not a rankwatch ring (magic {bytes(header['magic'])!r})")
-    if header["version"] != SUPPORTED_VERSION:
+    if not OLDEST_VERSION <= header["version"] <= SUPPORTED_VERSION:
         raise RingError(
             f"{path}: offset 8: ring format version {int(header['version'])}; this rankwatch reads "
-            f"version {SUPPORTED_VERSION} (upgrade rankwatch to read newer rings)"
+            f"versions {OLDEST_VERSION} to {SUPPORTED_VERSION} (upgrade rankwatch to read newer rings)"
         )
     if header["record_size"] != RECORD_SIZE or header["header_size"] != HEADER_SIZE:
         raise RingError(
@@ -237,6 +253,18 @@ def peek_header(path: str | Path) -> tuple[int, int]:
     capacity = _validate(path, head, size)
     header = np.frombuffer(head, HEADER_DTYPE, count=1)[0]
     return int(header["global_rank"]), min(int(header["next"]), capacity)
+
+
+def _gpu_of(header: np.void) -> dict[str, int | str | None]:
+    """gpu_index / gpu_uuid of a header that names its GPU (version 2 with the flag set), else none."""
+    if header["version"] < 2 or not int(header["flags"]) & HEADER_GPU_KNOWN:
+        return {}
+    raw = bytes(header["gpu_uuid"])
+    uuid = None
+    if any(raw):
+        text = raw.hex()
+        uuid = f"GPU-{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    return {"gpu_index": int(header["gpu_index"]), "gpu_uuid": uuid}
 
 
 class RingReader:
@@ -277,11 +305,12 @@ class RingReader:
             start_realtime_ns=int(h["start_realtime_ns"]),
             nccl_version=int(h["nccl_version"]),
             sensitivity_ms=int(h["sensitivity_ms"]),
-            gpu_timing=bool(int(h["flags"]) & 1),
+            gpu_timing=bool(int(h["flags"]) & HEADER_GPU_TIMING),
             lost_updates=int(h["lost_updates"]),
             gpu_skipped=int(h["gpu_skipped"]),
             start_monotonic_ns=int(h["start_monotonic_ns"]),
             gpu_clock_error_ns=int(h["gpu_clock_error_ns"]),
+            **_gpu_of(h),
         )
 
     @property

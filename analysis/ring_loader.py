@@ -58,6 +58,9 @@ class _RingRead:
     count: int = 0
     hostname: str = "unknown"
     pid: int = -1
+    world_size: int | None = None
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
     readable: bool = True
     problem: str | None = None
     created: list[tuple[int, int, int, int]] = field(default_factory=list)  # comm, rank in it, size, parent
@@ -74,6 +77,8 @@ def _read_one(rank: int, path: str, offset: int) -> _RingRead:
         return result
     records = snapshot.records
     result.hostname, result.pid = snapshot.header.hostname, snapshot.header.pid
+    result.world_size = snapshot.header.world_size if snapshot.header.world_size > 0 else None
+    result.gpu_index, result.gpu_uuid = snapshot.header.gpu_index, snapshot.header.gpu_uuid
     if snapshot.torn:
         result.problem = f"{path}: {snapshot.torn} torn or in-flight records skipped"
     rejected = records["state"] == State.FAILED  # NCCL returned an error at once: no operation took place
@@ -125,6 +130,7 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
     """Read ring files (one per process) into one Trace sorted by rank and call time."""
     global _output
     problems: list[str] = []
+    skipped: list[str] = []
     chosen: list[tuple[int, str, int]] = []  # rank, path, where its calls go
     first_path: dict[int, Path] = {}
     upper = 0
@@ -133,12 +139,12 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
         try:
             rank, held = peek_header(path)
         except RingError as error:
-            problems.append(str(error))
+            skipped.append(str(error))
             continue
         if rank < 0:
-            problems.append(f"{path}: the ring does not say its global rank (RANK was unset); skipped")
+            skipped.append(f"{path}: the ring does not say its global rank (RANK was unset); skipped")
         elif rank > MAX_GLOBAL_RANK:
-            problems.append(
+            skipped.append(
                 f"{path}: global rank {rank} is beyond the highest rankwatch analyses ({MAX_GLOBAL_RANK}); skipped"
             )
         elif rank in first_path:
@@ -167,25 +173,29 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
         calls = _output
     finally:
         _output = None
-    return _assemble(calls, results, problems)
+    return _assemble(calls, results, problems, skipped)
 
 
-def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str]) -> Trace:
+def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str], skipped: list[str]) -> Trace:
     """Close the gaps between the rings' calls (slots were sized from the headers) and learn the
     communicators: creation records first, then what calls tell of the others."""
     ranks: dict[int, RankSource] = {}
     comms: dict[int, Communicator] = {}
     raw = calls.view(RAW_CALL)
     filled = 0
+    problems.extend(skipped)
     for result in results:
         if result.problem:
             problems.append(result.problem)
         if not result.readable:
+            skipped.append(result.problem or result.path)
             continue
         if result.offset != filled and result.count:  # overlapping moves are safe: numpy copies through a buffer
             raw[filled : filled + result.count] = raw[result.offset : result.offset + result.count]
         filled += result.count
-        ranks[result.rank] = RankSource(result.rank, result.hostname, result.pid, result.path)
+        ranks[result.rank] = RankSource(
+            result.rank, result.hostname, result.pid, result.path, result.world_size, result.gpu_index, result.gpu_uuid
+        )
         for comm_id, comm_rank, size, parent in result.created:
             comm = comms.setdefault(comm_id, Communicator(comm_id, size))
             comm.members[comm_rank] = result.rank
@@ -194,4 +204,4 @@ def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str]) 
         for comm_id, comm_rank, size in result.from_calls:
             comm = comms.setdefault(comm_id, Communicator(comm_id, size))
             comm.members.setdefault(comm_rank, result.rank)
-    return Trace(calls[:filled], ranks, comms, problems)
+    return Trace(calls[:filled], ranks, comms, problems, skipped=skipped)

@@ -58,6 +58,9 @@ class RankSource:
     node: str
     pid: int
     path: str
+    world_size: int | None = None  # what the source says the job's world size is (ring header), if it does
+    gpu_index: int | None = None  # the CUDA device the rank ran on, when the source records it (ring header v2)
+    gpu_uuid: str | None = None
 
 
 @dataclass
@@ -74,6 +77,9 @@ class Trace:
     ranks: dict[int, RankSource]
     comms: dict[int, Communicator]
     problems: list[str] = field(default_factory=list)
+    # inputs not read at all (each with its reason; also among the problems): an analysis missing them
+    # cannot call the job healthy
+    skipped: list[str] = field(default_factory=list)
     has_returns: bool = True  # False for sources that log only call times (Megatrace)
     # the calls return when their collective is done on the host (gloo on CPU): call times are the ranks'
     # own pace, not launches onto a GPU that runs behind the host (late_windows.py)

@@ -161,3 +161,31 @@ def issue_client(directory: Path, client: ClientIdentity) -> None:
     key, cert = _leaf(ca_key, ca_cert, _name(client.user, client.groups), ExtendedKeyUsageOID.CLIENT_AUTH)
     _write_key(directory / f"{client.stem}.key", key)
     _write_cert(directory / f"{client.stem}.crt", cert)
+
+
+def issue_serving(directory: Path, hosts: list[str]) -> None:
+    """Write ``tls.crt``/``tls.key`` serving ``hosts`` (names or IP addresses), signed by the CA in
+    ``directory`` (``ca.crt``/``ca.key``, made here if absent): a webhook server's certificate."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (directory / "ca.key").exists():
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        subject = _name("rankwatch-webhook-ca")
+        ca_cert = (
+            _builder(subject, subject, ca_key.public_key())
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256())
+        )
+        _write_key(directory / "ca.key", ca_key)
+        _write_cert(directory / "ca.crt", ca_cert)
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    key, cert = _leaf(ca_key, ca_cert, _name(hosts[0]), ExtendedKeyUsageOID.SERVER_AUTH, sans)
+    _write_key(directory / "tls.key", key)
+    _write_cert(directory / "tls.crt", cert)

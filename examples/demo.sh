@@ -6,7 +6,8 @@
 # and the suspect node cordoned and tainted, 6. the same diagnosis in the local Prometheus (which
 # scrapes the operator and the sidecars and evaluates the chart's rules), 7. apply
 # examples/hang-job.yaml (a rank hangs): the hang diagnosed, its node cordoned, the attempt ended and
-# the job running again on healthy nodes.
+# the job running again on healthy nodes. 8. `rankwatch nodes`, then the demo's cordons are undone
+# (RANKWATCH_DEMO_KEEP_CORDONS=1 keeps them).
 # With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,11 +52,26 @@ RUNNER=$!
 if [ "$MONITORING" = 1 ]; then
   "$BIN/rankwatch" cluster scrape --job rankwatch-operator --target "127.0.0.1:$PORT" >/dev/null
 fi
+# At the end (or on an error) the cluster is left as the demo found it: its jobs deleted and the nodes
+# it cordoned uncordoned with rankwatch's own undo (after the operator stopped, so nothing cordons
+# again). RANKWATCH_DEMO_KEEP_CORDONS=1 keeps them to look at, and says so and how to undo it.
 cleanup() {
   k delete tj "$JOB" "$HANG_JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
   kill "$RUNNER" "$OPERATOR" 2>/dev/null
   wait "$RUNNER" "$OPERATOR" 2>/dev/null || true
   if [ "$MONITORING" = 1 ]; then "$BIN/rankwatch" cluster scrape --job rankwatch-operator >/dev/null 2>&1 || true; fi
+  echo
+  if [ "${RANKWATCH_DEMO_KEEP_CORDONS:-0}" = 1 ]; then
+    echo "==> LEFT CORDONED by the demo (RANKWATCH_DEMO_KEEP_CORDONS=1):"
+    "$BIN/rankwatch" nodes || true
+    echo "    undo: $BIN/rankwatch uncordon --all-from-job $NAMESPACE/$JOB; $BIN/rankwatch uncordon --all-from-job $NAMESPACE/$HANG_JOB"
+    return
+  fi
+  echo "==> leaving the cluster as the demo found it: uncordoning the nodes it cordoned"
+  for job in "$JOB" "$HANG_JOB"; do
+    "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$job" | grep -v "^no node carries" || true
+  done
+  "$BIN/rankwatch" nodes || true
 }
 trap cleanup EXIT
 
@@ -141,7 +157,7 @@ echo; echo "==> status.attempts (why attempt 0 ended, whom it blamed)"
 k get tj "$HANG_JOB" -n "$NAMESPACE" -o jsonpath='{.status.attempts}' | "$BIN/python" -m json.tool
 k get events -n "$NAMESPACE" --field-selector "involvedObject.name=$HANG_JOB" -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | cut -c1-220
 k get nodes -o custom-columns='NAME:.metadata.name,UNSCHEDULABLE:.spec.unschedulable,JOB:.metadata.annotations.rankwatch\.io/cordon-job'
-NODE="$NODE $HUNG_NODE"
+echo; echo "==> rankwatch nodes: what rankwatch cordoned, for which job, since when"
+"$BIN/rankwatch" nodes
 echo
-echo "Undo: .venv/bin/rankwatch uncordon $NODE   (or: kubectl annotate node <node> rankwatch.io/uncordon=true)"
 echo "The cluster keeps running: export KUBECONFIG=$KUBECONFIG; 'make cluster-down' removes it."

@@ -30,3 +30,19 @@ def service_name(job_name: str) -> str:
 
 def token_secret_name(job_name: str) -> str:
     return f"{job_name}-rankwatch-token"
+
+
+# Pods of other kinds (a plain Indexed Job, ...) opt in to the admission webhook's injection (``kinds/``).
+INJECT_NAMESPACE_LABEL = "rankwatch.io/inject"
+"""On a namespace, value ``enabled``: the webhook looks at its pods (the chart's namespaceSelector)."""
+INJECT_NAMESPACE_VALUE = "enabled"
+INJECT_ANNOTATION = "rankwatch.io/inject"
+"""On a pod (its template), value ``true``: inject the tracing library and the sidecar."""
+OPT_OUT_ANNOTATION = "rankwatch.io/opt-out"
+"""On a pod, value ``true``: never inject, whatever else says so (a platform-wide default, say)."""
+NPROC_ANNOTATION = "rankwatch.io/nproc-per-node"
+"""On a pod, optional: the ranks it runs (torchrun's --nproc-per-node), for the sidecar's completeness check."""
+NOT_INJECTED_ANNOTATION = "rankwatch.io/not-injected"
+"""Set by the webhook on an opted-in pod it could not inject: why (reported on the pod's group)."""
+UNWATCHED_ANNOTATION = "rankwatch.io/unwatched-pods"
+"""On the object owning a group: how many of its opted-in pods run without the injection."""

@@ -54,6 +54,17 @@ class WorkerPodSettings:
 
 
 @dataclass(frozen=True)
+class WebhookSettings:
+    """The mutating admission webhook that injects pods of other kinds (``kinds/``); off without ``listen``."""
+
+    listen: tuple[str, int] | None = None
+    """host:port of its HTTPS server; None: not served (its MutatingWebhookConfiguration is not installed)."""
+    cert_dir: str | None = None
+    """Holds ``tls.crt`` and ``tls.key`` (a kubernetes.io/tls Secret, from the chart or cert-manager);
+    re-read when they change."""
+
+
+@dataclass(frozen=True)
 class DiagnosisLimits:
     """How much of the operator diagnoses may take together (a switch failure slows many jobs at once)."""
 
@@ -121,6 +132,7 @@ class OperatorConfig:
     cordon. A watch that carries nothing for its 300 s plus this long is opened again."""
     event_loop: str = "asyncio"
     """The operator's event loop: asyncio's, or uvloop's (``rankwatch.operator.event_loop``)."""
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)
     archive_budget_bytes: int = 512 << 20
     """Bytes one archive may take on disk, every pod's dumps and files together (one archive at a time)."""
     archive_endpoints: tuple[str, ...] = ()
@@ -212,6 +224,15 @@ class OperatorConfig:
                 "RANKWATCH_NODE_ALERTS_TIMEOUT_SECONDS", NodeAlertSources.timeout_seconds, _positive
             ),
         )
+        webhook = WebhookSettings(
+            listen=env.get("RANKWATCH_WEBHOOK_LISTEN", None, _listen),
+            cert_dir=env.get("RANKWATCH_WEBHOOK_CERT_DIR", None, _cert_dir),
+        )
+        if webhook.listen is not None and webhook.cert_dir is None:
+            env.problems.append(
+                "RANKWATCH_WEBHOOK_LISTEN is set but RANKWATCH_WEBHOOK_CERT_DIR is not: the API server calls the "
+                "webhook over HTTPS only; name the directory holding tls.crt and tls.key"
+            )
         config = cls(
             namespaces=tuple(namespaces),
             pods=pods,
@@ -229,6 +250,7 @@ class OperatorConfig:
             node_alerts=node_alerts,
             api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
             event_loop=env.get("RANKWATCH_EVENT_LOOP", cls.event_loop, _event_loop),
+            webhook=webhook,
             archive_endpoints=env.get("RANKWATCH_ARCHIVE_ENDPOINTS", (), _origin_list),
             archive_budget_bytes=env.get("RANKWATCH_ARCHIVE_BUDGET_MIB", cls.archive_budget_bytes >> 20, _at_least(16))
             << 20,
@@ -352,6 +374,13 @@ def _http_url(value: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("expected an http(s) URL, e.g. http://rankwatch-collector.rankwatch-system.svc:8080")
     return value.rstrip("/")
+
+
+def _cert_dir(value: str) -> str:
+    missing = [name for name in ("tls.crt", "tls.key") if not (Path(value) / name).is_file()]
+    if missing:
+        raise ValueError(f"no {' or '.join(missing)} in it (the webhook's certificate Secret is mounted there)")
+    return value
 
 
 def _readable_file(value: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch import tenant_text
 from rankwatch.operator import api as names
 
 REPORTING_COMPONENT = "rankwatch-operator"
@@ -89,8 +90,7 @@ def post_event(
     digest = hashlib.sha256(f"{target.kind}/{target.uid}/{key}".encode()).hexdigest()[:16]
     event_name = f"{target.name}.rankwatch-{digest}"
     stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if len(message) > EVENT_MESSAGE_MAX_CHARS:
-        message = message[: EVENT_MESSAGE_MAX_CHARS - 1] + "…"
+    message = tenant_text.one_line(message, EVENT_MESSAGE_MAX_CHARS)  # a job's text: no line of its own
     body = {
         "metadata": {"name": event_name, "namespace": namespace},
         "involvedObject": {

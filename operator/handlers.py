@@ -5,6 +5,8 @@ create/resume  -> create the token Secret, the headless Service and the worker P
 pod/job events -> derive the status from the worker pods (kept in a kopf index, no API lists), post
                   Events on transitions, recreate pods lost before the job started; job events tell
                   the monitor which jobs run and recovery which jobs to look at
+pod admission  -> the webhook injects opted-in pods of other kinds (``kinds/webhook.py``); those that
+                  start without it are reported on their group (``kinds/unwatched.py``)
 node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``); the
                   per-job series of /metrics (``diagnosis/job_metrics.py``) follow the jobs' status,
                   their pods and rankwatch's cordons; a deleted job's series go
@@ -22,9 +24,11 @@ from typing import Any
 import kopf
 
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
+from rankwatch import tenant_text
 from rankwatch.kube import api_client
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
+from rankwatch.operator.kinds import unwatched, webhook
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
 from rankwatch.operator.remediation import node_marks
@@ -55,7 +59,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = WATCH_SECONDS
     settings.watching.client_timeout = WATCH_SECONDS + timeout
     settings.watching.connect_timeout = timeout
+    settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
+    memo.unwatched = unwatched.UnwatchedPods(memo.kube)
+    memo.groups_with_token = webhook.GroupsWithToken()
     memo.watch = Watch(memo.config, memo.kube, memo.leading)
     await memo.watch.start()
 
@@ -83,7 +90,7 @@ def _fail(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, generat
     conditions = list(body.get("status", {}).get("conditions") or [])
     conditions = job_status.set_condition(conditions, "Failed", "True", reason, message, moment, generation)
     patch.status.update(phase=job_status.FAILED, message=message, conditions=conditions, completionTime=moment)
-    kopf.event(body, type="Warning", reason=reason, message=message)
+    kopf.event(body, type="Warning", reason=reason, message=tenant_text.one_line(message))
 
 
 @kopf.on.resume(*JOBS)
@@ -113,7 +120,7 @@ def create_workers(
         _fail(body, patch, "NameConflict", str(error), generation)
         return
     if created:
-        kopf.event(body, type="Normal", reason="Created", message=f"created {', '.join(created)}")
+        kopf.event(body, type="Normal", reason="Created", message=tenant_text.one_line(f"created {', '.join(created)}"))
     if not status.get("conditions"):
         patch.status.update(
             phase=job_status.PENDING,

@@ -21,6 +21,7 @@ import signal
 
 import kopf
 
+from rankwatch import tenant_text
 from rankwatch.kube import api_client
 from rankwatch.operator import event_loop, garbage_collection, kopf_toggles
 from rankwatch.operator.config import OperatorConfig
@@ -36,10 +37,17 @@ def run(config: OperatorConfig) -> int:
     """Run until stopped; the exit status of the process."""
     import rankwatch.operator.handlers  # noqa: F401  (registers the handlers)
 
-    kopf.configure(verbose=False)
+    configure_logging()
     kopf_toggles.wake_only_on_flips()
     garbage_collection.tune()
     return event_loop.run(_run(config), config.event_loop)
+
+
+def configure_logging() -> None:
+    """kopf's log format on stderr, every record one line: a job's text (its frames, names, a server's
+    error body) in a message never starts a log line of its own."""
+    kopf.configure(verbose=False)
+    tenant_text.one_line_logs()
 
 
 async def _run(config: OperatorConfig) -> int:

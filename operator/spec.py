@@ -35,7 +35,8 @@ class S3Archive:
     """Base URL of an S3-compatible server (MinIO, Ceph RGW, ...); unset: AWS S3."""
     region: str = "us-east-1"
     prefix: str = "rankwatch"
-    """Key prefix; each attempt goes to ``<prefix>/<namespace>/<job>/<job uid>/attempt-<n>/``."""
+    """Key prefix, one path segment (``archive.check_target``); each attempt goes to
+    ``<prefix>/<namespace>/<job>/<job uid>/attempt-<n>/``, so a job writes only below its own namespace and name."""
 
 
 @dataclass(frozen=True)

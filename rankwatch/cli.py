@@ -116,7 +116,8 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"rankwatch simulate: {error}", file=sys.stderr)
         return 1
     killed = sum(o.exit_code is None for o in outcomes)
-    print(f"{len(outcomes)} ranks, {killed} stopped after the injected hang; rings in {args.out}")
+    ended = f"{killed} stopped after the injected hang" if simulation.faults.hangs else "all finished"
+    print(f"{len(outcomes)} ranks, {ended}; rings in {args.out}")
     return 0
 
 
@@ -161,21 +162,28 @@ def _analyze(args: argparse.Namespace) -> int:
     if not path:
         print("rankwatch analyze: give a PATH (or --log-path)", file=sys.stderr)
         return 2
+    from rankwatch.analysis.completeness import GivenLayout
     from rankwatch.analysis.topology import Layout, LayoutError, load_config
 
     try:
-        layout = None
+        given = None
         if args.config_path:
-            layout = load_config(args.config_path)
+            given = GivenLayout(load_config(args.config_path), args.config_path)
         elif args.tp or args.pp:
             if not args.world_size:
                 raise LayoutError("--tp/--pp need --world-size")
+            flags = " ".join(f"--{flag} {value}" for flag, value in (("tp", args.tp), ("pp", args.pp)) if value)
             layout = Layout(args.tp or 1, args.pp or 1, args.world_size)
+            given = GivenLayout(layout, f"{flags} --world-size {args.world_size}")
+        elif args.world_size:  # the ranks expected, no coordinates: TP and PP stay unknown
+            if args.world_size < 1:
+                raise LayoutError(f"--world-size {args.world_size} must be at least 1")
+            given = GivenLayout(None, f"--world-size {args.world_size}", args.world_size)
     except LayoutError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
 
-    def run(source: str, layout: Layout | None) -> int:
+    def run(source: str, layout: GivenLayout | None, skipped: tuple[str, ...] = ()) -> int:
         return main(
             source,
             args.test_type,
@@ -186,16 +194,18 @@ def _analyze(args: argparse.Namespace) -> int:
             args.chrome_trace,
             args.html,
             max(1, args.jobs),
+            skipped,
         )
 
     from rankwatch.analysis import archive
 
     if not archive.is_archive(path):
-        return run(path, layout)
+        return run(path, given)
     try:
         with archive.trace_source(path, args.s3_endpoint) as source:
             print(f"reading the {source.description}", file=sys.stderr)
-            return run(str(source.directory), layout or source.layout)
+            recorded = GivenLayout(source.layout, "the archive's manifest") if source.layout else None
+            return run(str(source.directory), given or recorded, source.problems)
     except archive.ArchiveError as error:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
@@ -204,6 +214,10 @@ def _analyze(args: argparse.Namespace) -> int:
 def _alerts(args: argparse.Namespace) -> int:
     from rankwatch.alerting import commands
 
+    if args.action == "silence":
+        from rankwatch.alerting import silence_commands
+
+        return silence_commands.run(args)
     if args.action == "report":
         return commands.report(args.config, args.secrets, args.namespace, args.store, args.receiver, args.print)
     if args.action == "serve":
@@ -232,6 +246,26 @@ def _uncordon(args: argparse.Namespace) -> int:
     for result in results:
         print(f"{result.node}: {result.message}")
     return 1 if any(result.error for result in results) else 0
+
+
+def _nodes(args: argparse.Namespace) -> int:
+    from rankwatch.kube import api_client
+    from rankwatch.operator.remediation import node_marks
+    from rankwatch.operator.remediation.marked_nodes import marked_nodes, table
+
+    if args.job and "/" not in args.job:
+        print(f"rankwatch nodes: --job {args.job!r}: expected NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    nodes = marked_nodes(api_client(args.kubeconfig), args.job)
+    now = node_marks.now()
+    if args.output == "json":
+        print(json.dumps([node.to_json(now) for node in nodes], indent=2))
+    elif not nodes:
+        print("no node carries rankwatch's mark" + (f" for TrainingJob {args.job}" if args.job else ""))
+    else:
+        print(table(nodes, now))
+        print("undo: rankwatch uncordon NODE... (or --all-from-job NAMESPACE/NAME)", file=sys.stderr)
+    return 0
 
 
 def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -269,8 +303,21 @@ def _host_cost(args: argparse.Namespace) -> HostCost:
     return HostCost(launch_us=args.host_us_per_launch, step_us=args.host_us_per_step, kernel_us=args.kernel_us)
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rankwatch")
+    except PackageNotFoundError:
+        from rankwatch import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankwatch", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"rankwatch {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     cluster = commands.add_parser("cluster", help="the built-in local Kubernetes cluster (no containers)")
@@ -334,13 +381,19 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser(
         "simulate", help="run a Megatron-shaped job on the stand-in NCCL with the tracer preloaded"
     )
-    simulate.add_argument("--world-size", type=int, required=True)
-    simulate.add_argument("--tp", type=int, default=1)
-    simulate.add_argument("--pp", type=int, default=1)
-    simulate.add_argument("--steps", type=int, default=10)
-    simulate.add_argument("--microbatches", type=int, default=2)
-    simulate.add_argument("--compute-us", type=int, default=2000, help="compute time per chunk")
-    simulate.add_argument("--ranks-per-node", type=int, default=8)
+    simulate.add_argument("--world-size", type=int, required=True, help="ranks (processes) to run")
+    simulate.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    simulate.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
+    simulate.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    simulate.add_argument(
+        "--microbatches", type=int, default=2, help="microbatches per step, through the pipeline (default 2)"
+    )
+    simulate.add_argument(
+        "--compute-us", type=int, default=2000, help="GPU compute per chunk, microseconds (default 2000)"
+    )
+    simulate.add_argument(
+        "--ranks-per-node", type=int, default=8, help="ranks per simulated node, for node names (default 8)"
+    )
     simulate.add_argument(
         "--gpu-timing",
         action=argparse.BooleanOptionalAction,
@@ -348,22 +401,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU start/end of each call via the stand-in libcuda (default on, as spec.tracing.gpuTiming)",
     )
     _add_device_arguments(simulate, default="async")
-    simulate.add_argument("--slow-rank", type=int)
+    simulate.add_argument("--slow-rank", type=int, help="fault: this rank computes slower (see --slowdown)")
     simulate.add_argument("--slowdown", type=float, default=0.0, help="e.g. 0.2: compute 20%% slower")
     simulate.add_argument("--slow-from-call", type=int, default=0, help="the slowdown starts at this NCCL call")
-    simulate.add_argument("--hang-rank", type=int)
+    simulate.add_argument("--hang-rank", type=int, help="fault: this rank stops calling NCCL (see --hang-at)")
     simulate.add_argument("--hang-at", type=int, default=0, help="the rank never makes its N-th NCCL call")
-    simulate.add_argument("--stuck-rank", type=int)
+    simulate.add_argument(
+        "--stuck-rank", type=int, help="fault: one NCCL operation of this rank never starts on its GPU (--stuck-at)"
+    )
     simulate.add_argument(
         "--stuck-at", type=int, default=0, help="the rank's N-th NCCL operation never starts on its GPU (peers' do)"
     )
-    simulate.add_argument("--slow-link", type=int, nargs=2, metavar=("RANK_A", "RANK_B"))
-    simulate.add_argument("--link-latency-us", type=int, default=0)
-    simulate.add_argument("--device-stop-rank", type=int)
+    simulate.add_argument(
+        "--slow-link",
+        type=int,
+        nargs=2,
+        metavar=("RANK_A", "RANK_B"),
+        help="fault: sends between these two ranks are slower (see --link-latency-us)",
+    )
+    simulate.add_argument(
+        "--link-latency-us", type=int, default=0, help="added latency of each send on the slow link, microseconds"
+    )
+    simulate.add_argument(
+        "--device-stop-rank", type=int, help="fault: this rank's GPU stops (see --device-stop-at-kernel)"
+    )
     simulate.add_argument(
         "--device-stop-at-kernel", type=int, default=0, help="the rank's GPU stops in its N-th compute kernel"
     )
-    simulate.add_argument("--timeout", type=float, default=300.0)
+    simulate.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before a run that does not finish is stopped"
+    )
     simulate.add_argument("--out", required=True, help="directory for the ring files and simulation.json")
     simulate.set_defaults(handler=_simulate)
 
@@ -407,12 +474,18 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument(
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
     )
-    analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON")
-    analyze.add_argument("--chrome-trace", metavar="OUT", help="write a Perfetto / chrome://tracing timeline")
-    analyze.add_argument("--html", metavar="OUT", help="write a self-contained HTML report with plots")
+    analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON (- : standard output)")
+    analyze.add_argument(
+        "--chrome-trace", metavar="OUT", help="write a Perfetto / chrome://tracing timeline (- : standard output)"
+    )
+    analyze.add_argument(
+        "--html", metavar="OUT", help="write a self-contained HTML report with plots (- : standard output)"
+    )
     analyze.add_argument("--tp", type=int, help="tensor-parallel size (Megatron order: tp fastest, then dp, pp)")
     analyze.add_argument("--pp", type=int, help="pipeline-parallel size")
-    analyze.add_argument("--world-size", type=int)
+    analyze.add_argument(
+        "--world-size", type=int, help="ranks in the job (default: what the ring headers record); checked against them"
+    )
     analyze.add_argument("--config-path", help="Megatrace's config.yaml with TP, PP, world_size")
     analyze.add_argument("--ranks-per-node", type=int, help="name nodes when the traces do not")
     analyze.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), help="processes reading rings")
@@ -428,29 +501,76 @@ def build_parser() -> argparse.ArgumentParser:
     uncordon.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
     uncordon.set_defaults(handler=_uncordon)
 
+    nodes = commands.add_parser(
+        "nodes",
+        help="the nodes rankwatch cordoned (or marked in a dry run): for which job, since when, why",
+        description="Read back from the nodes' rankwatch.io/ annotations and taint, the only record of what "
+        "rankwatch did; `rankwatch uncordon` undoes it.",
+    )
+    nodes.add_argument("--job", metavar="NAMESPACE/NAME", help="only the nodes marked for this TrainingJob")
+    nodes.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    nodes.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
+    nodes.set_defaults(handler=_nodes)
+
     alerts = commands.add_parser(
-        "alerts", help="alerting: the weekly report or a test message now, or serve the Alertmanager intake alone"
-    )
-    alerts.add_argument("action", choices=["report", "test", "serve"])
-    alerts.add_argument("--config", help="alerting config YAML (default $RANKWATCH_ALERTING_CONFIG)")
-    alerts.add_argument(
-        "--secrets", help="YAML {secret-name: {key: value}} instead of reading Secrets from the cluster"
-    )
-    alerts.add_argument(
-        "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
-    )
-    alerts.add_argument(
-        "--store", help="`report`: a SQLite alert store file (default: the config's store, e.g. its ConfigMaps)"
-    )
-    alerts.add_argument("--receiver", help="`report`: instead of report.receiver; `test`: required")
-    alerts.add_argument("--print", action="store_true", help="`report`: print the card JSON, send nothing")
-    alerts.add_argument(
-        "--level", default="P3", help="`test`: level of the test message (P0 on a phone receiver rings)"
-    )
-    alerts.add_argument(
-        "--listen", default="127.0.0.1:8081", help="`serve`: HOST:PORT of the intake and /metrics (port 0: any free)"
+        "alerts",
+        help="alerting: the weekly report or a test message now, silences, or serve the Alertmanager intake alone",
     )
     alerts.set_defaults(handler=_alerts)
+    alert_actions = alerts.add_subparsers(dest="action", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="alerting config YAML (default $RANKWATCH_ALERTING_CONFIG)")
+    common.add_argument(
+        "--secrets", help="YAML {secret-name: {key: value}} instead of reading Secrets from the cluster"
+    )
+    common.add_argument(
+        "--namespace", "-n", help="namespace of the Secrets (default $POD_NAMESPACE or rankwatch-system)"
+    )
+    report = alert_actions.add_parser("report", parents=[common], help="send the weekly report now")
+    report.add_argument("--store", help="a SQLite alert store file (default: the config's store, e.g. its ConfigMaps)")
+    report.add_argument("--receiver", help="instead of the config's report.receiver")
+    report.add_argument("--print", action="store_true", help="print the card JSON, send nothing")
+    test = alert_actions.add_parser("test", parents=[common], help="send a test message to a receiver now")
+    test.add_argument("--receiver", required=True, help="the receiver to test")
+    test.add_argument("--level", default="P3", help="level of the test message (P0 on a phone receiver rings)")
+    serve = alert_actions.add_parser(
+        "serve", parents=[common], help="the Alertmanager intake and the P0-P3 pipeline without the operator"
+    )
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8081", help="HOST:PORT of the intake and /metrics (port 0: any free)"
+    )
+    silence = alert_actions.add_parser(
+        "silence",
+        help="add, list or remove silences in the running pipeline (through its intake)",
+        description="Silences mute the alerts whose labels (and level) match all their matchers, from their "
+        "start (default now) to their end. The commands talk to the intake of the operator or of "
+        "`rankwatch alerts serve`, e.g. after `kubectl -n rankwatch-system port-forward "
+        "svc/<release>-rankwatch-intake 8081`.",
+    )
+    silence_actions = silence.add_subparsers(dest="silence_action", required=True)
+    intake = argparse.ArgumentParser(add_help=False)
+    intake.add_argument("--url", help="the intake, e.g. http://127.0.0.1:8081/alerting (default $RANKWATCH_INTAKE_URL)")
+    intake.add_argument(
+        "--token-file", help="file holding the intake's bearer token (default: $RANKWATCH_INTAKE_TOKEN)"
+    )
+    add = silence_actions.add_parser("add", parents=[intake], help="add a silence; prints its id")
+    add.add_argument(
+        "matchers",
+        nargs="+",
+        metavar="MATCHER",
+        help='label matchers, e.g. node="gpu-node-3" alertname=~"TrainingJob.*"',
+    )
+    add.add_argument("--duration", "-d", help="how long from its start, e.g. 30m, 2h, 1h30m, 7d")
+    add.add_argument("--ends-at", help="its end, RFC 3339 (instead of --duration)")
+    add.add_argument(
+        "--starts-at", help="its start, RFC 3339, e.g. 2026-12-01T08:00:00Z (default now; nothing is muted before)"
+    )
+    add.add_argument("--comment", "-c", default="", help="why (shown in ls)")
+    add.add_argument("--created-by", help="who (default: your user name)")
+    ls = silence_actions.add_parser("ls", parents=[intake], help="list silences (active and pending)")
+    ls.add_argument("--output", "-o", choices=("table", "json"), default="table")
+    rm = silence_actions.add_parser("rm", parents=[intake], help="expire a silence now")
+    rm.add_argument("id", help="the silence's id (from add or ls)")
     return parser
 
 
@@ -463,12 +583,26 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except ModuleNotFoundError as error:
-        if not (error.name or "").startswith(DEVELOPMENT_MODULES):
+    except Exception as error:  # no kubeconfig or an API server away: one line, not the library's traceback
+        if isinstance(error, ModuleNotFoundError):
+            return _missing_module(args, error)
+        if "kubernetes" not in sys.modules:
             raise
-        print(
-            f"rankwatch {args.command}: {error.name} is a development tool, not part of this installation "
-            "(the runtime image leaves it out); install rankwatch from its source tree for it",
-            file=sys.stderr,
-        )
-        return 2
+        from rankwatch.kube import connection_problem
+
+        problem = connection_problem(error)
+        if problem is None:
+            raise
+        print(f"rankwatch {args.command}: {problem}", file=sys.stderr)
+        return 1
+
+
+def _missing_module(args: argparse.Namespace, error: ModuleNotFoundError) -> int:
+    if not (error.name or "").startswith(DEVELOPMENT_MODULES):
+        raise error
+    print(
+        f"rankwatch {args.command}: {error.name} is a development tool, not part of this installation "
+        "(the runtime image leaves it out); install rankwatch from its source tree for it",
+        file=sys.stderr,
+    )
+    return 2

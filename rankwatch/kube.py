@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import kubernetes
 import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
@@ -67,14 +68,46 @@ def api_client(
         try:
             kubernetes.config.load_incluster_config(client_configuration=configuration)
         except kubernetes.config.ConfigException:
-            kubernetes.config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
-            )
+            _load_kubeconfig(os.environ.get("KUBECONFIG") or None, "$KUBECONFIG", configuration)
     else:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        _load_kubeconfig(kubeconfig, "--kubeconfig", configuration)
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize, CONNECTIONS)
     kubernetes.client.Configuration.set_default(configuration)
     return TimedApiClient(configuration, request_timeout)
+
+
+class KubeconfigError(kubernetes.config.ConfigException):
+    """No cluster to talk to: the message names the file and what to do (one line for a CLI)."""
+
+
+def _load_kubeconfig(path: str | None, given_as: str, configuration: kubernetes.client.Configuration) -> None:
+    """Load a kubeconfig (``path``: a file, or None for ``~/.kube/config``), with an error that says which
+    file and how to give another, instead of the library's traceback."""
+    shown = f"{given_as} {path}" if path else "~/.kube/config ($KUBECONFIG is unset)"
+    first = (path or "").split(os.pathsep)[0] or os.path.expanduser("~/.kube/config")
+    if not os.path.isfile(first):
+        raise KubeconfigError(
+            f"no kubeconfig: {shown}: no such file, and this is not a pod with a ServiceAccount; "
+            "give --kubeconfig FILE or set KUBECONFIG"
+        )
+    try:
+        kubernetes.config.load_kube_config(config_file=path, client_configuration=configuration)
+    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as error:
+        reason = " ".join(str(error).split())  # YAML errors span lines
+        raise KubeconfigError(f"kubeconfig {first} cannot be used: {reason}") from None
+
+
+def connection_problem(error: BaseException) -> str | None:
+    """One line for a command that could not reach its cluster (no kubeconfig, the API server away), or
+    None for an error of another kind."""
+    if isinstance(error, KubeconfigError):
+        return str(error)
+    if isinstance(error, urllib3.exceptions.MaxRetryError | urllib3.exceptions.NewConnectionError):
+        host = kubernetes.client.Configuration.get_default_copy().host
+        reason = str(getattr(error, "reason", None) or error)
+        reason = reason.rsplit("Failed to establish a new connection: ", 1)[-1].rstrip("\")'")
+        return f"cannot reach the Kubernetes API server at {host}: {reason}"
+    return None
 
 
 def is_transient(error: BaseException) -> bool:

@@ -1,4 +1,5 @@
-/* The CUDA driver API calls rankwatch uses for GPU timing (loaded with dlopen("libcuda.so.1")). */
+/* The CUDA driver API calls rankwatch uses for GPU timing and the GPU's identity (loaded with
+ * dlopen("libcuda.so.1")). */
 #ifndef RANKWATCH_CUDA_ABI_H
 #define RANKWATCH_CUDA_ABI_H
 
@@ -6,8 +7,13 @@ typedef int CUresult;
 typedef struct CUevent_st* CUevent;
 typedef struct CUstream_st* CUstream;
 typedef struct CUctx_st* CUcontext;
+typedef int CUdevice;
+typedef struct CUuuid_st {
+  char bytes[16];
+} CUuuid;
 
 #define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_DEVICE 101
 #define CUDA_ERROR_NOT_READY 600
 #define CU_EVENT_DEFAULT 0
 #define CU_STREAM_NON_BLOCKING 1
@@ -22,5 +28,7 @@ typedef CUresult (*cuStreamIsCapturing_t)(CUstream stream, int* status);
 typedef CUresult (*cuStreamCreate_t)(CUstream* stream, unsigned int flags);
 typedef CUresult (*cuCtxGetCurrent_t)(CUcontext* context);
 typedef CUresult (*cuCtxSetCurrent_t)(CUcontext context);
+typedef CUresult (*cuDeviceGet_t)(CUdevice* device, int ordinal);
+typedef CUresult (*cuDeviceGetUuid_t)(CUuuid* uuid, CUdevice device);
 
 #endif

@@ -13,10 +13,11 @@
 #ifndef RANKWATCH_RING_H
 #define RANKWATCH_RING_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define RW_RING_MAGIC "RWRING\0\0"
-#define RW_RING_VERSION 1u
+#define RW_RING_VERSION 2u           /* 2: the header names the GPU (gpu_index, gpu_uuid); readers take 1 and 2 */
 #define RW_RING_HEADER_SIZE 4096u
 #define RW_RECORD_SIZE 128u
 #define RW_DEFAULT_CAPACITY (1u << 16) /* 8 MiB of records per process */
@@ -56,6 +57,11 @@ enum rw_flags {
   RW_FLAG_IN_PROGRESS = 1u << 3,  /* NCCL returned ncclInProgress (non-blocking comm) */
 };
 
+enum rw_header_flags {
+  RW_HEADER_GPU_TIMING = 1u << 0, /* GPU timing on */
+  RW_HEADER_GPU_KNOWN = 1u << 1,  /* gpu_index / gpu_uuid are written (version 2; set once, after them) */
+};
+
 typedef struct rw_record {
   uint64_t stamp;          /*   0: 2*i+1 while written, 2*i+2 when complete */
   uint64_t comm_id;        /*   8: equal on every member of the communicator */
@@ -89,7 +95,7 @@ typedef struct rw_ring_header {
   uint32_t version;          /*    8: RW_RING_VERSION */
   uint32_t header_size;      /*   12: RW_RING_HEADER_SIZE */
   uint32_t record_size;      /*   16: RW_RECORD_SIZE */
-  uint32_t flags;            /*   20: bit 0: GPU timing on */
+  uint32_t flags;            /*   20: enum rw_header_flags (atomic) */
   uint64_t capacity;         /*   24: slots (power of two) */
   uint64_t next;             /*   32: records ever claimed (atomic) */
   int64_t start_realtime_ns; /*   40 */
@@ -106,6 +112,8 @@ typedef struct rw_ring_header {
   uint32_t gpu_skipped;      /*  212: calls not GPU-timed because every event slot was busy (atomic) */
   int64_t gpu_clock_error_ns;/*  216: GPU times may be off against host times by up to this (the widest
                                       window of a clock anchor in use); 0 without GPU timing */
+  int32_t gpu_index;         /*  224: CUDA device ordinal of the process's first communicator (version 2) */
+  uint8_t gpu_uuid[16];      /*  228: its cuDeviceGetUuid, as nvidia-smi's GPU-<uuid> (version 2) */
   /* the rest up to header_size is zero */
 } rw_ring_header;
 
@@ -114,6 +122,8 @@ static_assert(sizeof(rw_record) == RW_RECORD_SIZE, "record size");
 #else
 _Static_assert(sizeof(rw_record) == RW_RECORD_SIZE, "record size");
 _Static_assert(sizeof(rw_ring_header) <= RW_RING_HEADER_SIZE, "header size");
+_Static_assert(offsetof(rw_ring_header, gpu_index) == 224 && offsetof(rw_ring_header, gpu_uuid) == 228,
+               "header layout (analysis/ring.py reads these offsets)");
 #endif
 
 #endif

@@ -22,6 +22,7 @@ int64_t rw_realtime_ns(void);
 rw_ring_header* rw_ring(void);
 
 void rw_comm_register(ncclComm_t comm, uint64_t id, int op, uint64_t parent, int32_t detail);
+void rw_note_gpu(ncclComm_t comm); /* gpu_identity.c: the header's gpu_index / gpu_uuid, once */
 void rw_comm_forget(ncclComm_t comm);
 uint64_t rw_comm_id(ncclComm_t comm);
 uint32_t rw_comm_next_child(ncclComm_t comm);

@@ -122,7 +122,8 @@ static void create_ring(void) {
   header->version = RW_RING_VERSION;
   header->header_size = RW_RING_HEADER_SIZE;
   header->record_size = RW_RECORD_SIZE;
-  header->flags = rw_gpu_timing_enabled ? 1u : 0u;
+  header->flags = rw_gpu_timing_enabled ? RW_HEADER_GPU_TIMING : 0u;
+  header->gpu_index = -1; /* until the first communicator says (gpu_identity.c) */
   header->capacity = capacity;
   header->start_realtime_ns = realtime_ns();
   struct timespec mono;
@@ -244,6 +245,7 @@ void rw_comm_register(ncclComm_t comm, uint64_t id, int op, uint64_t parent, int
   }
   pthread_mutex_unlock(&comms_lock);
   if (!entry) fprintf(stderr, "rankwatch: more than %d live communicators; %p is not traced\n", COMM_SLOTS, (void*)comm);
+  rw_note_gpu(comm);
   rw_record* record;
   uint64_t index = rw_begin(comm, op, 0, 0, 255, detail, NULL, &record);
   if (record) {

@@ -38,6 +38,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -498,6 +499,32 @@ CUresult cuStreamIsCapturing(CUstream stream, int* status) {
   *status = 0;
   for (int i = 0; i < MAX_CAPTURING; i++)
     if (capturing[i] == stream && stream) *status = 1;
+  return CUDA_SUCCESS;
+}
+
+/* Devices by ordinal (the process's, after CUDA_VISIBLE_DEVICES): the stand-in has any of the first 64;
+ * each has a UUID fixed by its node (RANKWATCH_NODE_NAME, else the host name) and ordinal, as a real
+ * GPU's is by its board, so two ranks on one node never share one and a rerun names the same. */
+#define STANDIN_DEVICES 64
+
+CUresult cuDeviceGet(CUdevice* device, int ordinal) {
+  if (!device || ordinal < 0 || ordinal >= STANDIN_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice device) {
+  if (!uuid || device < 0 || device >= STANDIN_DEVICES) return CUDA_ERROR_INVALID_DEVICE;
+  char node[64] = {0};
+  const char* name = getenv("RANKWATCH_NODE_NAME");
+  if (name && *name) strncpy(node, name, sizeof(node) - 1);
+  else gethostname(node, sizeof(node) - 1);
+  for (int half = 0; half < 2; half++) { /* two FNV-1a 64 hashes of (half, ordinal, node) */
+    uint64_t hash = (0xcbf29ce484222325ull ^ (uint64_t)(half + 1)) * 0x100000001b3ull;
+    hash = (hash ^ (uint64_t)(device + 1)) * 0x100000001b3ull;
+    for (const char* c = node; *c; c++) hash = (hash ^ (uint8_t)*c) * 0x100000001b3ull;
+    memcpy(uuid->bytes + 8 * half, &hash, 8);
+  }
   return CUDA_SUCCESS;
 }
 

@@ -692,9 +692,12 @@ API(ncclResult_t, ncclCommUserRank, const ncclComm_t comm, int* rank) {
   return ncclSuccess;
 }
 
+/* The device the process's communicators run on: its LOCAL_RANK, as torchrun's ranks pick theirs
+ * (torch.cuda.set_device(local_rank)); 0 without one. */
 API(ncclResult_t, ncclCommCuDevice, const ncclComm_t comm, int* device) {
   if (!comm || !device) return ncclInvalidArgument;
-  *device = comm->rank;
+  const char* local_rank = getenv("LOCAL_RANK");
+  *device = local_rank && *local_rank ? atoi(local_rank) : 0;
   return ncclSuccess;
 }
 

@@ -11,8 +11,10 @@ inhibited) and about a named node: one of the labels ``node``, ``Hostname`` (dcg
 training job (a ``trainingjob`` label, or ``component: rankwatch``) are rankwatch's own findings,
 not the node's, and are left out.
 
-Reading them never fails a diagnosis: an unreachable source, an HTTP error or a body that is not
-what the API documents becomes a problem on the diagnosis, naming the URL.
+Reading them never fails a diagnosis: an unreachable source, an HTTP error, a body over
+``MAX_ANSWER_BYTES`` or one that is not what the API documents becomes a problem on the diagnosis,
+naming the URL. The answer is read up to that cap only, and parsed in a worker thread: a huge alert
+list does not stall the operator's event loop.
 """
 
 from __future__ import annotations
@@ -25,10 +27,16 @@ from typing import Any
 
 import aiohttp
 
+from rankwatch import tenant_text
+
 NODE_LABELS = ("node", "Hostname", "kubernetes_node", "nodename", "instance")
 """Labels that name the node an alert is about, as the common exporters and relabellings spell it."""
 MAX_ALERTS = 16
 """At most this many alerts are attached (most severe first): a dying node can fire dozens."""
+MAX_ANSWER_BYTES = 8 << 20
+"""An alerts answer larger than this is refused (thousands of alerts are a few MiB)."""
+MAX_TEXT = 500
+"""An alert's name and summary are cut to this (they go into status, Events and cards)."""
 PROMETHEUS_ALERTS_PATH = "/api/v1/alerts"
 ALERTMANAGER_ALERTS_PATH = "/api/v2/alerts"
 
@@ -88,11 +96,13 @@ def _about_a_job(labels: dict[str, str]) -> bool:
 
 def _alert(labels: dict[str, str], annotations: dict[str, str], since: str, source: str, node: str) -> NodeAlert:
     return NodeAlert(
-        name=labels.get("alertname", "(no alertname)"),
+        name=tenant_text.one_line(labels.get("alertname", "(no alertname)"), MAX_TEXT),
         node=node,
-        severity=labels.get("severity", ""),
-        summary=" ".join((annotations.get("summary") or annotations.get("description") or "").split()),
-        since=since,
+        severity=tenant_text.one_line(labels.get("severity", ""), MAX_TEXT),
+        summary=tenant_text.one_line(
+            " ".join((annotations.get("summary") or annotations.get("description") or "").split()), MAX_TEXT
+        ),
+        since=tenant_text.one_line(since, 64),
         source=source,
     )
 
@@ -184,11 +194,23 @@ async def _read(
     )
     try:
         async with session.get(url, params=params, headers={"Accept": "application/json"}) as response:
-            body = await response.read()
             if response.status != 200:
                 return [], f"{what} at {url} answered HTTP {response.status}{missing}"
+            body = bytearray()
+            async for chunk in response.content.iter_chunked(1 << 16):
+                body += chunk
+                if len(body) > MAX_ANSWER_BYTES:
+                    too_large = f"more than {MAX_ANSWER_BYTES >> 20} MiB: not read"
+                    return [], f"{what} at {url} answered with {too_large}{missing}"
     except (aiohttp.ClientError, TimeoutError, OSError) as error:
         return [], f"{what} at {url} unreachable ({error or type(error).__name__}){missing}"
+    return await asyncio.to_thread(_parsed, what, url, body, parse, nodes, missing)
+
+
+def _parsed(
+    what: str, url: str, body: bytes | bytearray, parse: Any, nodes: set[str], missing: str
+) -> tuple[list[NodeAlert], str | None]:
+    """The alerts in an answer's ``body`` (blocking: a few MiB of JSON take a while), or the problem."""
     try:
         document = json.loads(body)
     except ValueError:

@@ -69,13 +69,15 @@ def active_condition(status: dict[str, Any]) -> str | None:
     return condition_of(diagnosis.get("kind")) if diagnosis.get("active") else None
 
 
-def event_message(summary: str, confidence: float, job_name: str, cause: str = "", node_alerts: list[str] = ()) -> str:
+def event_message(
+    summary: str, confidence: float, namespace: str, job_name: str, cause: str = "", node_alerts: list[str] = ()
+) -> str:
     """The Event's text: what, why (``cause host: <figures>``), the named nodes' firing alerts, how
     sure, where the full report is."""
     alerts = f"; firing on its node: {'; '.join(node_alerts)}" if node_alerts else ""
     return (
         f"{summary}{'; ' + cause if cause else ''}{alerts} (confidence {confidence:.2f}; full report: "
-        f"kubectl get configmap {report_configmap_name(job_name)} -o jsonpath='{{.data.report\\.txt}}')"
+        f"kubectl get configmap -n {namespace} {report_configmap_name(job_name)} -o jsonpath='{{.data.report\\.txt}}')"
     )
 
 
@@ -233,8 +235,8 @@ def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any],
     metadata = job["metadata"]
     target = events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
     cause = f"cause {diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}" if diagnosis.get("cause") else ""
-    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["name"], cause,
-                            diagnosis.get("nodeAlerts") or [])  # fmt: skip
+    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["namespace"],
+                            metadata["name"], cause, diagnosis.get("nodeAlerts") or [])  # fmt: skip
     try:
         events.post_event(
             kube,

@@ -1,24 +1,29 @@
-"""Build the objects a TrainingJob owns: worker Pods, the headless Service, the token Secret.
+"""Build the objects a TrainingJob owns: worker Pods, the headless Service, the token Secret; and the
+tracing injection itself, which the admission webhook applies to pods of other kinds (``kinds/``).
 
 Pure functions of (job, config): no API calls, so every injected field is unit-tested. A worker
 pod is the user's template plus
 - torchrun rendezvous env (MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE,
   WORLD_SIZE, and the PET_* spellings torchrun reads for its own arguments), and, with tracing on,
+  the injection (:func:`inject_tracing`, the same for every kind):
 - an init container copying the tracing library from the rankwatch image into an emptyDir,
 - LD_PRELOAD and RANKWATCH_* env on every user container (and PyTorch flight-recorder env),
 - the sidecar as a native sidecar (init container with restartPolicy Always, so a finished
   trainer still completes the pod), sharing the trace volume and holding the job's token.
+Ranks are not injected: the library reads torchrun's RANK, LOCAL_RANK and WORLD_SIZE in each process.
 """
 
 from __future__ import annotations
 
 import copy
 import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
-from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.operator.spec import InvalidSpec, Tracing, TrainingJobSpec
 
 LIB_VOLUME = "rankwatch-lib"
 TRACE_VOLUME = "rankwatch-traces"
@@ -57,6 +62,36 @@ RENDEZVOUS_ENV = (
 
 SIDECAR_METRICS_PORT_NAME = "rw-metrics"
 """The sidecar's /metrics port: the chart's PodMonitor and the local Prometheus select it by this name."""
+
+RESERVED_CONTAINERS = (INIT_CONTAINER, SIDECAR_CONTAINER)
+RESERVED_VOLUMES = (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME, NO_API_TOKEN_VOLUME)
+
+
+@dataclass(frozen=True)
+class FieldPath:
+    """A downward-API field of the pod (``metadata.annotations['x']``): the kubelet fills the value in,
+    for what is known only once the pod exists (an Indexed Job's completion index)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class PodTracing:
+    """What the injection needs to know of the group a pod belongs to (a TrainingJob, an Indexed Job...)."""
+
+    owner: str
+    """How errors name the pod's owner: ``TrainingJob team-a/llama``."""
+    group: str
+    """The group's name as the collector knows it (``RANKWATCH_JOB_NAME``)."""
+    namespace: str
+    replica_index: int | FieldPath
+    nproc_per_node: int
+    """Ranks the pod runs; 0 when unknown (the sidecar then counts the rings that appear)."""
+    tracing: Tracing
+    token_secret: str
+    token_optional: bool = False
+    """True where the Secret may not exist yet when the pod starts (made at admission): the pod starts
+    anyway and the kubelet fills the token in once the Secret exists."""
 
 
 def _env(name: str, value: Any) -> dict[str, str]:
@@ -106,16 +141,16 @@ def rendezvous_env(
     return env
 
 
-def tracing_env(job_name: str, spec: TrainingJobSpec) -> list[dict[str, Any]]:
+def tracing_env(job_name: str, tracing: Tracing) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         _env("RANKWATCH_TRACE_DIR", TRACE_DIR),
         # Rings record the node, not the pod's host name, so a diagnosis can name the machine.
         {"name": "RANKWATCH_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         _env("RANKWATCH_JOB_NAME", job_name),
-        _env("RANKWATCH_GPU_TIMING", int(spec.tracing.gpuTiming)),
-        _env("RANKWATCH_SENSITIVITY_SECONDS", spec.tracing.sensitivitySeconds),
+        _env("RANKWATCH_GPU_TIMING", int(tracing.gpuTiming)),
+        _env("RANKWATCH_SENSITIVITY_SECONDS", tracing.sensitivitySeconds),
     ]
-    if spec.tracing.flightRecorder:
+    if tracing.flightRecorder:
         prefix = f"{TRACE_DIR}/flight_recorder_rank_"
         # Both spellings: PyTorch renamed TORCH_NCCL_* to TORCH_FR_* and still reads the old ones.
         env += [
@@ -129,22 +164,22 @@ def tracing_env(job_name: str, spec: TrainingJobSpec) -> list[dict[str, Any]]:
 
 
 def _inject_user_container(
-    container: dict[str, Any], job_id: str, injected_env: list[dict[str, Any]], tracing: bool
+    container: dict[str, Any], owner: str, injected_env: list[dict[str, Any]], tracing: bool
 ) -> None:
     env = container.setdefault("env", [])
     reserved = {item["name"] for item in injected_env} - {"LD_PRELOAD"}
     for item in env:
         if item.get("name") in reserved:
             raise InvalidSpec(
-                f"TrainingJob {job_id}: container {container['name']!r} sets {item['name']}, which rankwatch "
-                "manages; remove it from spec.template"
+                f"{owner}: container {container['name']!r} sets {item['name']}, which rankwatch "
+                "manages; remove it from the pod template"
             )
     if tracing:
         user_preload = next((item for item in env if item.get("name") == "LD_PRELOAD"), None)
         if user_preload is not None:
             if "valueFrom" in user_preload:
                 raise InvalidSpec(
-                    f"TrainingJob {job_id}: container {container['name']!r} takes LD_PRELOAD from valueFrom; "
+                    f"{owner}: container {container['name']!r} takes LD_PRELOAD from valueFrom; "
                     "rankwatch must prepend its tracing library, so give it as a plain value"
                 )
             env.remove(user_preload)
@@ -169,13 +204,17 @@ def _init_container(config: WorkerPodSettings) -> dict[str, Any]:
     }
 
 
-def _sidecar_container(
-    job_name: str, namespace: str, spec: TrainingJobSpec, index: int, config: WorkerPodSettings
-) -> dict[str, Any]:
+def _sidecar_container(target: PodTracing, config: WorkerPodSettings) -> dict[str, Any]:
     field_env = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
         for name, path in (("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"), ("POD_IP", "status.podIP"))
     ]
+    index = target.replica_index
+    replica_index = (
+        {"name": "RANKWATCH_REPLICA_INDEX", "valueFrom": {"fieldRef": {"fieldPath": index.path}}}
+        if isinstance(index, FieldPath)
+        else _env("RANKWATCH_REPLICA_INDEX", index)
+    )
     return {
         "name": SIDECAR_CONTAINER,
         "image": config.image,
@@ -185,12 +224,12 @@ def _sidecar_container(
             _env("RANKWATCH_TRACE_DIR", TRACE_DIR),
             _env("RANKWATCH_COLLECTOR_URL", config.collector_url),
             _env("RANKWATCH_TOKEN_FILE", f"{TOKEN_DIR}/{api.TOKEN_KEY}"),
-            _env("RANKWATCH_JOB_NAME", job_name),
-            _env("RANKWATCH_JOB_NAMESPACE", namespace),
-            _env("RANKWATCH_REPLICA_INDEX", index),
-            _env("RANKWATCH_NPROC_PER_NODE", spec.nprocPerNode),
-            _env("RANKWATCH_SENSITIVITY_SECONDS", spec.tracing.sensitivitySeconds),
-            _env("RANKWATCH_WINDOW_SECONDS", spec.tracing.windowSeconds),
+            _env("RANKWATCH_JOB_NAME", target.group),
+            _env("RANKWATCH_JOB_NAMESPACE", target.namespace),
+            replica_index,
+            _env("RANKWATCH_NPROC_PER_NODE", target.nproc_per_node),
+            _env("RANKWATCH_SENSITIVITY_SECONDS", target.tracing.sensitivitySeconds),
+            _env("RANKWATCH_WINDOW_SECONDS", target.tracing.windowSeconds),
             _env("RANKWATCH_METRICS_PORT", config.sidecar_metrics_port),
             *field_env,
         ],
@@ -205,6 +244,46 @@ def _sidecar_container(
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": {**_restricted_security_context(), "runAsGroup": 0},
     }
+
+
+def check_reserved_names(pod_spec: dict[str, Any], owner: str) -> None:
+    """Refuse a pod spec that already uses a container or volume name the injection adds."""
+    for container in pod_spec.get("initContainers", []) + pod_spec.get("containers", []):
+        if container.get("name") in RESERVED_CONTAINERS:
+            raise InvalidSpec(f"{owner}: container name {container['name']!r} is reserved for rankwatch")
+    for volume in pod_spec.get("volumes", []):
+        if volume.get("name") in RESERVED_VOLUMES:
+            raise InvalidSpec(f"{owner}: volume name {volume['name']!r} is reserved for rankwatch")
+
+
+def inject_tracing(
+    pod_spec: dict[str, Any], target: PodTracing, config: WorkerPodSettings, env: Sequence[dict[str, Any]] = ()
+) -> None:
+    """Add the tracing library, its env (after ``env``, the owner's own), the sidecar and their volumes
+    to ``pod_spec`` in place. Raises :class:`InvalidSpec` (naming ``target.owner``) when the spec already
+    uses a name rankwatch manages; then ``pod_spec`` may be half changed: inject into a copy."""
+    check_reserved_names(pod_spec, target.owner)
+    injected = [*env, *tracing_env(target.group, target.tracing)]
+    for container in pod_spec["containers"]:
+        _inject_user_container(container, target.owner, injected, tracing=True)
+    # The sidecar tells a live rank from a dead one by its pid in /proc: it must see the trainer's.
+    pod_spec["shareProcessNamespace"] = True
+    pod_spec["initContainers"] = [
+        _init_container(config),
+        _sidecar_container(target, config),
+        *pod_spec.get("initContainers", []),
+    ]
+    token: dict[str, Any] = {"secretName": target.token_secret, "defaultMode": TOKEN_FILE_MODE}
+    if target.token_optional:
+        token["optional"] = True
+    pod_spec.setdefault("volumes", []).extend(
+        [
+            {"name": LIB_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+            {"name": TRACE_VOLUME, "emptyDir": {"sizeLimit": "2Gi"}},
+            {"name": TOKEN_VOLUME, "secret": token},
+            {"name": NO_API_TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+        ]
+    )
 
 
 def _restricted_security_context() -> dict[str, Any]:
@@ -255,12 +334,6 @@ def worker_pod(
     pod_spec = template["spec"]
     tracing = spec.tracing.enabled
 
-    for container in pod_spec.get("initContainers", []) + pod_spec["containers"]:
-        if container["name"] in (INIT_CONTAINER, SIDECAR_CONTAINER):
-            raise InvalidSpec(f"TrainingJob {job_id}: container name {container['name']!r} is reserved for rankwatch")
-    for volume in pod_spec.get("volumes", []):
-        if volume.get("name") in (LIB_VOLUME, TRACE_VOLUME, TOKEN_VOLUME, NO_API_TOKEN_VOLUME):
-            raise InvalidSpec(f"TrainingJob {job_id}: volume name {volume['name']!r} is reserved for rankwatch")
     if pod_spec.get("nodeName"):
         # nodeName bypasses the scheduler (cordons, taints, quotas by node pool): a job could place its
         # workers on any node, another team's included, and get that node named by its diagnosis.
@@ -271,9 +344,20 @@ def worker_pod(
 
     injected = rendezvous_env(name, namespace, spec, index, attempt)
     if tracing:
-        injected += tracing_env(name, spec)
-    for container in pod_spec["containers"]:
-        _inject_user_container(container, job_id, injected, tracing)
+        target = PodTracing(
+            owner=f"TrainingJob {job_id}",
+            group=name,
+            namespace=namespace,
+            replica_index=index,
+            nproc_per_node=spec.nprocPerNode,
+            tracing=spec.tracing,
+            token_secret=api.token_secret_name(name),
+        )
+        inject_tracing(pod_spec, target, config, injected)
+    else:
+        check_reserved_names(pod_spec, f"TrainingJob {job_id}")
+        for container in pod_spec["containers"]:
+            _inject_user_container(container, f"TrainingJob {job_id}", injected, tracing=False)
 
     pod_name = api.worker_pod_name(name, index, attempt)
     pod_spec["hostname"] = pod_name
@@ -282,25 +366,6 @@ def worker_pod(
     # Training rarely calls the Kubernetes API: no service-account token unless the template asks for one.
     pod_spec.setdefault("automountServiceAccountToken", False)
     _avoid(pod_spec, list(avoid_nodes or []))
-    if tracing:
-        # The sidecar tells a live rank from a dead one by its pid in /proc: it must see the trainer's.
-        pod_spec["shareProcessNamespace"] = True
-        pod_spec["initContainers"] = [
-            _init_container(config),
-            _sidecar_container(name, namespace, spec, index, config),
-            *pod_spec.get("initContainers", []),
-        ]
-        pod_spec.setdefault("volumes", []).extend(
-            [
-                {"name": LIB_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
-                {"name": TRACE_VOLUME, "emptyDir": {"sizeLimit": "2Gi"}},
-                {
-                    "name": TOKEN_VOLUME,
-                    "secret": {"secretName": api.token_secret_name(name), "defaultMode": TOKEN_FILE_MODE},
-                },
-                {"name": NO_API_TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
-            ]
-        )
 
     labels = {
         **metadata.get("labels", {}),
@@ -347,15 +412,22 @@ def headless_service(job: dict[str, Any], spec: TrainingJobSpec) -> dict[str, An
 def token_secret(job: dict[str, Any]) -> dict[str, Any]:
     """A fresh per-job bearer token the job's sidecars present to the collector."""
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return group_token_secret(api.token_secret_name(name), namespace, _owner_reference(job), job_labels(name))
+
+
+def group_token_secret(
+    secret_name: str, namespace: str, owner: dict[str, Any], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A fresh bearer token for the sidecars of one group of pods, owned by (and so deleted with) ``owner``."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {
-            "name": api.token_secret_name(name),
+            "name": secret_name,
             "namespace": namespace,
-            "labels": job_labels(name),
-            "ownerReferences": [_owner_reference(job)],
+            "labels": {api.MANAGED_BY_LABEL: api.MANAGED_BY, **(labels or {})},
+            "ownerReferences": [owner],
         },
         "stringData": {api.TOKEN_KEY: secrets.token_urlsafe(32)},
     }

@@ -14,7 +14,17 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch import tenant_text
 from rankwatch.operator import api
+
+STATUS_TEXT_LIMIT = 4096
+"""A status string longer than this is cut (a job's frames, pod names, server error bodies end up there)."""
+
+
+def displayable(fields: dict[str, Any]) -> dict[str, Any]:
+    """The status fields as they are written: every string one bounded line (``tenant_text``). A writer
+    that compares what it computes with what the status holds compares this."""
+    return tenant_text.one_line_strings(fields, STATUS_TEXT_LIMIT)
 
 
 class Patched(enum.Enum):
@@ -27,7 +37,7 @@ def patch_status_of_version(
     objects: kubernetes.client.CustomObjectsApi, job: dict[str, Any], fields: dict[str, Any]
 ) -> Patched:
     metadata = job["metadata"]
-    body = {"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": fields}
+    body = {"metadata": {"resourceVersion": metadata["resourceVersion"]}, "status": displayable(fields)}
     try:
         objects.patch_namespaced_custom_object_status(
             api.GROUP, api.VERSION, metadata["namespace"], api.PLURAL, metadata["name"], body

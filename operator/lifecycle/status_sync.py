@@ -15,11 +15,12 @@ import kopf
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch import tenant_text
 from rankwatch.kube import pod_names
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig, WorkerPodSettings
 from rankwatch.operator.lifecycle import children, job_status
-from rankwatch.operator.lifecycle.status_patch import Patched, patch_status_of_version
+from rankwatch.operator.lifecycle.status_patch import Patched, displayable, patch_status_of_version
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,12 @@ def sync_status(
             wanted = {api.worker_pod_name(name, index, attempt) for index in range(job_spec.replicas)}
             created = [] if wanted <= existing else children.ensure_children(kube, job, job_spec, config, existing)
             if created:
-                kopf.event(job, type="Normal", reason="Recreated", message=f"recreated {', '.join(created)}")
+                message = tenant_text.one_line(f"recreated {', '.join(created)}")
+                kopf.event(job, type="Normal", reason="Recreated", message=message)
                 return  # their events bring us back
         generation = job["metadata"].get("generation", 1)
         new, events = job_status.derive(job_spec, pods, previous, now(), generation)
+        new = displayable(new)
         changed = {key: value for key, value in new.items() if previous.get(key) != value}
         if not changed:
             return
@@ -111,5 +114,5 @@ def sync_status(
         if patched is Patched.GONE:
             return
         for event in events:
-            kopf.event(job, type=event.type, reason=event.reason, message=event.message)
+            kopf.event(job, type=event.type, reason=event.reason, message=tenant_text.one_line(event.message))
         return

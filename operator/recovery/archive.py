@@ -57,7 +57,31 @@ def read_credentials(kube: kubernetes.client.ApiClient, namespace: str, secret_n
     return S3Credentials(data[ACCESS_KEY], data[SECRET_KEY], data.get(SESSION_TOKEN) or None)
 
 
+REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+"""What botocore accepts as a region name (a host label); the CRD's pattern says the same."""
+PREFIX = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,62}")
+"""One path segment: the namespace and job name follow it, so a job writes only below its own."""
+
+
+def check_target(target: S3Archive) -> None:
+    """ArchiveFailed when the region or the prefix cannot be used. The CRD refuses both; a job stored
+    under an older CRD may still carry them, and its evidence is then not kept (its run goes on)."""
+    if not REGION.fullmatch(str(target.region)):
+        raise ArchiveFailed(
+            f"spec.tracing.archive.s3.region {target.region!r} is not a region name "
+            "(letters, digits and inner hyphens, at most 63: eu-west-1)"
+        )
+    if not PREFIX.fullmatch(str(target.prefix)):
+        raise ArchiveFailed(
+            f"spec.tracing.archive.s3.prefix {target.prefix!r} is not one path segment (letters, digits, '.', "
+            "'_', '-'): the namespace and job name follow it, so that a job writes only below its own"
+        )
+
+
 def key_prefix(target: S3Archive, namespace: str, job: str, uid: str, attempt: int, moment: str, reason: str) -> str:
+    """``<prefix>/<namespace>/<job>/<uid>/attempt-<n>/<time>-<reason>``; ArchiveFailed for a target
+    :func:`check_target` refuses."""
+    check_target(target)
     stamp = moment.replace(":", "").replace("-", "")
     parts = [target.prefix.strip("/"), namespace, job, uid, f"attempt-{attempt}", f"{stamp}-{reason.lower()}"]
     return "/".join(part for part in parts if part)
@@ -69,14 +93,14 @@ def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefi
     from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 
-    client = s3_client(
-        target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
-    )
     # boto3's default (10 threads x 8 MiB parts) would hold about 80 MiB of the operator's memory.
     transfer = TransferConfig(multipart_chunksize=8 << 20, max_concurrency=2)
     files = sorted(path for path in directory.rglob("*") if path.is_file())
     files.sort(key=lambda path: path.name == MANIFEST)  # the manifest last: its presence means complete
     try:
+        client = s3_client(
+            target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
+        )
         for path in files:
             client.upload_file(
                 str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}", Config=transfer

@@ -24,6 +24,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch import tenant_text
 from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.operator import api, events
 from rankwatch.operator.config import OperatorConfig
@@ -251,6 +252,7 @@ class Recovery:
         moment = attempts.now_text()
         started = time.monotonic()
         try:
+            archive.check_target(target.s3)  # before anything is collected for it
             pods = [
                 SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port, self.config.pods.sidecar_endpoint_hosts)
                 for pod in await asyncio.to_thread(
@@ -283,9 +285,12 @@ class Recovery:
                     path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
             kept = Kept(path, tuple(manifest.problems))
         except archive.ArchiveFailed as error:
-            kept = Kept("", (str(error),))
+            kept = Kept("", (tenant_text.one_line(error),))
         except (OSError, ApiException, TokenUnavailable) as error:
-            kept = Kept("", (f"evidence not kept: {error}",))
+            kept = Kept("", (tenant_text.one_line(f"evidence not kept: {error}"),))
+        except Exception as error:  # a job's evidence must not stop its restart, nor loop the archiving
+            log.exception("TrainingJob %s/%s: attempt %d evidence not kept", namespace, name, attempt)
+            kept = Kept("", (tenant_text.one_line(f"evidence not kept: {type(error).__name__}: {error}"),))
         entry = {"attempt": attempt, "reason": reason, "time": moment, "path": kept.path}
         if kept.problems:
             entry["problems"] = list(kept.problems)[:10]

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankwatch import tenant_text
+
 PREFIX = "rankwatch.io/"
 CORDONED_BY = PREFIX + "cordoned-by"
 """``rankwatch`` when rankwatch really cordoned and/or tainted the node (absent in a dry run)."""
@@ -201,9 +203,7 @@ def evidence_text(summary: str, evidence: Mapping[str, Any]) -> str:
     text = summary
     if evidence:
         text += " " + json.dumps(evidence, sort_keys=True, separators=(",", ":"), default=str)
-    if len(text) > EVIDENCE_MAX_CHARS:
-        text = text[: EVIDENCE_MAX_CHARS - 1] + "…"
-    return text
+    return tenant_text.one_line(text, EVIDENCE_MAX_CHARS)
 
 
 def mark_patch(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import time
@@ -22,6 +23,11 @@ FAST = DeliveryConfig(timeout=0.5, attempts=3, backoff=0.01, max_backoff=0.05)
 
 def texts(card: dict) -> str:
     return json.dumps(card, ensure_ascii=False)
+
+
+def shown(card: dict) -> str:
+    """The card's text as Feishu shows it (character references decoded)."""
+    return html.unescape(texts(card))
 
 
 def bot(feishu, secret: str | None = SIGNING_SECRET, mentions: tuple[str, ...] = ()) -> FeishuBotReceiver:
@@ -84,7 +90,7 @@ async def test_card_shows_job_node_rank_summary_evidence_time_and_mentions(feish
         f["text"]["content"].split("\n")[0]: f["text"]["content"].split("\n")[1] for f in card["elements"][0]["fields"]
     }
     assert fields == {"**Job**": "ml/llama-70b", "**Node**": "gpu-node-1", "**Rank**": "13", "**Level**": "P0"}
-    body = texts(card)
+    body = shown(card)
     assert "rank 13 on gpu-node-1 is slow" in body
     assert "last_seq: 41" in body and "waited_seconds: 312.5" in body
     assert "**Started** " + time.strftime("%Y-%m-%dT", time.gmtime(alert.starts_at)) in body
@@ -107,6 +113,31 @@ async def test_card_of_a_finding_shows_its_cause_with_the_figures(feishu):
     assert "**Cause**\\ncause host: rank 13's process waited 310 ms per second for a CPU" in texts(card)
 
 
+async def test_a_jobs_function_name_is_shown_as_text_never_as_markup_a_link_or_a_mention(feishu):
+    from rankwatch.alerting import alert_from_finding
+    from rankwatch.analysis.findings import Finding
+
+    hostile = "**URGENT: drain every node** [open the runbook](https://evil.example/run) <at id=all></at> ~~ok~~"
+    frame = {"file": "train.py", "line": 7, "function": hostile}
+    finding = Finding("straggler", [13], ["gpu-node-1"], None, 0.9, f"rank 13 is slow in {hostile}",
+                      {"culprit_frame": frame}, "unknown", f"its call at train.py:7 in {hostile}")  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        await deliver(bot(feishu), notification(alert_from_finding("ml", "llama-70b", finding)), session, FAST)
+    (card,) = feishu.cards()
+    markdown = [
+        text["content"]
+        for element in card["elements"]
+        for text in [element.get("text") or {}] + [f["text"] for f in element.get("fields") or []]
+        if text.get("tag") == "lark_md"
+    ]
+    tenant = [content for content in markdown if "URGENT" in content]
+    assert len(tenant) == 3  # summary, cause, evidence
+    for content in tenant:
+        for markup in ("**URGENT", "](", "https://", "<at", "~~"):
+            assert markup not in content, content
+    assert hostile in shown(card)  # the person paged still reads the name as the job spelled it
+
+
 async def test_a_card_of_many_alerts_stays_under_feishus_20_kb_limit(feishu):
     alerts = [job_alert(node=f"gpu-node-{i}", evidence=json.dumps({"x" * 50: "y" * 900})) for i in range(200)]
     async with aiohttp.ClientSession() as session:
@@ -114,6 +145,14 @@ async def test_a_card_of_many_alerts_stays_under_feishus_20_kb_limit(feishu):
     (card,) = feishu.cards()
     assert len(json.dumps(card, ensure_ascii=False).encode()) < 20_000
     assert "… and 190 more" in texts(card)
+
+
+async def test_a_card_of_markup_heavy_alerts_stays_under_feishus_20_kb_limit(feishu):
+    alerts = [job_alert(node=f"gpu-node-{i}", evidence="<" * 900) for i in range(10)]
+    async with aiohttp.ClientSession() as session:
+        await deliver(bot(feishu), notification(*alerts), session, FAST)
+    (card,) = feishu.cards()
+    assert len(json.dumps(card, ensure_ascii=False).encode()) < 20_000
 
 
 async def test_a_wrong_signing_secret_is_a_clear_error_without_a_retry_storm(feishu, caplog):

@@ -4,6 +4,9 @@ stored, the next one reads; a failover neither repeats a page nor loses one; a s
 from __future__ import annotations
 
 import asyncio
+import json
+import random
+import string
 import sys
 import time
 from dataclasses import replace
@@ -17,12 +20,13 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Fei
 from alerting_support import BOT_TOKEN, SIGNING_SECRET, config_data, job_alert, merge, secrets_for, wait_for
 from fake_feishu import FakeFeishu
 
-from rankwatch.alerting import AlertPipeline, Level, load_config
+from rankwatch.alerting import AlertPipeline, Level, alert_from_finding, load_config
 from rankwatch.alerting.cluster_store import ClusterAlertStore, week_start
 from rankwatch.alerting.matchers import Matcher
 from rankwatch.alerting.report import weekly_report
 from rankwatch.alerting.silences import Silence
 from rankwatch.alerting.store import NotifyRecord, StoreError
+from rankwatch.analysis.findings import Finding
 
 pytestmark = pytest.mark.e2e
 
@@ -108,3 +112,56 @@ async def test_a_new_leader_on_the_same_store_pages_nothing_twice_and_resolves_o
             await leader.stop(grace=0)  # only its HTTP session is left to close
     finally:
         await feishu.stop()
+
+
+def _hostile_finding(rng: random.Random, job: int) -> Finding:
+    """A straggler whose frames and profile name functions of 40 KB (that do not compress)."""
+
+    def name() -> str:
+        return "".join(rng.choices(string.ascii_letters + string.digits, k=40_000))
+
+    evidence = {
+        "culprit_frame": {"file": "train.py", "line": 3, "function": name()},
+        "waiting_frame": {"file": "train.py", "line": 9, "function": name()},
+        "python_profile": {"differences": [{"function": name(), "culprit_share": 0.9} for _ in range(8)]},
+    }
+    return Finding("straggler", [job], [f"gpu-node-{job}"], None, 0.9, f"rank {job} is slow in {name()}", evidence)
+
+
+async def test_one_teams_huge_frame_texts_neither_fill_the_store_nor_block_another_teams_page(api, unwatched_namespace):
+    feishu = FakeFeishu()
+    await feishu.start()
+    feishu.add_bot(BOT_TOKEN, SIGNING_SECRET)
+    try:
+        data = merge(config_data(feishu, ""), {"store": {"configMap": "alerts"}})
+        del data["store"]["path"]
+        config = load_config(yaml.safe_dump(data), secrets_for(feishu))
+        pipeline = AlertPipeline(config, store=ClusterAlertStore(api, unwatched_namespace, "alerts"))
+        await pipeline.start()
+        try:
+            rng = random.Random(27)
+            for job in range(3):
+                await pipeline.submit([alert_from_finding("team-a", f"job-{job}", _hostile_finding(rng, job))])
+            other = job_alert(job="small", level=Level.P1)
+            await pipeline.submit([other])  # another team's alert: stored, then paged
+            await wait_for(lambda: any("small" in json.dumps(card) for card in feishu.cards()), what="team b's page")
+        finally:
+            await pipeline.stop(grace=0.5)
+        stored = ClusterAlertStore(api, unwatched_namespace, "alerts").load_alerts()
+        assert other.fingerprint in {alert.fingerprint for alert in stored}
+        assert max(len(json.dumps(alert.to_json())) for alert in stored) < 16_000
+    finally:
+        await feishu.stop()
+
+
+def test_a_write_the_store_refuses_leaves_it_as_it_was_for_the_next_one(api, unwatched_namespace):
+    store = ClusterAlertStore(api, unwatched_namespace, "alerts")
+    rng = random.Random(3)
+    huge = job_alert(job="huge", evidence="".join(rng.choices(string.ascii_letters, k=1_500_000)))
+    with pytest.raises(StoreError, match="over the 900 KiB an object may hold"):
+        store.save_alerts([huge], time.time())
+    small = job_alert(job="small")
+    store.save_alerts([small], time.time())  # not refused for the one before it
+    assert [a.fingerprint for a in store.load_alerts()] == [small.fingerprint]
+    reread = ClusterAlertStore(api, unwatched_namespace, "alerts")
+    assert [a.fingerprint for a in reread.load_alerts()] == [small.fingerprint]

@@ -70,6 +70,16 @@ def server_dry_run(kubectl, namespace: str, manifest: dict):
         ("spec.template", None, "spec.template: Required value"),
         ("spec.alerting", {"levels": {"hang": "P7"}}, 'spec.alerting.levels.hang: Unsupported value: "P7"'),
         ("metadata.name", "x" * 50, "metadata.name must be at most 45 characters"),
+        (
+            "spec.tracing",
+            {"archive": {"s3": {"bucket": "traces", "region": "eu west 1", "secretRef": {"name": "s"}}}},
+            "spec.tracing.archive.s3.region: Invalid value",
+        ),
+        (
+            "spec.tracing",
+            {"archive": {"s3": {"bucket": "traces", "prefix": "rankwatch/team-b/llama", "secretRef": {"name": "s"}}}},
+            "spec.tracing.archive.s3.prefix: Invalid value",
+        ),
     ],
 )
 def test_invalid_manifest_is_rejected_naming_the_field(kubectl, crd, unwatched_namespace, path, value, expected):

@@ -213,6 +213,10 @@ def test_rank_that_never_calls_makes_the_job_hung_naming_it(api, kubectl, namesp
         what="the Hang Event in kubectl describe",
     )
     assert "rank 2" in described
+    [gpu] = finding["evidence"]["gpus"]  # the ring header names the GPU the rank ran on
+    assert (gpu["rank"], gpu["node"]) == (2, node) and gpu["uuid"].startswith("GPU-")
+    event = next(e for e in events(api, namespace, "hang") if e.reason == "Hang")
+    assert f"kubectl get configmap -n {namespace} hang-rankwatch-report" in event.message
     print(f"hang diagnosed {waited:.1f} s after onset (sensitivity {SENSITIVITY} s): {diagnosis['summary']}")
 
 

@@ -12,6 +12,7 @@ promtool-tested in tests/deploy); their expressions are as shipped.
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import os
 import re
@@ -284,7 +285,7 @@ def cards_about(feishu: FakeFeishu, *words: str) -> list[dict[str, Any]]:
         card
         for card in feishu.cards()
         if not card["header"]["title"]["content"].startswith("[Resolved]")
-        and all(word in json.dumps(card, ensure_ascii=False) for word in words)
+        and all(word in html.unescape(json.dumps(card, ensure_ascii=False)) for word in words)
     ]
 
 

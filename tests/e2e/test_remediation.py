@@ -464,6 +464,48 @@ def test_uncordon_cli_restores_prior_state(api, core, kubeconfig, unwatched_name
     assert run.returncode == 0 and "not cordoned by rankwatch" in run.stdout
 
 
+def test_nodes_cli_lists_what_rankwatch_cordoned_for_which_job_since_when(
+    api, core, kubeconfig, unwatched_namespace, clean_nodes
+):
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+
+    def nodes(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rankwatch", "nodes", *args], capture_output=True, text=True,
+                              env=env, timeout=60)  # fmt: skip
+
+    empty = nodes()
+    assert empty.returncode == 0 and empty.stdout.strip() == "no node carries rankwatch's mark", empty.stderr
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    core.patch_node("gpu-node-1", {"spec": {"unschedulable": True}})  # someone else's cordon, before rankwatch
+    remediate(api, suspect(job, "gpu-node-0", "gpu-node-1"), policy())
+    other = create_job(api, unwatched_namespace, "gpt", GPU_NODES[2:3], dryRun=True)
+    remediate(api, suspect(other, "gpu-node-2"), policy(dryRun=True))
+    since = {name: core.read_node(name).metadata.annotations[node_marks.TIME] for name in GPU_NODES[:3]}
+
+    listing = nodes()
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.strip().splitlines()
+    assert header.split() == ["NODE", "STATE", "JOB", "SINCE", "(UTC)", "AGE", "REASON"]
+    by_node = {row.split()[0]: row for row in rows}
+    assert set(by_node) == {"gpu-node-0", "gpu-node-1", "gpu-node-2"}, "gpu-node-3 carries no mark"
+    assert re.match(rf"gpu-node-0 +cordoned +{unwatched_namespace}/llama +{since['gpu-node-0'][:10]} "
+                    rf"{since['gpu-node-0'][11:19]} +\d+[smh] +straggler$", by_node["gpu-node-0"])  # fmt: skip
+    assert "cordoned (already before)" in by_node["gpu-node-1"]
+    assert re.match(rf"gpu-node-2 +dry-run +{unwatched_namespace}/gpt ", by_node["gpu-node-2"])
+    assert "rankwatch uncordon" in listing.stderr, "how to undo"
+
+    as_json = nodes("-o", "json", "--job", f"{unwatched_namespace}/llama")
+    found = {entry["node"]: entry for entry in yaml.safe_load(as_json.stdout)}
+    assert set(found) == {"gpu-node-0", "gpu-node-1"}
+    assert found["gpu-node-0"]["since"] == since["gpu-node-0"] and found["gpu-node-0"]["jobUid"] == job.job_uid
+    assert found["gpu-node-0"]["tainted"] and found["gpu-node-0"]["unschedulable"]
+
+    assert uncordon(api, "gpu-node-0").undone
+    assert nodes("--job", f"{unwatched_namespace}/llama").stdout.count("gpu-node-") == 1
+    bad = nodes("--job", "llama")
+    assert bad.returncode == 2 and "expected NAMESPACE/NAME" in bad.stderr
+
+
 def test_uncordon_annotation_makes_the_operator_undo_the_cordon(
     api, core, namespace, unwatched_namespace, eventually, clean_nodes
 ):

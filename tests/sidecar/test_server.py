@@ -148,7 +148,8 @@ async def test_profile_answers_for_each_rank_asked_and_is_rate_limited(trace_dir
             assert response.status == 200
             ranks = (await response.json())["ranks"]
         # the rings' writers were C processes that have ended: no Python to sample, said per rank
-        assert ranks["99"] == {"samples": 0, "functions": {}, "problem": "no live ring of rank 99 in this pod"}
+        assert ranks["99"] == {"samples": 0, "functions": {}, "problem": "no live ring of rank 99 in this pod",
+                               "python": True}  # fmt: skip
         assert ranks["0"]["samples"] == 0 and ranks["0"]["problem"], ranks
         async with session.get(f"{base}?ranks=0&seconds=1") as response:
             assert response.status == 429

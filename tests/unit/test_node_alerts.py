@@ -4,6 +4,7 @@ answering nonsense is a problem on the diagnosis, never a failure."""
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -127,7 +128,7 @@ async def test_the_finding_carries_them_and_the_card_shows_them(source):
     assert line.startswith("GPUClocksThrottled (P2) on gpu-node-3")
     assert Finding.from_json(finding.to_json()) == finding  # kept in the report ConfigMap for a new leader
     alert = alert_from_finding("ml", "llm", finding)
-    shown = json.dumps(card(Notification("team", "g", {}, (alert,))), ensure_ascii=False)
+    shown = html.unescape(json.dumps(card(Notification("team", "g", {}, (alert,))), ensure_ascii=False))
     assert "Firing on its node" in shown and "hw_thermal_slowdown" in shown
 
 
@@ -178,3 +179,26 @@ def test_the_sources_are_configured_once_from_the_environment():
     with pytest.raises(ConfigError) as error:
         OperatorConfig.from_env({"RANKWATCH_ALERTMANAGER_URL": "alertmanager:9093"})
     assert error.value.problems[0].startswith("RANKWATCH_ALERTMANAGER_URL='alertmanager:9093': expected an http(s) URL")
+
+
+async def test_an_answer_over_the_size_cap_is_not_read_and_says_so(source):
+    from rankwatch.operator.diagnosis.node_alerts import MAX_ANSWER_BYTES
+
+    served, url = source
+    padded = prometheus_alert("GPUFellOffTheBus", severity="P0", node="gpu-node-3")
+    padded["annotations"] = {"summary": "x" * (MAX_ANSWER_BYTES + 1)}
+    served.answers["/api/v1/alerts"] = (200, json.dumps({"status": "success", "data": {"alerts": [padded]}}).encode())
+    alerts, problems = await firing_on(["gpu-node-3"], NodeAlertSources(prometheus_url=url))
+    assert alerts == []
+    (problem,) = problems
+    assert f"Prometheus at {url}/api/v1/alerts answered with more than {MAX_ANSWER_BYTES >> 20} MiB" in problem
+
+
+async def test_an_alerts_text_is_one_bounded_line(source):
+    served, url = source
+    forged = prometheus_alert("GPUXid\nCIRCUIT BREAKER OPEN: 40 nodes uncordoned", severity="P1", node="gpu-node-3")
+    forged["annotations"] = {"summary": "y" * 5000}
+    served.answers["/api/v1/alerts"] = (200, json.dumps({"status": "success", "data": {"alerts": [forged]}}).encode())
+    (alert,), _ = await firing_on(["gpu-node-3"], NodeAlertSources(prometheus_url=url))
+    assert "\n" not in alert.text and alert.name.startswith("GPUXid\\nCIRCUIT")
+    assert len(alert.summary) <= 500

@@ -66,7 +66,7 @@ def test_since_returns_only_newer_records(tmp_path):
     ("kwargs", "message"),
     [
         ({"magic": b"NOTARING"}, r"offset 0: not a rankwatch ring"),
-        ({"version": 7}, r"offset 8: ring format version 7; this rankwatch reads version 1"),
+        ({"version": 7}, r"offset 8: ring format version 7; this rankwatch reads versions 1 to 2"),
         ({"capacity": 6}, r"offset 24: capacity 6 is not a power of two"),
     ],
 )

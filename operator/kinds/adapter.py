@@ -1,0 +1,118 @@
+"""What rankwatch must know of a job kind it does not own, one adapter per kind, and the calls that
+are the same for all of them (the group's owning object, its pods, its token Secret).
+
+A *group* is the set of pods that train together, named by the object that owns them (an Indexed
+Job, later a JobSet, a PyTorchJob...). Diagnoses of a group are written where that kind's users look:
+Events and annotations on the owning object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.operator.events import EventTarget
+from rankwatch.operator.lifecycle import pod_spec
+
+
+@dataclass(frozen=True)
+class Group:
+    """The object owning a group of pods; ``uid`` tells it from a deleted one of the same name."""
+
+    api_version: str
+    kind: str
+    plural: str
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    @property
+    def event_target(self) -> EventTarget:
+        return EventTarget(self.api_version, self.kind, self.name, self.uid, self.namespace)
+
+    @property
+    def owner_reference(self) -> dict[str, Any]:
+        """For what rankwatch makes for the group (its token Secret): deleted with the group, and never
+        in the way of its deletion."""
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
+
+
+class KindAdapter(Protocol):
+    """One job kind. Methods read the pod or the owning object as the API server has them; none call it."""
+
+    kind: str
+    """The owning object's kind, as in ``kubectl get <kind>``."""
+    restart_lever: str | None
+    """How a whole group is restarted away from suspects; None: cordon and page only."""
+
+    def group_of(self, pod: Mapping[str, Any]) -> Group | None:
+        """The group ``pod`` belongs to, or None when it is not a pod of this kind."""
+
+    def index_of(self, pod: Mapping[str, Any]) -> int | None:
+        """The pod's index in its group (its node rank), None when it does not say."""
+
+    def index_field(self) -> pod_spec.FieldPath:
+        """Where the kubelet finds the pod's index, for the sidecar's env (known only once the pod exists)."""
+
+    def expected_size(self, owner: Mapping[str, Any]) -> int | None:
+        """How many pods the group should have, from the owning object."""
+
+    def pod_selector(self, group: Group) -> str:
+        """A label selector for exactly the group's pods."""
+
+    def token_secret_name(self, group: Group) -> str:
+        """The Secret holding the token the group's sidecars present to the collector."""
+
+
+def owned_by(pod: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any] | None:
+    """The pod's controlling owner reference when it is of ``api_version``/``kind``."""
+    for owner in pod.get("metadata", {}).get("ownerReferences") or []:
+        if owner.get("controller") and owner.get("apiVersion") == api_version and owner.get("kind") == kind:
+            return owner
+    return None
+
+
+def _api_path(group: Group) -> tuple[str, str]:
+    api_group, _, version = group.api_version.rpartition("/")
+    return api_group, version
+
+
+def read_owner(kube: kubernetes.client.ApiClient, group: Group) -> dict[str, Any] | None:
+    """The owning object as stored, None when it is gone (or another of the same name replaced it)."""
+    api_group, version = _api_path(group)
+    try:
+        owner = kubernetes.client.CustomObjectsApi(kube).get_namespaced_custom_object(
+            api_group, version, group.namespace, group.plural, group.name
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return owner if owner.get("metadata", {}).get("uid") == group.uid else None
+
+
+def annotate_owner(kube: kubernetes.client.ApiClient, group: Group, annotations: Mapping[str, str | None]) -> None:
+    """Merge ``annotations`` into the owning object's (None removes one). Blocking: call from a thread."""
+    api_group, version = _api_path(group)
+    kubernetes.client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        api_group, version, group.namespace, group.plural, group.name, {"metadata": {"annotations": dict(annotations)}}
+    )
+
+
+def ensure_token_secret(kube: kubernetes.client.ApiClient, adapter: KindAdapter, group: Group) -> bool:
+    """Create the group's token Secret unless it exists; True when this call made it. Blocking."""
+    secret = pod_spec.group_token_secret(adapter.token_secret_name(group), group.namespace, group.owner_reference)
+    try:
+        kubernetes.client.CoreV1Api(kube).create_namespaced_secret(group.namespace, secret)
+    except ApiException as error:
+        if error.status == 409:
+            return False
+        raise
+    return True

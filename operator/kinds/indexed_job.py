@@ -1,0 +1,59 @@
+"""A plain Indexed Job (``batch/v1`` Job, ``completionMode: Indexed``): one pod per completion index.
+
+- group: the Job (the pod's controlling owner); pods of a JobSet's child Jobs are the JobSet's, not
+  claimed here;
+- size: ``spec.completions`` (an Indexed Job has one pod per index; a training job runs them all at once);
+- index: the annotation ``batch.kubernetes.io/job-completion-index`` (also ``JOB_COMPLETION_INDEX``);
+- restart lever: none. Deleting a pod restarts that index only while its peers wait in the old
+  rendezvous, and ``spec.suspend`` belongs to Kueue where Kueue admits the Job: rankwatch cordons and
+  pages, and leaves the restart to the Job's own ``backoffLimit`` / ``podFailurePolicy``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rankwatch.operator.kinds.adapter import Group, owned_by
+from rankwatch.operator.lifecycle.pod_spec import FieldPath
+
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+
+class IndexedJob:
+    kind = "Job"
+    restart_lever: str | None = None
+
+    def group_of(self, pod: Mapping[str, Any]) -> Group | None:
+        metadata = pod.get("metadata", {})
+        if COMPLETION_INDEX not in (metadata.get("annotations") or {}):
+            return None  # not Indexed: its pods have no place in a group
+        if JOBSET_LABEL in (metadata.get("labels") or {}):
+            return None  # a JobSet's child Job: the group is the JobSet
+        owner = owned_by(pod, "batch/v1", "Job")
+        if owner is None or not owner.get("name") or not owner.get("uid"):
+            return None
+        return Group("batch/v1", "Job", "jobs", metadata.get("namespace", ""), owner["name"], owner["uid"])
+
+    def index_of(self, pod: Mapping[str, Any]) -> int | None:
+        value = (pod.get("metadata", {}).get("annotations") or {}).get(COMPLETION_INDEX, "")
+        return int(value) if value.isdigit() else None
+
+    def index_field(self) -> FieldPath:
+        return FieldPath(f"metadata.annotations['{COMPLETION_INDEX}']")
+
+    def expected_size(self, owner: Mapping[str, Any]) -> int | None:
+        completions = (owner.get("spec") or {}).get("completions")
+        return completions if isinstance(completions, int) and completions > 0 else None
+
+    def pod_selector(self, group: Group) -> str:
+        return f"{CONTROLLER_UID_LABEL}={group.uid}"
+
+    def token_secret_name(self, group: Group) -> str:
+        # Never a TrainingJob's (``<name>-rankwatch-token``): the suffixes differ.
+        return f"{group.name}-rankwatch-job-token"
+
+
+INDEXED_JOB = IndexedJob()

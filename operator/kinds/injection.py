@@ -1,0 +1,108 @@
+"""Whether and how a pod of another kind gets what a TrainingJob's pods get: pure functions of the pod
+as admitted, so every decision is unit-tested; the webhook (``webhook.py``) applies them.
+
+A pod is opted in by its annotation ``rankwatch.io/inject: "true"`` (in its template) unless it says
+``rankwatch.io/opt-out: "true"``; the namespace's label ``rankwatch.io/inject=enabled`` is checked by the
+API server (the webhook's namespaceSelector), so the webhook is not even called elsewhere. The pod's
+group and index come from its kind's adapter; its ranks from torchrun's RANK / LOCAL_RANK / WORLD_SIZE,
+read by the library in each process.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rankwatch.operator import api
+from rankwatch.operator.config import WorkerPodSettings
+from rankwatch.operator.kinds.adapter import Group, KindAdapter
+from rankwatch.operator.kinds.registry import adapter_for
+from rankwatch.operator.lifecycle.pod_spec import INIT_CONTAINER, PodTracing, inject_tracing
+from rankwatch.operator.spec import Tracing
+
+ENABLED = "enabled"
+
+
+@dataclass(frozen=True)
+class Injection:
+    adapter: KindAdapter
+    group: Group
+    target: PodTracing
+
+
+@dataclass(frozen=True)
+class NotInjected:
+    reason: str
+    asked: bool
+    """The pod opted in: the reason is written on it, and its group hears that it is not watched."""
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return pod.get("metadata", {}).get("annotations") or {}
+
+
+def opted_in(pod: Mapping[str, Any]) -> bool:
+    annotations = _annotations(pod)
+    return annotations.get(api.INJECT_ANNOTATION) == "true" and annotations.get(api.OPT_OUT_ANNOTATION) != "true"
+
+
+def is_injected(pod: Mapping[str, Any]) -> bool:
+    """Carries the injection (the webhook's, or a TrainingJob's own pod built with tracing on)."""
+    if _annotations(pod).get(api.TRACING_ANNOTATION) == ENABLED:
+        return True
+    return any(c.get("name") == INIT_CONTAINER for c in pod.get("spec", {}).get("initContainers") or [])
+
+
+def _nproc(pod: Mapping[str, Any], owner: str) -> int | NotInjected:
+    value = _annotations(pod).get(api.NPROC_ANNOTATION)
+    if value is None:
+        return 0
+    if not value.isdigit() or int(value) < 1:
+        return NotInjected(f"{owner}: annotation {api.NPROC_ANNOTATION}={value!r} is not a positive whole number", True)
+    return int(value)
+
+
+def plan(pod: Mapping[str, Any]) -> Injection | NotInjected:
+    """What to do with ``pod`` at its creation."""
+    if api.JOB_NAME_LABEL in (pod.get("metadata", {}).get("labels") or {}):
+        return NotInjected("a TrainingJob's pod: the operator builds it with the injection", False)
+    if not opted_in(pod):
+        return NotInjected("not opted in", False)
+    if is_injected(pod):
+        return NotInjected("already injected", False)  # called again (reinvocationPolicy: IfNeeded)
+    claimed = adapter_for(pod)
+    if claimed is None:
+        owners = [
+            f"{o.get('apiVersion')}/{o.get('kind')}" for o in pod.get("metadata", {}).get("ownerReferences") or []
+        ]
+        return NotInjected(
+            f"no kind rankwatch supports owns this pod (owners: {', '.join(owners) or 'none'}); "
+            "see the README, 'Jobs of other kinds'",
+            True,
+        )
+    adapter, group = claimed
+    nproc = _nproc(pod, str(group))
+    if isinstance(nproc, NotInjected):
+        return nproc
+    target = PodTracing(
+        owner=str(group),
+        group=group.name,
+        namespace=group.namespace,
+        replica_index=adapter.index_field(),
+        nproc_per_node=nproc,
+        tracing=Tracing(),
+        token_secret=adapter.token_secret_name(group),
+        token_optional=True,  # made at admission; never let a missing Secret keep the pod from starting
+    )
+    return Injection(adapter, group, target)
+
+
+def injected_pod(pod: Mapping[str, Any], injection: Injection, config: WorkerPodSettings) -> dict[str, Any]:
+    """A copy of ``pod`` with the injection; raises InvalidSpec (naming the group) when the pod uses a
+    name rankwatch manages."""
+    result = copy.deepcopy(dict(pod))
+    inject_tracing(result["spec"], injection.target, config)
+    result["metadata"].setdefault("annotations", {})[api.TRACING_ANNOTATION] = ENABLED
+    return result

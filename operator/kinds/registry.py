@@ -1,0 +1,21 @@
+"""The kinds rankwatch knows, most specific first: a JobSet's pods are also pods of an Indexed Job, a
+TrainJob's are a JobSet's; the first adapter that claims a pod names its group."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rankwatch.operator.kinds.adapter import Group, KindAdapter
+from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
+
+ADAPTERS: tuple[KindAdapter, ...] = (INDEXED_JOB,)
+
+
+def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
+    """The adapter that claims ``pod`` and the group it names, None when no kind rankwatch knows owns it."""
+    for adapter in ADAPTERS:
+        group = adapter.group_of(pod)
+        if group is not None:
+            return adapter, group
+    return None

@@ -1,0 +1,209 @@
+"""Pods of other kinds: which the webhook injects, and the pod spec after its mutation (the same
+injection a TrainingJob's pods get, with the group's identity from the pod)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import jsonpatch
+import kopf
+import pytest
+
+from rankwatch.operator.config import WorkerPodSettings
+from rankwatch.operator.kinds import injection, webhook
+from rankwatch.operator.lifecycle import pod_spec
+from rankwatch.operator.spec import TrainingJobSpec
+
+CONFIG = WorkerPodSettings(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
+JOB_UID = "9d3c-job-uid"
+
+
+def indexed_job_pod(index: int = 2, **annotations: str) -> dict[str, Any]:
+    """A pod as the Job controller creates it for an Indexed Job whose template opted in."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"bert-{index}-",
+            "namespace": "team-b",
+            "labels": {
+                "batch.kubernetes.io/controller-uid": JOB_UID,
+                "batch.kubernetes.io/job-name": "bert",
+                "batch.kubernetes.io/job-completion-index": str(index),
+            },
+            "annotations": {
+                "batch.kubernetes.io/job-completion-index": str(index),
+                "rankwatch.io/inject": "true",
+                **annotations,
+            },
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": "bert", "uid": JOB_UID, "controller": True}
+            ],
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "pytorch:latest",
+                    "command": ["torchrun", "--nproc-per-node=4", "train.py"],
+                    "env": [
+                        {"name": "JOB_COMPLETION_INDEX", "value": str(index)},
+                        {"name": "NCCL_DEBUG", "value": "WARN"},
+                    ],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }
+
+
+def env_of(container: dict) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container.get("env", [])}
+
+
+def injected(pod: dict[str, Any]) -> dict[str, Any]:
+    decision = injection.plan(pod)
+    assert isinstance(decision, injection.Injection), decision
+    return injection.injected_pod(pod, decision, CONFIG)
+
+
+def test_an_opted_in_indexed_job_pod_gets_the_library_the_sidecar_and_its_identity():
+    pod = injected(indexed_job_pod(2, **{"rankwatch.io/nproc-per-node": "4"}))
+    spec = pod["spec"]
+    init, sidecar = spec["initContainers"]
+    assert init["command"] == ["cp", "/opt/rankwatch/lib/librankwatch-nccl.so", "/rankwatch/lib/librankwatch-nccl.so"]
+    assert sidecar["name"] == "rankwatch-sidecar" and sidecar["restartPolicy"] == "Always"
+    sidecar_env = env_of(sidecar)
+    assert sidecar_env["RANKWATCH_JOB_NAME"] == "bert" and sidecar_env["RANKWATCH_JOB_NAMESPACE"] == "team-b"
+    # The index is known only once the pod exists: the kubelet reads it from the Job's annotation.
+    assert sidecar_env["RANKWATCH_REPLICA_INDEX"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    assert sidecar_env["RANKWATCH_NPROC_PER_NODE"] == "4"
+    assert sidecar_env["RANKWATCH_COLLECTOR_URL"] == "http://collector:8080"
+
+    trainer = spec["containers"][0]
+    env = env_of(trainer)
+    assert env["LD_PRELOAD"] == "/rankwatch/lib/librankwatch-nccl.so"
+    assert env["RANKWATCH_JOB_NAME"] == "bert" and env["RANKWATCH_TRACE_DIR"] == "/rankwatch/traces"
+    assert env["NCCL_DEBUG"] == "WARN" and env["JOB_COMPLETION_INDEX"] == "2", "the pod's own env is kept"
+    assert "RANK" not in env and "WORLD_SIZE" not in env, "ranks come from torchrun at run time"
+    assert {m["name"] for m in trainer["volumeMounts"]} == {"data", "rankwatch-lib", "rankwatch-traces"}
+
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["rankwatch-token"]["secret"] == {
+        "secretName": "bert-rankwatch-job-token",
+        "defaultMode": pod_spec.TOKEN_FILE_MODE,
+        "optional": True,  # made at admission; a pod never waits for it
+    }
+    assert spec["shareProcessNamespace"] is True
+    assert pod["metadata"]["annotations"]["rankwatch.io/tracing"] == "enabled"
+    assert spec["restartPolicy"] == "Never" and "hostname" not in spec, "nothing of a TrainingJob's rendezvous"
+
+
+def test_the_webhook_injects_exactly_what_a_trainingjob_pod_gets():
+    """One injection for both: the same init container, sidecar (but for the group's identity), volumes
+    and trainer env."""
+    template = {"spec": copy.deepcopy(indexed_job_pod(0)["spec"])}
+    job = {"metadata": {"name": "bert", "namespace": "team-b", "uid": "u"}}
+    worker = pod_spec.worker_pod(job, TrainingJobSpec(template=template, nprocPerNode=4), 0, CONFIG)
+    pod = injected(indexed_job_pod(0, **{"rankwatch.io/nproc-per-node": "4"}))
+    assert pod["spec"]["initContainers"][0] == worker["spec"]["initContainers"][0]
+    identity = {"RANKWATCH_REPLICA_INDEX"}
+    ours, theirs = pod["spec"]["initContainers"][1], worker["spec"]["initContainers"][1]
+    assert {k: v for k, v in env_of(ours).items() if k not in identity} == {
+        k: v for k, v in env_of(theirs).items() if k not in identity
+    }
+    assert {k: v for k, v in ours.items() if k != "env"} == {k: v for k, v in theirs.items() if k != "env"}
+    token = {"rankwatch-token"}
+    assert [v for v in pod["spec"]["volumes"] if v["name"] not in token] == [
+        v for v in worker["spec"]["volumes"] if v["name"] not in token
+    ]
+    rendezvous = set(pod_spec.RENDEZVOUS_ENV)
+    assert env_of(pod["spec"]["containers"][0]) == {
+        k: v for k, v in env_of(worker["spec"]["containers"][0]).items() if k not in rendezvous
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "asked"),
+    [
+        (lambda pod: pod["metadata"]["annotations"].pop("rankwatch.io/inject"), "not opted in", False),
+        (lambda pod: pod["metadata"]["annotations"].update({"rankwatch.io/opt-out": "true"}), "not opted in", False),
+        (lambda pod: pod["metadata"]["annotations"].update({"rankwatch.io/tracing": "enabled"}), "already", False),
+        (lambda pod: pod["metadata"]["labels"].update({"rankwatch.io/job-name": "x"}), "a TrainingJob's pod", False),
+        # A JobSet's child Job: its group is the JobSet, which no adapter claims yet.
+        (lambda pod: pod["metadata"]["labels"].update({"jobset.sigs.k8s.io/jobset-name": "js"}), "no kind", True),
+        # Not Indexed: no place in a group.
+        (lambda pod: pod["metadata"]["annotations"].pop("batch.kubernetes.io/job-completion-index"), "no kind", True),
+        (lambda pod: pod["metadata"].update({"ownerReferences": []}), "owners: none", True),
+        (
+            lambda pod: pod["metadata"]["annotations"].update({"rankwatch.io/nproc-per-node": "-4"}),
+            "not a positive",
+            True,
+        ),
+    ],
+)
+def test_pods_the_webhook_leaves_alone_and_why(change, reason, asked):
+    pod = indexed_job_pod()
+    change(pod)
+    decision = injection.plan(pod)
+    assert isinstance(decision, injection.NotInjected)
+    assert reason in decision.reason and decision.asked is asked
+
+
+def test_the_indexed_job_adapter_finds_the_group_its_size_and_each_pods_place():
+    from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
+    from rankwatch.operator.kinds.registry import adapter_for
+
+    pod = indexed_job_pod(3)
+    adapter, group = adapter_for(pod)
+    assert adapter is INDEXED_JOB and adapter.restart_lever is None, "no safe lever: cordon and page only"
+    assert (group.kind, group.namespace, group.name, group.uid) == ("Job", "team-b", "bert", JOB_UID)
+    assert str(group) == "Job team-b/bert"
+    assert adapter.index_of(pod) == 3
+    key, value = adapter.pod_selector(group).split("=")
+    assert pod["metadata"]["labels"][key] == value, "the selector finds exactly the group's pods"
+    assert adapter.expected_size({"spec": {"completions": 4, "parallelism": 4}}) == 4
+    assert adapter.expected_size({"spec": {}}) is None
+    assert group.event_target.kind == "Job" and group.event_target.uid == JOB_UID
+    assert adapter.token_secret_name(group) != "bert-rankwatch-token", "never a TrainingJob's of the same name"
+    pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] = "x"
+    assert adapter.index_of(pod) is None
+
+
+def run_webhook(pod: dict[str, Any]) -> dict[str, Any]:
+    """The admission handler as kopf calls it (a dry run: no token Secret made); the pod after its patch."""
+    body = kopf.Body(copy.deepcopy(pod))
+    patch = kopf.Patch(body=body)
+    memo = kopf.Memo(config=type("Config", (), {"pods": CONFIG})(), kube=None)
+    asyncio.run(webhook.inject_pod(body=body, patch=patch, dryrun=True, memo=memo))
+    return jsonpatch.apply_patch(pod, patch.as_json_patch())
+
+
+def test_the_webhook_patch_turns_the_admitted_pod_into_the_injected_one():
+    pod = indexed_job_pod(1)
+    assert run_webhook(pod) == injected(pod)
+
+
+def test_a_pod_the_webhook_cannot_inject_is_admitted_with_the_reason():
+    pod = indexed_job_pod()
+    pod["spec"]["containers"][0]["name"] = "rankwatch-sidecar"
+    after = run_webhook(pod)
+    assert after["spec"] == pod["spec"], "admitted unchanged"
+    why = after["metadata"]["annotations"]["rankwatch.io/not-injected"]
+    assert why == "Job team-b/bert: container name 'rankwatch-sidecar' is reserved for rankwatch"
+    untouched = indexed_job_pod()
+    untouched["metadata"]["annotations"].pop("rankwatch.io/inject")
+    assert run_webhook(untouched) == untouched
+
+
+def test_groups_with_a_token_are_remembered_within_a_bound():
+    known = webhook.GroupsWithToken(size=2)
+    for uid in ("a", "b", "a", "c"):
+        known.add(uid)
+    assert "a" in known and "c" in known and "b" not in known, "the least recently made goes first"
