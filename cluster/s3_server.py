@@ -27,11 +27,13 @@ class S3ServerError(RuntimeError):
 
 
 class S3Server:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, port: int = 0) -> None:
+        """``port`` 0: a free one (give one when the endpoint must be known before the server starts,
+        as the operator's archive endpoint allow-list is)."""
         self.directory = directory
         self.access_key = "rankwatch-" + secrets.token_hex(4)
         self.secret_key = secrets.token_urlsafe(24)
-        self.port = 0
+        self.port = port
         self.pid = 0
         self.executable: Path | None = None
 
@@ -45,7 +47,10 @@ class S3Server:
 
     def start(self) -> S3Server:
         self.executable = ensure_component(MINIO) / "minio"
-        self.port, console = free_ports(2)
+        if self.port:
+            (console,) = free_ports(1)
+        else:
+            self.port, console = free_ports(2)
         data = self.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
         env = {

@@ -23,6 +23,7 @@ from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
 from rankwatch.operator.diagnosis.collector import CollectorSettings
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.event_loop import loop_factory
+from rankwatch.operator.recovery import archive_endpoints
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon_decision import Safeguards
 
@@ -115,6 +116,8 @@ class OperatorConfig:
     collector: CollectorSettings = field(default_factory=CollectorSettings)
     probe_listen: tuple[str, int] | None = None
     """host:port of /healthz (alive) and /readyz (the leader, collector up); None: not served."""
+    metrics_listen: tuple[str, int] | None = None
+    """host:port of /metrics on a port of its own (the leader's); None: /metrics on the collector's port."""
     diagnosis: DiagnosisLimits = field(default_factory=DiagnosisLimits)
     safeguards: Safeguards = field(default_factory=Safeguards)
     alerting: AlertingSettings = field(default_factory=AlertingSettings)
@@ -130,6 +133,11 @@ class OperatorConfig:
     event_loop: str = "asyncio"
     """The operator's event loop: asyncio's, or uvloop's (``rankwatch.operator.event_loop``)."""
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    archive_budget_bytes: int = 512 << 20
+    """Bytes one archive may take on disk, every pod's dumps and files together (one archive at a time)."""
+    archive_endpoints: tuple[str, ...] = ()
+    """S3 endpoints (origins: ``scheme://host:port``) a job's archive may name; empty: AWS S3 only
+    (``rankwatch.operator.recovery.archive_endpoints``)."""
 
     @classmethod
     def from_env(
@@ -146,8 +154,14 @@ class OperatorConfig:
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
         parse_workers = env.get("RANKWATCH_COLLECTOR_PARSE_WORKERS", CollectorSettings.parse_workers, _at_least(0))
+        metrics_listen = env.get("RANKWATCH_METRICS_LISTEN", None, _listen)
         collector = CollectorSettings(
-            host=host, port=port, rate_per_job=rate, burst_per_job=10 * rate, parse_workers=parse_workers
+            host=host,
+            port=port,
+            rate_per_job=rate,
+            burst_per_job=10 * rate,
+            parse_workers=parse_workers,
+            serves_metrics=metrics_listen is None,
         )
         probe = env.get("RANKWATCH_PROBE_LISTEN", None, _listen)
         limits = DiagnosisLimits(
@@ -171,6 +185,13 @@ class OperatorConfig:
             breaker=breaker,
             cooldown_seconds=env.get("RANKWATCH_CORDON_COOLDOWN_SECONDS", Safeguards.cooldown_seconds, _not_negative),
             min_confidence=env.get("RANKWATCH_CORDON_MIN_CONFIDENCE", Safeguards.min_confidence, _share),
+            max_nodes_per_namespace=env.get(
+                "RANKWATCH_CORDON_MAX_NODES_PER_NAMESPACE", Safeguards.max_nodes_per_namespace, _at_least(0)
+            ),
+            max_nodes=env.get("RANKWATCH_CORDON_MAX_NODES", Safeguards.max_nodes, _at_least(0)),
+            shared_expiry_seconds=env.get(
+                "RANKWATCH_CORDON_SHARED_EXPIRY_SECONDS", Safeguards.shared_expiry_seconds, _positive
+            ),
         )
         own_namespace = env.get("POD_NAMESPACE", AlertingSettings.namespace, _non_empty)
         alerting = AlertingSettings(
@@ -220,6 +241,7 @@ class OperatorConfig:
             ),
             collector=collector,
             probe_listen=probe,
+            metrics_listen=metrics_listen,
             diagnosis=limits,
             safeguards=safeguards,
             alerting=alerting,
@@ -229,6 +251,9 @@ class OperatorConfig:
             api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
             event_loop=env.get("RANKWATCH_EVENT_LOOP", cls.event_loop, _event_loop),
             webhook=webhook,
+            archive_endpoints=env.get("RANKWATCH_ARCHIVE_ENDPOINTS", (), _origin_list),
+            archive_budget_bytes=env.get("RANKWATCH_ARCHIVE_BUDGET_MIB", cls.archive_budget_bytes >> 20, _at_least(16))
+            << 20,
         )
         if env.problems:
             raise ConfigError(env.problems)
@@ -338,6 +363,10 @@ def _host_list(value: str) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"{bad[0]!r} is not a host name or IP address (comma-separated, no wildcards)")
     return hosts
+
+
+def _origin_list(value: str) -> tuple[str, ...]:
+    return tuple(archive_endpoints.origin(url) for url in value.split(",") if url.strip())
 
 
 def _http_url(value: str) -> str:

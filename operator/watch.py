@@ -1,6 +1,6 @@
 """What the leader runs beside kopf's handlers: the collector (sidecar summaries, Alertmanager intake,
 /metrics), the monitor (detector, diagnoses and their follow-ups), recovery (evidence archive,
-restarts) and the alert pipeline.
+restarts), the alert pipeline and the expiry of cordons of shared nodes.
 
 Started by a kopf startup handler, so only on the replica that holds the Lease (``main.py`` starts
 kopf only there), and stopped by its cleanup handler, before the Lease is given up.
@@ -23,7 +23,9 @@ from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.monitor import Monitor
+from rankwatch.operator.metrics_server import MetricsServer
 from rankwatch.operator.recovery.reconcile import Recovery
+from rankwatch.operator.remediation.cordon import expire_cordons_periodically
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ class Watch:
         self.recovery: Recovery | None = None
         self.alerts: Any = None
         self.job_metrics: JobMetrics | None = None
+        self.cordon_expiry: asyncio.Task[None] | None = None
+        self.metrics_server: MetricsServer | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -64,7 +68,11 @@ class Watch:
 
             add_routes(self.collector.app, self.alerts)
         await self.collector.start()
+        if config.metrics_listen is not None:
+            self.metrics_server = MetricsServer(*config.metrics_listen)
+            await self.metrics_server.start()
         self.monitor.start()
+        self.cordon_expiry = asyncio.create_task(expire_cordons_periodically(self.kube), name="cordon-expiry")
         self.recovery = Recovery(
             self.kube, config, tokens, new_attempt=self.monitor.new_attempt, diagnosing=self.monitor.diagnosing
         )
@@ -78,12 +86,19 @@ class Watch:
         return StateLimits.for_job(job.spec.world_size, job.spec.replicas)
 
     async def stop(self) -> None:
+        if self.cordon_expiry:
+            self.cordon_expiry.cancel()
+            await asyncio.gather(self.cordon_expiry, return_exceptions=True)
+            self.cordon_expiry = None
         if self.recovery:
             await self.recovery.stop()
         if self.monitor:
             await self.monitor.stop()
         if self.collector:
             await self.collector.stop()
+        if self.metrics_server:
+            await self.metrics_server.stop()
+            self.metrics_server = None
         if self.alerts is not None:
             await self.alerts.stop()
         if self.job_metrics is not None:

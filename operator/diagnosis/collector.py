@@ -30,10 +30,9 @@ import kubernetes
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from rankwatch import http_logging, protocol
-from rankwatch.operator import api
+from rankwatch.operator import api, metrics_server
 from rankwatch.operator.diagnosis import metrics
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits, SummaryDigest
 from rankwatch.operator.diagnosis.message_parser import MessageParser, Refusal
@@ -138,6 +137,8 @@ class CollectorSettings:
     """A connection without a complete request head for this long is closed (slowloris)."""
     parse_workers: int = 1
     """Processes that check message bodies off the event loop (``message_parser``); 0: on the loop."""
+    serves_metrics: bool = True
+    """/metrics on this port too; off when it has a port of its own (``rankwatch.operator.metrics_server``)."""
 
 
 JobLimits = Callable[[str, str], StateLimits | None]
@@ -212,7 +213,8 @@ class Collector:
         self.app = web.Application(client_max_size=protocol.MAX_BODY_BYTES, middlewares=[_no_tracebacks])
         self.app.router.add_post(protocol.SUMMARIES_PATH, self._summaries)
         self.app.router.add_post(protocol.STALLS_PATH, self._stalls)
-        self.app.router.add_get("/metrics", self._metrics)
+        if settings.serves_metrics:
+            self.app.router.add_get("/metrics", metrics_server.metrics)
         self.app.router.add_get("/healthz", self._healthz)
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -244,9 +246,6 @@ class Collector:
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _summaries(self, request: web.Request) -> web.Response:
         return await self._take(request, "summary")

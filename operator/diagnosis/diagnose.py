@@ -296,10 +296,36 @@ def records_limit(state: JobState, pod_names: list[str], window_s: float, dump_b
     return max(MIN_RECORDS_PER_RING, min(wanted, MAX_RECORDS_PER_RING, budget))
 
 
+class ByteAllowance:
+    """Bytes that may still be written, over every pod and file of one archive: one total, so the
+    number of pods does not multiply what an archive may take (memory of the worker, the disk)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = self.left = total
+
+    def take(self, count: int) -> bool:
+        if count > self.left:
+            return False
+        self.left -= count
+        return True
+
+    def give_back(self, count: int) -> None:
+        self.left = min(self.total, self.left + count)
+
+    def refusal(self) -> str:
+        return f"the archive's budget of {self.total >> 20} MiB is spent"
+
+
 async def fetch_dumps(
-    pods: list[SidecarPod], token: str, limit: int, directory: Path, max_bytes_per_pod: int
+    pods: list[SidecarPod],
+    token: str,
+    limit: int,
+    directory: Path,
+    max_bytes_per_pod: int,
+    allowance: ByteAllowance | None = None,
 ) -> tuple[int, list[str]]:
-    """Stream each pod's ``/dump`` into ``directory/<pod>.dump``; (pods answered, problems)."""
+    """Stream each pod's ``/dump`` into ``directory/<pod>.dump``; (pods answered, problems). With an
+    ``allowance``, a dump that would go past it is dropped (and named) as one too large is."""
     problems: list[str] = []
     answered = 0
     semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
@@ -324,13 +350,17 @@ async def fetch_dumps(
                     written = 0
                     with path.open("wb") as out:
                         async for chunk in response.content.iter_chunked(CHUNK_BYTES):
+                            if written + len(chunk) > max_bytes_per_pod:
+                                raise _TooLarge(f"/dump sent more than {max_bytes_per_pod >> 20} MiB")
+                            if allowance is not None and not allowance.take(len(chunk)):
+                                raise _TooLarge(allowance.refusal())
                             written += len(chunk)
-                            if written > max_bytes_per_pod:
-                                raise _TooLarge
                             out.write(chunk)
-            except _TooLarge:
+            except _TooLarge as error:
                 path.unlink(missing_ok=True)
-                problems.append(f"pod {pod.name}: /dump sent more than {max_bytes_per_pod >> 20} MiB; skipped")
+                if allowance is not None:
+                    allowance.give_back(written)
+                problems.append(f"pod {pod.name}: {error}; skipped")
                 return
             except (aiohttp.ClientError, TimeoutError) as error:
                 path.unlink(missing_ok=True)

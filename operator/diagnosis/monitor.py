@@ -27,7 +27,7 @@ import kubernetes
 
 from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.analysis.topology import Layout, LayoutError
-from rankwatch.operator import api
+from rankwatch.operator import api, ownership
 from rankwatch.operator.config import DiagnosisLimits
 from rankwatch.operator.diagnosis import metrics, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
@@ -66,6 +66,8 @@ class WatchedJob:
     name: str
     spec: TrainingJobSpec
     layout: Layout | None
+    uid: str = ""
+    """The TrainingJob's uid: its pods are those it controls (see ``rankwatch.operator.ownership``)."""
     phase: str = job_status.PENDING
     status: dict[str, Any] = field(default_factory=dict)
     next_check: float = 0.0
@@ -138,6 +140,7 @@ class Monitor:
             except LayoutError:
                 layout = None
             job = self.jobs[key] = WatchedJob(namespace, name, spec, layout)
+        job.uid = str((body.get("metadata") or {}).get("uid") or "")
         job.status = status
         job.phase = status.get("phase") or job_status.PENDING
         if job.phase in job_status.TERMINAL:
@@ -433,5 +436,5 @@ class Monitor:
                 self.kube.sanitize_for_serialization(pod), self.sidecar_port, self.sidecar_endpoint_hosts
             )
             for pod in pods.items
-            if not pod.metadata.deletion_timestamp
+            if not pod.metadata.deletion_timestamp and ownership.is_owned_by(pod.metadata, job.uid)
         ]

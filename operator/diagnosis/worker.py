@@ -12,6 +12,11 @@ kills it after the timeout. The untrusted bytes of the sidecars' dumps are parse
 Protocol (files in the diagnosis directory): ``*.dump`` (each pod's ``/dump`` response as
 received), ``request.json`` (layout, node of each rank, stall seconds) in; ``result.json``
 (the report as the ``--json`` document, its text, peak RSS) out.
+
+An archive's evidence is rendered here too (``--render``, :func:`render_evidence`): its dumps cut into
+rings and analysed into ``report.html`` and ``timeline.json`` within the same limits, so an archive's
+size costs the operator's process nothing. In: the evidence directory and ``render.json`` (layout);
+out: ``rendered.json`` (findings, problems, peak RSS).
 """
 
 from __future__ import annotations
@@ -87,12 +92,42 @@ async def analyse(directory: Path, request: AnalysisRequest, memory_bytes: int, 
     time, or crashes (it is killed then: nothing of it outlives the call)."""
     (directory / "request.json").write_text(json.dumps(request.to_json()))
     started = time.monotonic()
+    await _run_worker([str(directory), str(memory_bytes)], memory_bytes, timeout_s, "analysis")
+    result = json.loads((directory / "result.json").read_text())
+    return AnalysisResult(
+        AnalysisReport.from_json(result["report"]), result["text"], int(result["peak_rss_bytes"]),
+        int(result["peak_address_space_bytes"]), time.monotonic() - started,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    findings: list[dict[str, Any]]
+    problems: list[str]
+    peak_rss_bytes: int
+
+
+async def render_evidence(
+    directory: Path, layout: tuple[int, int, int] | None, memory_bytes: int, timeout_s: float
+) -> RenderResult:
+    """Cut the archive's dumps (``directory/rings/*.dump``) into rings and render its reports in the
+    worker; raises :class:`WorkerFailed` as :func:`analyse` does (the rings cut so far stay)."""
+    (directory / "render.json").write_text(json.dumps({"layout": layout}))
+    try:
+        await _run_worker(["--render", str(directory), str(memory_bytes)], memory_bytes, timeout_s, "rendering")
+        result = json.loads((directory / "rendered.json").read_text())
+    finally:
+        (directory / "render.json").unlink(missing_ok=True)
+    (directory / "rendered.json").unlink(missing_ok=True)
+    return RenderResult(result["findings"], result["problems"], int(result["peak_rss_bytes"]))
+
+
+async def _run_worker(args: list[str], memory_bytes: int, timeout_s: float, what: str) -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         __name__,
-        str(directory),
-        str(memory_bytes),
+        *args,
         env={**os.environ, **WORKER_ENV},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
@@ -106,23 +141,18 @@ async def analyse(directory: Path, request: AnalysisRequest, memory_bytes: int, 
         await process.wait()
         if isinstance(error, asyncio.CancelledError):
             raise
-        raise WorkerFailed(f"the analysis took longer than {timeout_s:.0f} s and was stopped", "timeout") from None
+        raise WorkerFailed(f"the {what} took longer than {timeout_s:.0f} s and was stopped", "timeout") from None
     budget = f"{memory_bytes >> 20} MiB"
     if process.returncode == OUT_OF_MEMORY:
-        raise WorkerFailed(f"the analysis needed more than its memory budget of {budget}", "out_of_memory")
+        raise WorkerFailed(f"the {what} needed more than its memory budget of {budget}", "out_of_memory")
     if process.returncode and process.returncode < 0:
         raise WorkerFailed(
-            f"the analysis was killed by signal {-process.returncode} (budget {budget}; an OOM kill shows as 9)",
+            f"the {what} was killed by signal {-process.returncode} (budget {budget}; an OOM kill shows as 9)",
             "crashed",
         )
     if process.returncode:
         tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
-        raise WorkerFailed(f"the analysis failed (exit {process.returncode}): {' | '.join(tail)}", "crashed")
-    result = json.loads((directory / "result.json").read_text())
-    return AnalysisResult(
-        AnalysisReport.from_json(result["report"]), result["text"], int(result["peak_rss_bytes"]),
-        int(result["peak_address_space_bytes"]), time.monotonic() - started,
-    )  # fmt: skip
+        raise WorkerFailed(f"the {what} failed (exit {process.returncode}): {' | '.join(tail)}", "crashed")
 
 
 def split_dumps(directory: Path) -> list[str]:
@@ -182,6 +212,69 @@ def run(directory: Path) -> dict[str, Any]:
     }
 
 
+def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
+    """An archive's rendering itself (in the worker): rings from its dumps, report.html, timeline.json.
+
+    The rendering grows with the rings it reads (see :data:`RING_SHARE_OF_RENDER_MEMORY`): rings beyond
+    the worker's share are analysed by their newest calls only, and the report says so; the archive
+    keeps them whole for ``rankwatch analyze``."""
+    from rankwatch.analysis.topology import Layout, LayoutError
+    from rankwatch.operator.recovery.evidence import Manifest, render_reports
+
+    request = json.loads((directory / "render.json").read_text())
+    layout = None
+    if request.get("layout"):
+        with contextlib.suppress(LayoutError, TypeError, ValueError):
+            layout = Layout(*(int(value) for value in request["layout"]))
+    rings = directory / "rings"
+    problems = split_dumps(rings) if rings.is_dir() else []
+    manifest = Manifest("", "", "", 0, "", "")
+    share = int(memory_bytes * RING_SHARE_OF_RENDER_MEMORY)
+    ring_paths = sorted(rings.glob("*.ring")) if rings.is_dir() else []
+    total = sum(path.stat().st_size for path in ring_paths)
+    analysed = rings
+    try:
+        if total > share:
+            analysed = directory.parent / f".{directory.name}-analysed-rings"
+            calls = _newest_calls(ring_paths, analysed, max(MIN_ANALYSED_CALLS, share // 128 // len(ring_paths)))
+            problems.append(
+                f"report.html analyses the newest {calls} calls of each rank: the rings' {total >> 20} MiB are more "
+                f"than the rendering's {share >> 20} MiB (rankwatch analyze on the archive reads them all)"
+            )
+        render_reports(directory, layout, manifest, analysed)
+    except ValueError as error:  # an unreadable ring: the rings are kept, the analysis is not
+        manifest.problems.append(f"the archived rings could not be analysed: {error}")
+    finally:
+        if analysed != rings:
+            for path in analysed.glob("*.ring"):
+                path.unlink()
+            with contextlib.suppress(OSError):
+                analysed.rmdir()
+    return {"findings": manifest.findings, "problems": problems + manifest.problems, "peak_rss_bytes": _peak_rss()}
+
+
+MIN_ANALYSED_CALLS = 500
+RING_SHARE_OF_RENDER_MEMORY = 1 / 16
+"""Ring bytes per byte of the worker's memory when rendering an archive. The HTML report and the
+timeline hold far more per call than the diagnosis' analysis (``DUMP_SHARE_OF_WORKER_MEMORY``): 32 MiB
+of rings needed more than 256 MiB and rendered within 1 GiB (bench/evidence_memory.py)."""
+
+
+def _newest_calls(rings: list[Path], directory: Path, calls: int) -> int:
+    """Copies of ``rings`` holding their newest ``calls`` records each, in ``directory``."""
+    from rankwatch.sidecar.dump import ring_image, select
+    from rankwatch.sidecar.ring_tail import RingTail
+
+    directory.mkdir(exist_ok=True)
+    for ring in rings:
+        tail = RingTail(ring)
+        try:
+            (directory / ring.name).write_bytes(ring_image(tail, select(tail, 0, calls)[0]))
+        finally:
+            tail.close()
+    return calls
+
+
 def _peak_rss() -> int:
     """VmHWM, the peak of this process image only: ``ru_maxrss`` keeps the forking operator's RSS
     across the exec, so it would report the operator's size rather than the analysis's."""
@@ -201,19 +294,22 @@ def _status_kib(field: str) -> int:
 
 
 def main(argv: list[str]) -> int:
+    rendering = argv[0] == "--render"
+    if rendering:
+        argv = argv[1:]
     directory, memory_bytes = Path(argv[0]), int(argv[1])
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
     with contextlib.suppress(OSError):  # raising one's own OOM score needs no privilege
         Path("/proc/self/oom_score_adj").write_text("1000")
     try:
-        result = run(directory)
+        result = render(directory, memory_bytes) if rendering else run(directory)
     except MemoryError:
         return OUT_OF_MEMORY
     except OSError as error:  # a mapping beyond the limit fails with ENOMEM, not MemoryError
         if error.errno == errno.ENOMEM:
             return OUT_OF_MEMORY
         raise
-    (directory / "result.json").write_text(json.dumps(result, default=str))
+    (directory / ("rendered.json" if rendering else "result.json")).write_text(json.dumps(result, default=str))
     return 0
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rankwatch.operator import api
+from rankwatch.operator import api, ownership
 from rankwatch.operator.spec import TrainingJobSpec
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
@@ -30,6 +30,8 @@ class WorkerPod:
     deleting: bool
     problem: str  # why it failed or cannot start; empty when none
     attempt: int = 0
+    owner_uid: str = ""
+    """The uid of the TrainingJob that controls the pod (a pod with only the job's label: "")."""
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> WorkerPod:
@@ -60,6 +62,7 @@ class WorkerPod:
             deleting=bool(metadata.get("deletionTimestamp")),
             problem=problem,
             attempt=attempt,
+            owner_uid=ownership.controller_uid(metadata),
         )
 
 

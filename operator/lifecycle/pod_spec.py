@@ -334,6 +334,14 @@ def worker_pod(
     pod_spec = template["spec"]
     tracing = spec.tracing.enabled
 
+    if pod_spec.get("nodeName"):
+        # nodeName bypasses the scheduler (cordons, taints, quotas by node pool): a job could place its
+        # workers on any node, another team's included, and get that node named by its diagnosis.
+        raise InvalidSpec(
+            f"TrainingJob {job_id}: spec.template.spec.nodeName is not allowed (it bypasses the scheduler); "
+            "use nodeSelector or affinity"
+        )
+
     injected = rendezvous_env(name, namespace, spec, index, attempt)
     if tracing:
         target = PodTracing(

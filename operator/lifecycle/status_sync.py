@@ -86,6 +86,8 @@ def sync_status(
             job_spec = TrainingJobSpec.from_manifest(job["spec"])
         except InvalidSpec:
             return  # create_workers has reported it
+        # Only the pods the job controls: anyone in the namespace can label a pod with the job's name.
+        pods = [pod for pod in pods if pod.owner_uid == job["metadata"].get("uid")]
         attempt = children.current_attempt(previous)
         current = [pod for pod in pods if pod.attempt == attempt and not pod.deleting]
         if previous.get("phase") == job_status.PENDING and len(current) < job_spec.replicas:

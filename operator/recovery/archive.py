@@ -21,6 +21,10 @@ from rankwatch.analysis.archive import MANIFEST, s3_client
 from rankwatch.operator.spec import S3Archive
 
 ACCESS_KEY, SECRET_KEY, SESSION_TOKEN = "accessKeyId", "secretAccessKey", "sessionToken"
+CREDENTIALS_LABEL = "rankwatch.io/archive-credentials"
+"""A Secret rankwatch reads as archive credentials must carry this label (``"true"``): a job names a
+Secret by name, and without the opt-in it could have the operator read any Secret of its namespace."""
+_ERROR_CODE = re.compile(r"[A-Za-z][A-Za-z0-9.]{0,63}")
 
 
 class ArchiveFailed(RuntimeError):
@@ -41,6 +45,11 @@ def read_credentials(kube: kubernetes.client.ApiClient, namespace: str, secret_n
         raise ArchiveFailed(
             f"Secret {namespace}/{secret_name} (spec.tracing.archive.s3.secretRef) not readable: HTTP {error.status}"
         ) from None
+    if (secret.metadata.labels or {}).get(CREDENTIALS_LABEL) != "true":
+        raise ArchiveFailed(
+            f"Secret {namespace}/{secret_name} (spec.tracing.archive.s3.secretRef) is not labelled "
+            f"{CREDENTIALS_LABEL}=true; label it to let rankwatch use it for the archive"
+        )
     data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
     missing = [key for key in (ACCESS_KEY, SECRET_KEY) if not data.get(key)]
     if missing:
@@ -81,8 +90,11 @@ def key_prefix(target: S3Archive, namespace: str, job: str, uid: str, attempt: i
 def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefix: str) -> str:
     """Upload every file under ``directory`` (the manifest last); returns ``s3://bucket/prefix/``."""
     from boto3.exceptions import S3UploadFailedError
+    from boto3.s3.transfer import TransferConfig
     from botocore.exceptions import BotoCoreError, ClientError
 
+    # boto3's default (10 threads x 8 MiB parts) would hold about 80 MiB of the operator's memory.
+    transfer = TransferConfig(multipart_chunksize=8 << 20, max_concurrency=2)
     files = sorted(path for path in directory.rglob("*") if path.is_file())
     files.sort(key=lambda path: path.name == MANIFEST)  # the manifest last: its presence means complete
     try:
@@ -90,17 +102,25 @@ def upload(directory: Path, target: S3Archive, credentials: S3Credentials, prefi
             target.endpoint, target.region, credentials.access_key, credentials.secret_key, credentials.session_token
         )
         for path in files:
-            client.upload_file(str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}")
+            client.upload_file(
+                str(path), target.bucket, f"{prefix}/{path.relative_to(directory).as_posix()}", Config=transfer
+            )
     except (BotoCoreError, ClientError, S3UploadFailedError) as error:
         where = target.endpoint or "AWS S3"
         raise ArchiveFailed(f"upload to bucket {target.bucket} at {where} failed: {_reason(error)}") from None
     return f"s3://{target.bucket}/{prefix}/"
 
 
-def _reason(error: Exception) -> str:
-    """The server's error code and message (never the request, which carries the signature)."""
+def _reason(error: BaseException) -> str:
+    """The HTTP status and the server's error code when it is a plain word (``AccessDenied``), nothing
+    more: the server's own text (its message, its body) is the server's to choose, and it goes into
+    status and Events. Never the request either, which carries the signature."""
+    while not getattr(error, "response", None) and (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__  # boto3 wraps the ClientError of a failed upload
     response = getattr(error, "response", None) or {}
-    details = response.get("Error") or {}
-    if details:
-        return f"{details.get('Code', '?')}: {details.get('Message', '')}".strip()
-    return type(error).__name__ + (f": {error}" if "Credential" not in str(error) else "")
+    code = str((response.get("Error") or {}).get("Code") or "")
+    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+    if response:
+        said = code if _ERROR_CODE.fullmatch(code) else "an error"
+        return f"HTTP {status}: {said}" if status else said
+    return type(error).__name__

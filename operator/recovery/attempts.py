@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.operator import api
+from rankwatch.operator import api, ownership
 from rankwatch.operator.diagnosis.writer import SUSPECT_NODES_ANNOTATION, SUSPECT_RANKS_ANNOTATION
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.children import current_attempt
@@ -93,14 +93,17 @@ class EndedAttempt:
 
 
 def attempt_pods(
-    kube: kubernetes.client.ApiClient, namespace: str, name: str, attempt: int | None = None
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, uid: str, attempt: int | None = None
 ) -> list[dict[str, Any]]:
-    """The job's worker pods (of one attempt when given), as plain dicts."""
+    """The worker pods the job (``uid``) controls, of one attempt when given, as plain dicts.
+
+    The labels only narrow the list; a pod is the job's through its controller reference, so a pod
+    someone else labelled with the job's name is never archived from, ended nor counted."""
     selector = f"{api.JOB_NAME_LABEL}={name}"
     if attempt is not None:
         selector += f",{api.ATTEMPT_LABEL}={attempt}"
     pods = kubernetes.client.CoreV1Api(kube).list_namespaced_pod(namespace, label_selector=selector).items
-    return [kube.sanitize_for_serialization(pod) for pod in pods]
+    return [kube.sanitize_for_serialization(pod) for pod in pods if ownership.is_owned_by(pod.metadata, uid)]
 
 
 def end_pods(kube: kubernetes.client.ApiClient, namespace: str, pods: list[dict[str, Any]]) -> list[str]:

@@ -10,6 +10,12 @@ Layout (what ``rankwatch analyze`` reads back, see ``rankwatch.analysis.archive`
     timeline.json          the same as a Chrome trace / Perfetto timeline (ui.perfetto.dev)
 
 A sidecar that does not answer is a problem listed in the manifest, not a failure: the rest is kept.
+
+Everything a job's sidecars send is untrusted and may be large (a 64-rank job comes to about 2 GiB):
+the operator only streams it to files, within one byte budget for the whole archive
+(:class:`EvidenceLimits`), and the parsing and rendering run in the diagnosis' bounded worker
+process (``rankwatch.operator.diagnosis.worker``: address-space and time limits). What does not fit
+is named in the manifest's problems (and so in ``status.archives``).
 """
 
 from __future__ import annotations
@@ -29,21 +35,43 @@ from rankwatch.analysis.chrome_trace import write_chrome_trace
 from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.trace import load_path
-from rankwatch.operator.diagnosis.diagnose import CHUNK_BYTES, FETCH_CONCURRENCY, SidecarPod, fetch_dumps
-from rankwatch.operator.diagnosis.worker import split_dumps
+from rankwatch.operator.diagnosis.diagnose import (
+    CHUNK_BYTES,
+    FETCH_CONCURRENCY,
+    ByteAllowance,
+    SidecarPod,
+    fetch_dumps,
+)
+from rankwatch.operator.diagnosis.worker import WorkerFailed, render_evidence
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
 RECORDS_PER_RING = 20_000
 """Records kept per rank (128 bytes each): the last 20,000 calls, tens of seconds to minutes of a job."""
 BUDGET_BYTES = 1 << 30
-"""Ring records fetched per archive at most; large jobs keep fewer records per rank."""
+"""Ring records fetched from one pod at most."""
 MIN_RECORDS_PER_RING = 500
 FETCH_TIMEOUT_S = 30.0
 MAX_EVIDENCE_BYTES = 272 << 20
 """Largest /evidence tar taken from one pod: a sidecar sends at most 256 MiB of files (sidecar/evidence.py)
 plus their tar headers."""
 STALL_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class EvidenceLimits:
+    """What one archive may take: bytes on disk in all (dumps and files of every pod together), and
+    the memory and time of the worker that renders it."""
+
+    budget_bytes: int = 512 << 20
+    """The chart gives the operator 768 MiB of /tmp; the upload streams from there."""
+    memory_bytes: int = 256 << 20
+    timeout_s: float = 300.0
+
+    @property
+    def ring_bytes(self) -> int:
+        """The rings' share: the rest is for the pods' /evidence files."""
+        return self.budget_bytes * 3 // 4
 
 
 @dataclass
@@ -67,8 +95,8 @@ class Manifest:
     schema: int = SCHEMA
 
 
-def records_per_ring(ranks: int) -> int:
-    return max(MIN_RECORDS_PER_RING, min(RECORDS_PER_RING, BUDGET_BYTES // 128 // max(1, ranks)))
+def records_per_ring(ranks: int, budget_bytes: int = BUDGET_BYTES) -> int:
+    return max(MIN_RECORDS_PER_RING, min(RECORDS_PER_RING, budget_bytes // 128 // max(1, ranks)))
 
 
 def _safe_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
@@ -83,11 +111,16 @@ def _safe_members(archive: tarfile.TarFile) -> list[tarfile.TarInfo]:
 
 
 async def fetch_files(
-    pods: list[SidecarPod], token: str, directory: Path, max_bytes_per_pod: int = MAX_EVIDENCE_BYTES
+    pods: list[SidecarPod],
+    token: str,
+    directory: Path,
+    max_bytes_per_pod: int = MAX_EVIDENCE_BYTES,
+    allowance: ByteAllowance | None = None,
 ) -> tuple[list[Path], list[str]]:
     """Each pod's /evidence tar, unpacked under ``directory/<pod>/``; (files, problems). A sidecar is
     not trusted more than any HTTP peer: the tar is streamed to a file and refused past
-    ``max_bytes_per_pod`` (as sent, and unpacked: compressed tars are refused)."""
+    ``max_bytes_per_pod`` (as sent, and unpacked: compressed tars are refused), or past what is
+    left of ``allowance`` (tar and unpacked files together)."""
     files: list[Path] = []
     problems: list[str] = []
     semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
@@ -106,15 +139,22 @@ async def fetch_files(
                         problems.append(f"pod {pod.name}: sidecar answered HTTP {response.status} to /evidence")
                         return
                     written = 0
+                    over = ""
                     with tar_path.open("wb") as out:
                         async for chunk in response.content.iter_chunked(CHUNK_BYTES):
-                            written += len(chunk)
-                            if written > max_bytes_per_pod:
+                            if written + len(chunk) > max_bytes_per_pod:
+                                over = f"/evidence sent more than {max_bytes_per_pod >> 20} MiB"
                                 break
+                            if allowance is not None and not allowance.take(len(chunk)):
+                                over = f"/evidence: {allowance.refusal()}"
+                                break
+                            written += len(chunk)
                             out.write(chunk)
-                if written > max_bytes_per_pod:
+                if over:
                     tar_path.unlink(missing_ok=True)
-                    problems.append(f"pod {pod.name}: /evidence sent more than {max_bytes_per_pod >> 20} MiB; skipped")
+                    if allowance is not None:
+                        allowance.give_back(written)
+                    problems.append(f"pod {pod.name}: {over}; skipped")
                     return
             except (aiohttp.ClientError, TimeoutError) as error:
                 tar_path.unlink(missing_ok=True)
@@ -126,8 +166,12 @@ async def fetch_files(
             try:
                 with tarfile.open(tar_path, mode="r:") as archive:
                     members = _safe_members(archive)
-                    if sum(member.size for member in members) > max_bytes_per_pod:
+                    size = sum(member.size for member in members)
+                    if size > max_bytes_per_pod:
                         raise tarfile.TarError(f"its files add up to more than {max_bytes_per_pod >> 20} MiB")
+                    # The tar's bytes are freed as it is unpacked: its files take their place in the budget.
+                    if allowance is not None and not allowance.take(max(0, size - written)):
+                        raise tarfile.TarError(f"its files do not fit: {allowance.refusal()}")
                     archive.extractall(target, members=members, filter="data")
             finally:
                 tar_path.unlink(missing_ok=True)
@@ -143,9 +187,10 @@ async def fetch_files(
     return files, problems
 
 
-def render_reports(directory: Path, layout: Layout | None, manifest: Manifest) -> None:
-    """Analyse the archived rings and write report.html and timeline.json (blocking)."""
-    rings = directory / "rings"
+def render_reports(directory: Path, layout: Layout | None, manifest: Manifest, rings: Path | None = None) -> None:
+    """Analyse the archived rings (or those in ``rings``) and write report.html and timeline.json
+    (blocking; run in the diagnosis worker, see ``worker.render_evidence``)."""
+    rings = rings or directory / "rings"
     if not any(rings.glob("*.ring")):
         manifest.problems.append("no ring was archived: no report.html or timeline.json")
         return
@@ -168,25 +213,35 @@ async def collect(
     layout: Layout | None,
     report: dict[str, str] | None,
     ranks: int,
+    limits: EvidenceLimits | None = None,
 ) -> Manifest:
-    """Fill ``directory`` with the attempt's evidence and return the manifest (also written there)."""
+    """Fill ``directory`` with the attempt's evidence and return the manifest (also written there).
+
+    Only streaming happens here; the dumps are cut into rings and rendered in the worker."""
+    limits = limits or EvidenceLimits()
     directory.mkdir(parents=True, exist_ok=True)
     manifest.pods = {pod.name: pod.node for pod in pods}
+    allowance = ByteAllowance(limits.budget_bytes)
     if token is None:
         manifest.problems.append("the job's token Secret is gone: the sidecars could not be asked")
     else:
         (directory / "rings").mkdir(exist_ok=True)
-        _, dump_problems = await fetch_dumps(pods, token, records_per_ring(ranks), directory / "rings", BUDGET_BYTES)
-        dump_problems += await asyncio.to_thread(split_dumps, directory / "rings")
-        _, file_problems = await fetch_files(pods, token, directory / "files")
+        records = records_per_ring(ranks, limits.ring_bytes)
+        _, dump_problems = await fetch_dumps(pods, token, records, directory / "rings", BUDGET_BYTES, allowance)
+        _, file_problems = await fetch_files(pods, token, directory / "files", allowance=allowance)
         manifest.problems += dump_problems + file_problems
     if report:
         (directory / "diagnosis.json").write_text(report.get("report.json", ""))
         (directory / "diagnosis.txt").write_text(report.get("report.txt", ""))
+    shape = None if layout is None else (layout.tp, layout.pp, layout.world_size)
     try:
-        await asyncio.to_thread(render_reports, directory, layout, manifest)
-    except (OSError, ValueError) as error:
-        manifest.problems.append(f"the archived rings could not be analysed: {error}")
+        rendered = await render_evidence(directory, shape, limits.memory_bytes, limits.timeout_s)
+        manifest.findings = rendered.findings
+        manifest.problems += rendered.problems
+    except WorkerFailed as error:
+        manifest.problems.append(f"the evidence was not analysed (dumps not yet cut into rings are left out): {error}")
+    for dump in (directory / "rings").glob("*.dump"):  # a worker that stopped early leaves them uncut
+        dump.unlink()
     manifest.files = sorted(str(path.relative_to(directory)) for path in directory.rglob("*") if path.is_file())
     manifest.files.append(MANIFEST)
     (directory / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1, default=str))

@@ -31,7 +31,7 @@ from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.diagnose import SidecarPod
 from rankwatch.operator.lifecycle import children, job_status
-from rankwatch.operator.recovery import archive, attempts, evidence
+from rankwatch.operator.recovery import archive, archive_endpoints, attempts, evidence
 from rankwatch.operator.recovery.decision import (
     SLOWDOWN_KINDS,
     WORKER_FAILED,
@@ -122,6 +122,12 @@ class Recovery:
         self._running: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._again: set[tuple[str, str]] = set()
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        # One archive at a time: each may take its whole byte budget on disk, and a diagnosis worker's
+        # memory to render it (as much as one diagnosis: operator.diagnosis.memoryMiB / concurrency).
+        self._archiving = asyncio.Lock()
+        self.evidence_limits = evidence.EvidenceLimits(
+            config.archive_budget_bytes, config.diagnosis.worker_memory_bytes, config.diagnosis.timeout_seconds
+        )
 
     def schedule(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -223,7 +229,8 @@ class Recovery:
             self._wake_at(namespace, name, parse_time(status["restartAfter"]))
             return
         attempt = children.current_attempt(status)
-        existing = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name)
+        uid = job["metadata"]["uid"]
+        existing = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, uid)
         ended = [pod for pod in existing if int(pod["metadata"]["labels"].get(api.ATTEMPT_LABEL, "0")) < attempt]
         await asyncio.to_thread(attempts.end_pods, self.kube, namespace, ended)  # a crash between status and delete
         names = {pod["metadata"]["name"] for pod in existing}
@@ -248,7 +255,9 @@ class Recovery:
             archive.check_target(target.s3)  # before anything is collected for it
             pods = [
                 SidecarPod.from_pod(pod, self.config.pods.sidecar_metrics_port, self.config.pods.sidecar_endpoint_hosts)
-                for pod in await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, attempt)
+                for pod in await asyncio.to_thread(
+                    attempts.attempt_pods, self.kube, namespace, name, metadata["uid"], attempt
+                )
                 if not pod["metadata"].get("deletionTimestamp")
             ]
             token = await self.tokens(namespace, name)
@@ -261,14 +270,19 @@ class Recovery:
             )
             if layout is not None:
                 manifest.layout = {"tensor": layout.tp, "pipeline": layout.pp, "world_size": layout.world_size}
-            with tempfile.TemporaryDirectory(prefix="rankwatch-evidence-") as temporary:
-                directory = Path(temporary)
-                await evidence.collect(directory, manifest, pods, token, layout, report, spec.world_size)
-                credentials = await asyncio.to_thread(
-                    archive.read_credentials, self.kube, namespace, target.s3.secretRef
-                )
-                prefix = archive.key_prefix(target.s3, namespace, name, metadata["uid"], attempt, moment, reason)
-                path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
+            refused = archive_endpoints.refusal(target.s3.endpoint, self.config.archive_endpoints)
+            if refused:
+                raise archive.ArchiveFailed(refused)
+            # Credentials before the evidence: a Secret not opted in costs no download.
+            credentials = await asyncio.to_thread(archive.read_credentials, self.kube, namespace, target.s3.secretRef)
+            async with self._archiving:
+                with tempfile.TemporaryDirectory(prefix="rankwatch-evidence-") as temporary:
+                    directory = Path(temporary)
+                    await evidence.collect(
+                        directory, manifest, pods, token, layout, report, spec.world_size, self.evidence_limits
+                    )
+                    prefix = archive.key_prefix(target.s3, namespace, name, metadata["uid"], attempt, moment, reason)
+                    path = await asyncio.to_thread(archive.upload, directory, target.s3, credentials, prefix)
             kept = Kept(path, tuple(manifest.problems))
         except archive.ArchiveFailed as error:
             kept = Kept("", (tenant_text.one_line(error),))
@@ -328,7 +342,8 @@ class Recovery:
         )
         if written is None:
             return  # handled elsewhere meanwhile
-        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, ended.attempt)
+        uid = job["metadata"]["uid"]
+        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, uid, ended.attempt)
         if self.new_attempt is not None:
             self.new_attempt(namespace, name, {pod["metadata"]["name"] for pod in old})
         await asyncio.to_thread(attempts.end_pods, self.kube, namespace, old)
@@ -360,7 +375,8 @@ class Recovery:
         )
         if written is None:
             return
-        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, ended.attempt)
+        uid = job["metadata"]["uid"]
+        old = await asyncio.to_thread(attempts.attempt_pods, self.kube, namespace, name, uid, ended.attempt)
         await asyncio.to_thread(attempts.end_pods, self.kube, namespace, old)  # a hung attempt keeps no GPUs
         fresh = await asyncio.to_thread(_read_job, self.kube, namespace, name)
         message = (fresh or written).get("status", {}).get("message", verdict.message)

@@ -48,6 +48,8 @@ __all__ = [
     "RemediationResult",
     "Safeguards",
     "UncordonResult",
+    "expire_cordons",
+    "expire_cordons_periodically",
     "remediate",
     "remediate_async",
     "uncordon",
@@ -112,7 +114,8 @@ def remediate(
                     done[decision.node] = decision
                     continue
                 try:
-                    written = _write_mark(api, nodes[decision.node], request, decision, moment)
+                    expires = _expiry(api, decision, request, policy.safeguards, moment)
+                    written = _write_mark(api, nodes[decision.node], request, decision, moment, expires)
                 except ApiException as error:  # 403, 422, 5xx tried again and again: this node fails, the others go on
                     tries = f" ({TRANSIENT_ATTEMPTS} tries)" if is_transient(error) else ""
                     message = f"writing to {decision.node} failed: HTTP {error.status} {error.reason}{tries}"
@@ -131,7 +134,7 @@ def remediate(
             else d
             for d in final
         ]
-        final = _roll_back_over_cap(api, policy, final, moment)
+        final = _roll_back_over_cap(api, policy, final, moment, request.job_namespace)
     result = RemediationResult(
         request, tuple(final), policy.job.dryRun, any(d.outcome is Outcome.BREAKER_OPEN for d in final)
     )
@@ -146,8 +149,29 @@ async def remediate_async(
     return await asyncio.to_thread(remediate, api, request, policy)
 
 
+def _expiry(
+    api: client.ApiClient,
+    decision: NodeDecision,
+    request: CordonRequest,
+    safeguards: Safeguards,
+    moment: datetime.datetime,
+) -> datetime.datetime | None:
+    """When the cordon ends by itself: for a node other namespaces' pods use (or may use), after
+    ``shared_expiry_seconds``; for one only the job's namespace uses, never (a person undoes it)."""
+    if decision.outcome is Outcome.DRY_RUN or not node_actions.shared_with_others(
+        api, decision.node, request.job_namespace
+    ):
+        return None
+    return moment + datetime.timedelta(seconds=safeguards.shared_expiry_seconds)
+
+
 def _write_mark(
-    api: client.ApiClient, view: NodeView, request: CordonRequest, decision: NodeDecision, moment: datetime.datetime
+    api: client.ApiClient,
+    view: NodeView,
+    request: CordonRequest,
+    decision: NodeDecision,
+    moment: datetime.datetime,
+    expires: datetime.datetime | None = None,
 ) -> bool:
     patch = node_marks.mark_patch(
         view,
@@ -159,12 +183,17 @@ def _write_mark(
         moment=moment,
         dry_run=decision.outcome is Outcome.DRY_RUN,
         diagnosis=request.diagnosis,
+        expires=expires,
     )
     return node_actions.patch_node(api, view.name, patch)
 
 
 def _roll_back_over_cap(
-    api: client.ApiClient, policy: RemediationPolicy, decisions: list[NodeDecision], moment: datetime.datetime
+    api: client.ApiClient,
+    policy: RemediationPolicy,
+    decisions: list[NodeDecision],
+    moment: datetime.datetime,
+    namespace: str,
 ) -> list[NodeDecision]:
     """Re-count after writing; over the cap (another replica cordoned at the same time), take back
     our own new cordons, last named first (see :func:`circuit_breaker.excess` for why this holds)."""
@@ -172,8 +201,10 @@ def _roll_back_over_cap(
     if not ours:
         return decisions
     settings = policy.safeguards.breaker
-    breaker = circuit_breaker.state(node_actions.list_nodes(api).values(), settings, moment)
-    late = set(ours[len(ours) - min(len(ours), circuit_breaker.excess(breaker)) :])
+    nodes = node_actions.list_nodes(api)
+    breaker = circuit_breaker.state(nodes.values(), settings, moment)
+    over = max(circuit_breaker.excess(breaker), _over_caps(nodes, policy.safeguards, namespace))
+    late = set(ours[len(ours) - min(len(ours), over) :])
     for name in late:
         for _attempt in range(ATTEMPTS):
             view = node_actions.read_node(api, name)
@@ -183,8 +214,15 @@ def _roll_back_over_cap(
             patch["metadata"]["annotations"][node_marks.UNCORDONED_AT] = None  # not a person's undo: no cooldown
             if node_actions.patch_node(api, name, patch):
                 break
-    message = f"circuit breaker open (a concurrent cordon came first): {breaker.describe(settings)}"
+    message = f"circuit breaker open or a cap reached (a concurrent cordon came first): {breaker.describe(settings)}"
     return [replace(d, outcome=Outcome.BREAKER_OPEN, message=message) if d.node in late else d for d in decisions]
+
+
+def _over_caps(nodes: dict[str, NodeView], safeguards: Safeguards, namespace: str) -> int:
+    """Cordons beyond the absolute and the per-namespace caps, re-counted after writing (as the breaker)."""
+    marks = [mark for view in nodes.values() if (mark := view.mark) is not None and mark.cordoned]
+    in_namespace = sum(mark.namespace == namespace for mark in marks)
+    return max(len(marks) - safeguards.max_nodes, in_namespace - safeguards.max_nodes_per_namespace, 0)
 
 
 _SKIP_EVENTS = {
@@ -193,6 +231,8 @@ _SKIP_EVENTS = {
     Outcome.FAILED: ("Warning", "CordonFailed"),
     Outcome.BREAKER_OPEN: ("Warning", "CircuitBreakerOpen"),
     Outcome.JOB_LIMIT: ("Normal", "CordonSkipped"),
+    Outcome.NAMESPACE_LIMIT: ("Warning", "CordonCapReached"),
+    Outcome.CLUSTER_LIMIT: ("Warning", "CordonCapReached"),
     Outcome.OPTED_OUT: ("Normal", "CordonSkipped"),
     Outcome.COOLDOWN: ("Normal", "CordonSkipped"),
     Outcome.LOW_CONFIDENCE: ("Normal", "CordonSkipped"),
@@ -333,6 +373,27 @@ def uncordon(
     for target, reason in posts:
         _post(api, target, "Normal", reason, f"{message} (via {via})", key, False, moment)
     return UncordonResult(node, True, message)
+
+
+def expire_cordons(api: client.ApiClient, *, now: datetime.datetime | None = None) -> list[UncordonResult]:
+    """Undo every cordon of rankwatch whose expiry (``rankwatch.io/cordon-expires-at``) has passed."""
+    moment = now or node_marks.now()
+    due = [
+        view.name
+        for view in node_actions.list_nodes(api).values()
+        if (mark := view.mark) is not None and mark.expires is not None and mark.expires <= moment
+    ]
+    return [uncordon(api, node, via="expiry", now=moment) for node in sorted(due)]
+
+
+async def expire_cordons_periodically(api: client.ApiClient, interval_seconds: float = 60.0) -> None:
+    """:func:`expire_cordons` every ``interval_seconds`` (the leader runs it); a failed pass is logged."""
+    while True:
+        try:
+            await asyncio.to_thread(expire_cordons, api)
+        except ApiException as error:
+            log.error("could not expire rankwatch's cordons: HTTP %s %s", error.status, error.reason)
+        await asyncio.sleep(interval_seconds)
 
 
 def uncordon_job(api: client.ApiClient, namespace: str, name: str, *, via: str = "cli") -> list[UncordonResult]:

@@ -92,6 +92,16 @@ class Safeguards:
     diagnosis still pending on the old evidence does not cordon it again at once."""
     min_confidence: float = 0.0
     """Diagnoses below this confidence are recorded but cordon nothing (0: every diagnosis acts)."""
+    max_nodes_per_namespace: int = 4
+    """Most nodes rankwatch holds cordoned at once for the jobs of one namespace, however old the
+    cordons: the breaker limits only the rate, so one team's diagnoses, window after window, could
+    otherwise take the whole cluster."""
+    max_nodes: int = 16
+    """Most nodes rankwatch holds cordoned at once, all namespaces together."""
+    shared_expiry_seconds: float = 3600.0
+    """A cordon of a node on which pods of other namespaces ran (or when rankwatch cannot tell) is
+    undone by rankwatch after this long; a node only the job's own namespace used stays cordoned
+    until a person undoes it."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +139,10 @@ class Outcome(enum.StrEnum):
     COOLDOWN = "cooldown"
     JOB_LIMIT = "job_limit"
     """``spec.remediation.maxNodesPerJob`` reached."""
+    NAMESPACE_LIMIT = "namespace_limit"
+    """The operator's cap on nodes cordoned for one namespace's jobs reached."""
+    CLUSTER_LIMIT = "cluster_limit"
+    """The operator's absolute cap on nodes cordoned by rankwatch reached."""
     BREAKER_OPEN = "circuit_breaker_open"
     FAILED = "failed"
     """The API refused or kept conflicting; the message says what."""
@@ -171,6 +185,10 @@ def decide(
         and mark.is_for(request.job, request.job_uid)
         and (mark.cordoned or spec.dryRun)
     }
+    held_by_rankwatch = {name for name, view in nodes.items() if (mark := view.mark) is not None and mark.cordoned}
+    held_by_namespace = {
+        name for name in held_by_rankwatch if (mark := nodes[name].mark) and mark.namespace == request.job_namespace
+    }
     cooldown = datetime.timedelta(seconds=guards.cooldown_seconds)
     decisions = []
     for name in _unique(request.nodes):
@@ -212,11 +230,26 @@ def decide(
         elif spec.dryRun:
             held.add(name)
             decisions.append(_change(name, True, view.unschedulable))
+        elif len(held_by_namespace) >= guards.max_nodes_per_namespace:
+            decision(
+                Outcome.NAMESPACE_LIMIT,
+                f"rankwatch already holds {len(held_by_namespace)} node(s) cordoned for namespace "
+                f"{request.job_namespace} (the operator's cap is {guards.max_nodes_per_namespace}); "
+                "undo one (rankwatch uncordon) or ask the operator's admin",
+            )
+        elif len(held_by_rankwatch) >= guards.max_nodes:
+            decision(
+                Outcome.CLUSTER_LIMIT,
+                f"rankwatch already holds {len(held_by_rankwatch)} node(s) cordoned in the cluster "
+                f"(the operator's cap is {guards.max_nodes})",
+            )
         elif room <= 0:
             decision(Outcome.BREAKER_OPEN, f"circuit breaker open: {breaker.describe(guards.breaker)}")
         else:
             room -= 1
             held.add(name)
+            held_by_rankwatch.add(name)
+            held_by_namespace.add(name)
             decisions.append(_change(name, False, view.unschedulable))
     return decisions
 

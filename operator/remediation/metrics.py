@@ -1,4 +1,4 @@
-"""Prometheus metrics of remediation. Labels are bounded: kind (4), outcome (the Outcome enum), via (2)."""
+"""Prometheus metrics of remediation. Labels are bounded: kind (4), outcome (the Outcome enum), via (3)."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch.kube import with_retries
 from rankwatch.operator import api as names
+from rankwatch.operator import ownership
 from rankwatch.operator.events import MERGE_PATCH
 from rankwatch.operator.remediation.node_marks import NodeView
 
@@ -35,20 +36,35 @@ def read_node(api: client.ApiClient, name: str) -> NodeView | None:
 
 
 def nodes_of_job(api: client.ApiClient, namespace: str, name: str, uid: str) -> frozenset[str]:
-    """Nodes that pods of the job are bound to (label ``rankwatch.io/job-name``, ``spec.nodeName``).
+    """Nodes that pods the job controls are bound to (``spec.nodeName``).
 
-    A pod whose controlling owner is a TrainingJob with another uid belongs to an earlier job of
-    the same name and does not count.
+    Only pods whose controller reference is the TrainingJob with ``uid`` count: a pod that merely
+    carries the job's label (a bare pod anyone in the namespace can create, bound by ``nodeName``
+    to any node) does not make its node one of the job's.
     """
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"{names.JOB_NAME_LABEL}={name}")
-    found = set()
+    return frozenset(
+        pod.spec.node_name for pod in pods.items if pod.spec.node_name and ownership.is_owned_by(pod.metadata, uid)
+    )
+
+
+def shared_with_others(api: client.ApiClient, node: str, namespace: str) -> bool:
+    """Whether pods of namespaces other than ``namespace`` run on ``node`` (DaemonSet pods and ended
+    pods aside: every node has them); True also when rankwatch may not list pods cluster-wide (its
+    RBAC is namespaced when ``operator.namespaces`` is listed): it cannot tell, so it assumes so."""
+    try:
+        pods = client.CoreV1Api(api).list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}")
+    except ApiException as error:
+        if error.status in (401, 403):
+            return True
+        raise
     for pod in pods.items:
-        owners = [o for o in pod.metadata.owner_references or [] if o.kind == names.KIND and o.controller]
-        if uid and owners and owners[0].uid != uid:
+        if pod.metadata.namespace == namespace or (pod.status and pod.status.phase in ("Succeeded", "Failed")):
             continue
-        if pod.spec.node_name:
-            found.add(pod.spec.node_name)
-    return frozenset(found)
+        if any(o.kind == "DaemonSet" and o.controller for o in pod.metadata.owner_references or []):
+            continue
+        return True
+    return False
 
 
 def patch_node(api: client.ApiClient, name: str, patch: dict[str, Any]) -> bool:

@@ -34,7 +34,21 @@ DIAGNOSIS = PREFIX + "cordon-diagnosis"
 first answer lost) knows the mark for its own and finishes it, Events included, instead of skipping."""
 WAS_UNSCHEDULABLE = PREFIX + "was-unschedulable"
 """``"true"`` when the node was already cordoned (by someone else) before rankwatch: undo leaves it so."""
-MARK_ANNOTATIONS = (CORDONED_BY, DRY_RUN, REASON, JOB, JOB_UID, TIME, EVIDENCE, DIAGNOSIS, WAS_UNSCHEDULABLE)
+EXPIRES = PREFIX + "cordon-expires-at"
+"""RFC 3339: when rankwatch undoes the cordon by itself. Set when pods of other namespaces ran on the
+node (or rankwatch could not tell): one team's diagnosis must not hold another team's node for good."""
+MARK_ANNOTATIONS = (
+    CORDONED_BY,
+    DRY_RUN,
+    REASON,
+    JOB,
+    JOB_UID,
+    TIME,
+    EVIDENCE,
+    DIAGNOSIS,
+    WAS_UNSCHEDULABLE,
+    EXPIRES,
+)
 
 UNCORDON_REQUEST = PREFIX + "uncordon"
 """Set to ``"true"`` by a person: the operator undoes rankwatch's cordon and removes this annotation."""
@@ -71,6 +85,9 @@ def parse_time(text: str | None) -> datetime.datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
+_UNREADABLE = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+
+
 def taint_value(namespace: str, name: str) -> str:
     """The job as a taint value (a label value: at most 63 characters).
 
@@ -98,6 +115,13 @@ class Mark:
     was_unschedulable: bool
     evidence: str = ""
     diagnosis: str = ""
+    expires: datetime.datetime | None = None
+    """When rankwatch undoes this cordon by itself (None: it stays until a person undoes it)."""
+
+    @property
+    def namespace(self) -> str:
+        """The namespace of the job the mark is for."""
+        return self.job.partition("/")[0]
 
     @property
     def cordoned(self) -> bool:
@@ -125,6 +149,8 @@ class Mark:
             was_unschedulable=annotations.get(WAS_UNSCHEDULABLE) == "true",
             evidence=annotations.get(EVIDENCE, ""),
             diagnosis=annotations.get(DIAGNOSIS, ""),
+            # An unreadable expiry (hand-edited) is treated as expired: the undo is always the safe side.
+            expires=parse_time(annotations.get(EXPIRES)) or _UNREADABLE if EXPIRES in annotations else None,
         )
 
 
@@ -191,6 +217,7 @@ def mark_patch(
     moment: datetime.datetime,
     dry_run: bool,
     diagnosis: str = "",
+    expires: datetime.datetime | None = None,
 ) -> dict[str, Any]:
     """A JSON merge patch recording the mark, cordoning and tainting unless ``dry_run``.
 
@@ -204,6 +231,7 @@ def mark_patch(
         TIME: format_time(moment),
         EVIDENCE: evidence,
         DIAGNOSIS: diagnosis or None,
+        EXPIRES: format_time(expires) if expires else None,
         UNCORDONED_AT: None,
         UNCORDON_REQUEST: None,
     }

@@ -142,7 +142,7 @@ def test_services_reach_the_operators_http_port(render):
     assert env["RANKWATCH_COLLECTOR_LISTEN"] == f"0.0.0.0:{ports['http']}"
     for service in by_kind(objects, "Service"):
         (port,) = service["spec"]["ports"]
-        assert port["targetPort"] == "http"
+        assert port["targetPort"] == ("metrics" if service["metadata"]["name"].endswith("-metrics") else "http")
     assert {s["metadata"]["name"].rsplit("-", 1)[1] for s in by_kind(objects, "Service")} == {
         "collector",
         "intake",
@@ -238,12 +238,18 @@ def _grants(rules: list[dict]) -> set[tuple[str, str, str]]:
     return {(g, res, verb) for r in rules for g in r["apiGroups"] for res in r["resources"] for verb in r["verbs"]}
 
 
-def test_listed_namespaces_keep_secrets_and_configmaps_out_of_the_cluster_role(render):
-    """With the watched namespaces named, the operator reads Secrets only there (and in its own namespace,
-    for the alerting Secrets), never cluster-wide."""
+NAMESPACED = ("pods", "services", "secrets", "configmaps")
+"""What the operator may touch only in the namespaces it watches, when they are listed."""
+
+
+def test_listed_namespaces_keep_pods_services_secrets_and_configmaps_out_of_the_cluster_role(render):
+    """With the watched namespaces named, the operator creates and deletes pods and reads Secrets only
+    there (and Secrets in its own namespace, for the alerting Secrets), never cluster-wide: not in
+    kube-system, not in another team's namespace."""
     objects = render("--set", "operator.namespaces={team-a,team-b}", release="rw", namespace="ops")
     cluster = _grants(one(objects, "ClusterRole")["rules"])
-    assert not {item for item in cluster if item[1] in ("secrets", "configmaps")}
+    assert not {item for item in cluster if item[1] in NAMESPACED}
+    assert [b["roleRef"]["kind"] for b in by_kind(objects, "ClusterRoleBinding")] == ["ClusterRole"]
     roles = {role["metadata"]["namespace"]: _grants(role["rules"]) for role in by_kind(objects, "Role")}
     assert set(roles) == {"ops", "team-a", "team-b"}
     for namespace in ("team-a", "team-b"):
@@ -251,11 +257,12 @@ def test_listed_namespaces_keep_secrets_and_configmaps_out_of_the_cluster_role(r
                                                                               ("", "secrets", "create")}  # fmt: skip
     assert {item for item in roles["ops"] if item[1] == "secrets"} == {("", "secrets", "get")}
     everything = _grants(one(render(release="rw", namespace="ops"), "ClusterRole")["rules"])
-    assert everything - {item for item in everything if item[1] in ("secrets", "configmaps")} <= cluster, (
-        "only Secrets and ConfigMaps move into the namespaces' Roles"
+    assert everything - {item for item in everything if item[1] in NAMESPACED} <= cluster, (
+        "only pods, Services, Secrets and ConfigMaps move into the namespaces' Roles"
     )
     for namespace in ("team-a", "team-b"):
-        assert {item for item in everything if item[1] in ("secrets", "configmaps")} <= roles[namespace]
+        assert {item for item in everything if item[1] in NAMESPACED} <= roles[namespace]
+        assert ("", "pods", "delete") in roles[namespace]
     bindings = {b["metadata"]["namespace"]: b for b in by_kind(objects, "RoleBinding")}
     assert set(bindings) == {"ops", "team-a", "team-b"}
     account = one(objects, "ServiceAccount")["metadata"]["name"]
@@ -270,23 +277,78 @@ def test_every_namespace_or_globs_get_secrets_by_name_only(render):
         assert [role["metadata"]["namespace"] for role in by_kind(render(*args), "Role")] == ["rankwatch-system"]
 
 
-def test_a_network_policy_limits_who_reaches_the_collector(render):
+def _policies(objects: list[dict]) -> dict[str, dict]:
+    return {p["spec"]["policyTypes"][0]: p for p in by_kind(objects, "NetworkPolicy")}
+
+
+SIDECARS = {"podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "rankwatch"}, "matchExpressions": [
+    {"key": "rankwatch.io/job-name", "operator": "Exists"}]}}  # fmt: skip
+"""The jobs' worker pods as a peer: labelled by rankwatch (a template's values for them are overwritten)."""
+
+
+def test_a_network_policy_limits_who_reaches_the_collector_and_who_reads_metrics(render):
     objects = render(release="rw", namespace="ops")
-    (policy,) = by_kind(objects, "NetworkPolicy")
+    policy = _policies(objects)["Ingress"]
     deployment = one(objects, "Deployment")
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert policy["metadata"]["namespace"] == "ops" and policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["metadata"]["namespace"] == "ops"
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     by_port = {rule["ports"][0]["port"]: rule.get("from") for rule in policy["spec"]["ingress"]}
-    assert set(by_port) == {"http", "health"}
+    assert set(by_port) == {"http", "metrics", "health"}
     assert by_port["health"] is None, "the kubelet's probes come from the node"
-    sidecars = {"namespaceSelector": {}, "podSelector": {"matchExpressions": [
-        {"key": "rankwatch.io/job-name", "operator": "Exists"}]}}  # fmt: skip
-    assert sidecars in by_port["http"]
-    assert all(
-        peer == sidecars or ("namespaceSelector" in peer and peer["namespaceSelector"]) for peer in by_port["http"]
-    )
+    assert {"namespaceSelector": {}, **SIDECARS} in by_port["http"]
+    assert all(peer.get("namespaceSelector") for peer in by_port["metrics"]), "no job pod reads /metrics"
+    assert not [peer for peer in by_port["metrics"] if "podSelector" in peer and peer.get("namespaceSelector") == {}]
     assert not by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy")
+
+
+def test_with_listed_namespaces_only_their_pods_reach_the_collector(render):
+    objects = render("--set", "operator.namespaces={team-a,team-b}", release="rw", namespace="ops")
+    by_port = {r["ports"][0]["port"]: r.get("from") for r in _policies(objects)["Ingress"]["spec"]["ingress"]}
+    listed = {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In",
+                                    "values": ["team-a", "team-b"]}]}  # fmt: skip
+    assert {"namespaceSelector": listed, **SIDECARS} in by_port["http"]
+    assert not [peer for peer in by_port["http"] if peer.get("namespaceSelector") == {}]
+
+
+def test_metrics_have_a_port_of_their_own_behind_the_metrics_service(render):
+    objects = render(release="rw", namespace="ops")
+    container = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RANKWATCH_METRICS_LISTEN"] == f"0.0.0.0:{ports['metrics']}"
+    assert ports["metrics"] != ports["http"]
+    targets = {
+        s["metadata"]["name"].rsplit("-", 1)[1]: s["spec"]["ports"][0]["targetPort"]
+        for s in by_kind(objects, "Service")
+    }
+    assert targets == {"collector": "http", "intake": "http", "metrics": "metrics"}
+
+
+def test_an_egress_policy_lets_the_operator_reach_only_what_it_needs(render):
+    objects = render(release="rw", namespace="ops")
+    egress = _policies(objects)["Egress"]["spec"]["egress"]
+    ports = [{(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]} for rule in egress]
+    assert all(rule.get("ports") for rule in egress), "no rule opens every port"
+    assert {(53, "UDP"), (53, "TCP")} in ports and {(443, "TCP"), (6443, "TCP")} in ports
+    sidecar_port = 9400  # values.yaml sidecar.metricsPort
+    [sidecars] = [
+        rule
+        for rule in egress
+        if {(sidecar_port, "TCP")} == {(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]}
+    ]
+    assert sidecars["to"] == [{"namespaceSelector": {}, **SIDECARS}]
+    assert len(_policies(render("--set", "networkPolicy.egress.enabled=false"))) == 1
+
+
+def test_archive_endpoints_come_from_the_values_and_none_by_default(render):
+    def env(*args: str) -> dict[str, str]:
+        container = one(render(*args), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert env()["RANKWATCH_ARCHIVE_ENDPOINTS"] == ""
+    listed = env("--set", "operator.archive.endpoints={http://minio.storage.svc:9000,https://s3.example.com}")
+    assert listed["RANKWATCH_ARCHIVE_ENDPOINTS"] == "http://minio.storage.svc:9000,https://s3.example.com"
 
 
 def test_the_sidecar_endpoint_annotation_is_trusted_for_no_host_by_default(render):

@@ -78,7 +78,7 @@ def test_the_operator_serves_the_webhook_with_the_mounted_certificate(render, tm
         {"RANKWATCH_WEBHOOK_LISTEN": env["RANKWATCH_WEBHOOK_LISTEN"], "RANKWATCH_WEBHOOK_CERT_DIR": str(tmp_path)}
     )
     assert config.webhook.listen == ("0.0.0.0", ports["webhook"])
-    policy = one(objects, "NetworkPolicy")
+    policy = one(objects, "NetworkPolicy", "-operator")  # the ingress one (the egress one is -operator-egress)
     assert {"ports": [{"port": "webhook", "protocol": "TCP"}]} in policy["spec"]["ingress"], "the API server reaches it"
 
 

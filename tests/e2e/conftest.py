@@ -222,6 +222,8 @@ def operator(
     # may land on the same node one after another, and several tests cordon at once).
     os.environ["RANKWATCH_CORDON_COOLDOWN_SECONDS"] = "0"
     os.environ["RANKWATCH_BREAKER_MAX_SHARE"] = "1"
+    # The one S3 endpoint jobs may archive to: the recovery tests' MinIO, on a port chosen now.
+    os.environ["RANKWATCH_ARCHIVE_ENDPOINTS"] = f"http://127.0.0.1:{free_port()}"
     args = ["run", "--standalone", "--namespace", f"{E2E_NAMESPACE_PREFIX}*", "-m", "rankwatch.operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         yield runner

@@ -104,7 +104,7 @@ def refuses(pod: dict[str, Any], port: str) -> bool:
 
 
 def metric(pod: dict[str, Any], name: str) -> float:
-    status, body = http(pod, "http", "/metrics")
+    status, body = http(pod, "metrics", "/metrics")  # the chart serves /metrics on a port of its own
     if status != 200:
         return 0.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -26,12 +27,14 @@ TARGET_S = SENSITIVITY + 30  # hang onset -> every worker Running again
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory):
+def s3(tmp_path_factory, operator):
     """MinIO on loopback with one bucket; yields the server (endpoint and credentials)."""
     from rankwatch.analysis.archive import s3_client
     from rankwatch.cluster.s3_server import S3Server
 
-    with S3Server(tmp_path_factory.mktemp("minio")) as server:
+    # On the port the session operator allows as its archive endpoint (conftest.py).
+    port = int(os.environ["RANKWATCH_ARCHIVE_ENDPOINTS"].rsplit(":", 1)[1])
+    with S3Server(tmp_path_factory.mktemp("minio"), port=port) as server:
         s3_client(server.endpoint, "us-east-1", server.access_key, server.secret_key).create_bucket(Bucket=BUCKET)
         yield server
 
@@ -41,7 +44,7 @@ def s3_secret(api, namespace, s3):
     kubernetes.client.CoreV1Api(api).create_namespaced_secret(
         namespace,
         {
-            "metadata": {"name": "evidence-bucket"},
+            "metadata": {"name": "evidence-bucket", "labels": {"rankwatch.io/archive-credentials": "true"}},
             "stringData": {"accessKeyId": s3.access_key, "secretAccessKey": s3.secret_key},
         },
     )
@@ -57,7 +60,7 @@ def safeguards(api, namespace, monkeypatch):
     from rankwatch.operator.remediation.cordon import uncordon_job
 
     yield monkeypatch
-    for name in ("hang", "limit", "dry", "breaker"):
+    for name in ("hang", "limit", "dry", "breaker", "far"):
         uncordon_job(api, namespace, name, via="test")
 
 
@@ -245,6 +248,33 @@ def test_dry_run_restarts_nothing_but_writes_and_archives_everything(
     node_object = kubernetes.client.CoreV1Api(api).read_node(node)
     assert not node_object.spec.unschedulable
     assert node_object.metadata.annotations.get("rankwatch.io/dry-run") == "true"
+
+
+def test_an_archive_endpoint_the_admin_did_not_list_is_refused_before_any_connection(
+    api, namespace, pod_runner, eventually, safeguards, s3_secret
+):
+    """A job naming a host:port of its choosing: no signed PUT, no port probe, a clear problem instead."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0)
+        far = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        archive = {"s3": {**s3_secret["s3"], "endpoint": far}}
+        manifest = recovering_job("far", {"backoffSeconds": 0}, hang_faults(True), archive=archive)
+        manifest["spec"]["remediation"]["dryRun"] = True
+        create_job(api, namespace, manifest)
+        wait_hung(api, namespace, "far", eventually)
+        job = eventually(
+            lambda: (j := get_job(api, namespace, "far")) and j["status"].get("archives") and j,
+            60,
+            what="the archive's outcome",
+        )
+        [entry] = job["status"]["archives"]
+        assert entry["path"] == "" and f"{far} is not one of the operator's archive endpoints" in entry["problems"][0]
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+    reasons = [e.reason for e in events(api, namespace, "far")]
+    assert "EvidenceNotKept" in reasons, reasons
 
 
 def test_with_the_breaker_open_the_restart_avoids_the_suspect_by_node_affinity(

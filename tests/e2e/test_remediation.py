@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import dataclasses
+import datetime
 import os
 import re
 import subprocess
@@ -25,13 +26,14 @@ from prometheus_client import REGISTRY
 
 from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
 from rankwatch.kube import TimedApiClient
-from rankwatch.operator.remediation import node_marks
+from rankwatch.operator.remediation import node_actions, node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
     CordonRequest,
     Outcome,
     RemediationPolicy,
     Safeguards,
+    expire_cordons,
     remediate,
     uncordon,
 )
@@ -202,6 +204,65 @@ def test_straggler_on_one_node_cordons_taints_and_annotates_only_that_node(
     describe = kubectl("describe", "trainingjob", "-n", namespace, "llama").stdout
     assert "NodeCordoned" in describe and "cordoned and tainted gpu-node-1" in describe
     assert "CordonRefused" in describe and "no pod of" in describe
+
+
+def bare_pod(api, namespace: str, name: str, node: str, labels: dict[str, str]) -> None:
+    """A pod nobody's controller owns, bound by ``nodeName`` to ``node``: what any tenant may create."""
+    kubernetes.client.CoreV1Api(api).create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox:1"}]},
+        },
+    )
+
+
+def test_a_bare_pod_carrying_the_jobs_label_does_not_make_another_node_the_jobs(
+    api, core, unwatched_namespace, clean_nodes
+):
+    """The attack: a tenant binds a labelled pod to another team's node and gets a diagnosis to name it."""
+    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    labels = {"rankwatch.io/job-name": "llama", "rankwatch.io/replica-index": "7"}
+    bare_pod(api, unwatched_namespace, "llama-worker-7", "gpu-node-3", labels)
+
+    result = remediate(api, suspect(job, "gpu-node-3", "gpu-node-1"), policy())
+
+    assert {d.node: d.outcome for d in result.decisions} == {
+        "gpu-node-3": Outcome.NOT_JOB_NODE,
+        "gpu-node-1": Outcome.CORDONED,
+    }
+    assert is_untouched(core.read_node("gpu-node-3"))
+
+
+def test_a_node_shared_with_another_namespace_is_cordoned_only_until_the_expiry(
+    api, core, unwatched_namespace, clean_nodes
+):
+    other = f"rw-own-other-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+        bare_pod(api, other, "their-trainer", "gpu-node-1", {"app": "theirs"})
+        expiry = Safeguards(breaker=BreakerSettings(max_share=1.0), shared_expiry_seconds=600)
+        own_only = not node_actions.shared_with_others(api, "gpu-node-0", unwatched_namespace)
+
+        result = remediate(api, suspect(job, "gpu-node-0", "gpu-node-1"), policy(expiry))
+
+        assert result.cordoned == ("gpu-node-0", "gpu-node-1")
+        shared = core.read_node("gpu-node-1").metadata.annotations
+        cordoned_at = node_marks.parse_time(shared["rankwatch.io/cordon-time"])
+        expires = node_marks.parse_time(shared["rankwatch.io/cordon-expires-at"])
+        assert expires - cordoned_at == datetime.timedelta(seconds=600)
+        if own_only:  # no other namespace's pod there (the cluster is shared with other tests)
+            assert "rankwatch.io/cordon-expires-at" not in core.read_node("gpu-node-0").metadata.annotations
+
+        assert expire_cordons(api, now=expires - datetime.timedelta(seconds=1)) == []
+        undone = expire_cordons(api, now=expires)
+        assert [(r.node, r.undone) for r in undone if r.node == "gpu-node-1"] == [("gpu-node-1", True)]
+        assert is_untouched(core.read_node("gpu-node-1"))
+        assert core.read_node("gpu-node-0").spec.unschedulable is True or not own_only
+        assert job_events(core, unwatched_namespace, "llama", "NodeUncordoned")
+    finally:
+        core.delete_namespace(other)
 
 
 def test_running_again_after_a_restart_changes_nothing_and_posts_no_new_event(

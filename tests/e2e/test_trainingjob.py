@@ -169,6 +169,15 @@ def test_a_template_that_sets_managed_env_fails_clearly(api, namespace, eventual
     assert not worker_pods(api, namespace, "bad-env"), "nothing is created from a refused template"
 
 
+def test_a_template_that_binds_workers_to_a_node_fails_clearly(api, namespace, eventually):
+    job = small_job("pinned")
+    job["spec"]["template"]["spec"]["nodeName"] = "gpu-node-3"
+    create_job(api, namespace, job)
+    status = eventually(lambda: phase_is(api, namespace, "pinned", "Failed"), 30, what="job Failed")
+    assert "spec.template.spec.nodeName is not allowed" in status["message"]
+    assert not worker_pods(api, namespace, "pinned"), "nothing is created from a refused template"
+
+
 def test_a_template_the_api_server_refuses_fails_the_job_with_its_message(api, namespace, eventually):
     job = small_job("bad-name")
     job["spec"]["template"]["spec"]["containers"][0]["name"] = "Trainer_1"  # not a DNS label

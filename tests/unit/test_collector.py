@@ -284,6 +284,27 @@ async def test_metrics_endpoint_counts_messages_by_result(collector):
     assert "rankwatch_detector_duration_seconds_count" in text, "the monitor's detector time is served too"
 
 
+async def test_with_metrics_on_their_own_port_the_collector_port_names_no_job():
+    """Sidecars of every team reach the collector's port; /metrics (every job's name, namespace and
+    health) is only on the metrics port, which the chart's NetworkPolicy opens to Prometheus alone."""
+    from rankwatch.operator.metrics_server import MetricsServer
+
+    settings = CollectorSettings(host="127.0.0.1", port=0, serves_metrics=False)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
+    scrape = MetricsServer("127.0.0.1", 0)
+    await server.start()
+    await scrape.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{server.port}/metrics") as response:
+                assert response.status == 404
+            async with session.get(f"http://127.0.0.1:{scrape.port}/metrics") as response:
+                assert response.status == 200 and "rankwatch_collector_messages_total" in await response.text()
+    finally:
+        await scrape.stop()
+        await server.stop()
+
+
 async def test_nan_and_infinite_numbers_are_refused_with_422(collector):
     server, url = collector
     encoded = json.dumps(asdict(summary()))

@@ -228,3 +228,51 @@ def test_cordon_request_from_an_analysis_finding():
     assert CordonRequest.from_finding("team-a", "llama", "uid-1", finding) == CordonRequest(
         "team-a", "llama", "uid-1", "straggler", ("gpu-node-1",), (13,), 0.8, "rank 13 slow", {"wait_ms": 0.4}
     )
+
+
+def test_one_namespace_cannot_hold_more_nodes_than_its_cap_however_old_its_cordons():
+    """Window after window the breaker has room again; the cap counts every cordon still held."""
+    capped = Safeguards(breaker=BreakerSettings(max_share=1.0), max_nodes_per_namespace=2)
+    held = {
+        f"n{i}": node(f"n{i}", annotations=cordoned_by(f"team-a/old-{i}", f"u{i}", minutes_ago=600)) for i in (0, 1)
+    }
+    nodes = cluster(10, **held)
+    decisions = decide(blame("n2", "n3"), policy(capped), frozenset(nodes), nodes, NOW)
+    assert outcomes(decisions) == {"n2": Outcome.NAMESPACE_LIMIT, "n3": Outcome.NAMESPACE_LIMIT}
+    assert "namespace team-a" in decisions[0].message
+    # Another team's job is not held back by team-a's cordons.
+    other = CordonRequest("team-b", "gpt", "uid-9", "straggler", ("n2",), (1,), 0.9, "slow")
+    assert outcomes(decide(other, policy(capped), frozenset(nodes), nodes, NOW)) == {"n2": Outcome.CORDONED}
+
+
+def test_the_cluster_cap_counts_every_namespace_and_cuts_within_one_request():
+    capped = Safeguards(breaker=BreakerSettings(max_share=1.0), max_nodes=2)
+    nodes = cluster(10, n0=node("n0", annotations=cordoned_by("team-b/gpt", "u0", minutes_ago=600)))
+    decisions = decide(blame("n1", "n2"), policy(capped), frozenset(nodes), nodes, NOW)
+    assert outcomes(decisions) == {"n1": Outcome.CORDONED, "n2": Outcome.CLUSTER_LIMIT}
+
+
+def test_dry_run_marks_do_not_count_against_the_caps():
+    capped = Safeguards(breaker=BreakerSettings(max_share=1.0), max_nodes=1, max_nodes_per_namespace=1)
+    dry = cordoned_by("team-a/old", "u0", dry_run=True)
+    nodes = cluster(4, n0=node("n0", annotations=dry))
+    assert outcomes(decide(blame("n1"), policy(capped), frozenset(nodes), nodes, NOW)) == {"n1": Outcome.CORDONED}
+
+
+def test_expiry_is_read_back_and_an_unreadable_one_counts_as_passed():
+    marks = cordoned_by("team-a/llama", "uid-1")
+    assert node("n0", annotations=marks).mark.expires is None
+    later = NOW + datetime.timedelta(hours=1)
+    assert node("n0", annotations={**marks, node_marks.EXPIRES: node_marks.format_time(later)}).mark.expires == later
+    assert node("n0", annotations={**marks, node_marks.EXPIRES: "soon"}).mark.expires < NOW
+    patch = node_marks.mark_patch(
+        node("n0"), job="a/b", job_uid="u", job_taint_value="a.b", reason="hang", evidence="", moment=NOW,
+        dry_run=False, expires=later,
+    )  # fmt: skip
+    assert patch["metadata"]["annotations"][node_marks.EXPIRES] == node_marks.format_time(later)
+    assert (
+        node_marks.undo_patch(node("n0", annotations={**marks, node_marks.EXPIRES: "x"}), NOW)["metadata"][
+            "annotations"
+        ][node_marks.EXPIRES]
+        is None
+    )

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.findings import FindingKind
-from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse
+from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse, render_evidence
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
 from rankwatch.simulate import Faults, Simulation, run
@@ -102,3 +102,30 @@ def test_a_live_jobs_dumps_are_judged_when_they_were_asked_for_not_when_analysed
     # the straggler still, and nobody else (a loaded machine may add a job slowdown behind the same rank)
     assert [f.ranks for f in result.report.findings if f.kind is FindingKind.STRAGGLER] == [[5]], result.text
     assert {rank for f in result.report.findings for rank in f.ranks} == {5}, result.text
+
+
+def test_an_archive_is_cut_and_rendered_in_the_worker_not_in_the_operator(straggler_rings, tmp_path):
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    write_dump(rings / "job-worker-0.dump", [straggler_rings[r] for r in range(4)])
+    write_dump(rings / "job-worker-1.dump", [straggler_rings[r] for r in range(4, 8)])
+    (rings / "job-worker-2.dump").write_bytes(b"<html>502 Bad Gateway</html>")
+    result = asyncio.run(render_evidence(tmp_path, (TP, 1, WORLD), 512 << 20, 120))
+    assert sorted(path.name for path in rings.iterdir()) == [
+        f"job-worker-{p}-{i}.ring" for p in (0, 1) for i in range(4)
+    ]
+    assert (tmp_path / "report.html").read_text().lower().startswith("<!doctype html>")
+    assert json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
+    assert any(finding["ranks"] == [5] for finding in result.findings)
+    assert any("job-worker-2" in problem for problem in result.problems)
+    assert 0 < result.peak_rss_bytes < 512 << 20
+
+
+def test_an_archive_beyond_the_workers_memory_is_reported_not_rendered(straggler_rings, tmp_path):
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    write_dump(rings / "job-worker-0.dump", [straggler_rings[r] for r in range(4)], repeat=8)
+    with pytest.raises(WorkerFailed) as failed:
+        asyncio.run(render_evidence(tmp_path, (TP, 1, WORLD), 160 << 20, 120))
+    assert failed.value.reason in ("out_of_memory", "crashed") and "rendering" in str(failed.value)
+    assert not (tmp_path / "report.html").exists()

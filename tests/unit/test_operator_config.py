@@ -29,8 +29,13 @@ def test_settings_are_read_into_their_sections(tmp_path):
             "RANKWATCH_BREAKER_MAX_SHARE": "0.5",
             "RANKWATCH_BREAKER_WINDOW_SECONDS": "300",
             "RANKWATCH_CORDON_COOLDOWN_SECONDS": "60",
+            "RANKWATCH_CORDON_MAX_NODES_PER_NAMESPACE": "2",
+            "RANKWATCH_CORDON_MAX_NODES": "8",
+            "RANKWATCH_CORDON_SHARED_EXPIRY_SECONDS": "900",
             "RANKWATCH_COLLECTOR_LISTEN": "127.0.0.1:0",
             "RANKWATCH_PROBE_LISTEN": ":8081",
+            "RANKWATCH_METRICS_LISTEN": "0.0.0.0:9090",
+            "RANKWATCH_ARCHIVE_BUDGET_MIB": "256",
             "RANKWATCH_DIAGNOSIS_CONCURRENCY": "4",
             "RANKWATCH_DIAGNOSIS_MEMORY_MIB": "2048",
             "RANKWATCH_ALERTING_CONFIG": str(alerting),
@@ -43,8 +48,11 @@ def test_settings_are_read_into_their_sections(tmp_path):
     )
     guards = config.safeguards
     assert (guards.breaker.max_share, guards.breaker.window_seconds, guards.cooldown_seconds) == (0.5, 300, 60)
+    assert (guards.max_nodes_per_namespace, guards.max_nodes, guards.shared_expiry_seconds) == (2, 8, 900)
     assert (config.collector.host, config.collector.port, config.probe_listen) == ("127.0.0.1", 0, ("0.0.0.0", 8081))
     assert config.diagnosis.worker_memory_bytes == 512 << 20
+    assert config.metrics_listen == ("0.0.0.0", 9090) and not config.collector.serves_metrics
+    assert config.archive_budget_bytes == 256 << 20
     assert config.alerting.config_path == str(alerting) and config.alerting.namespace == "rankwatch-system"
     assert config.leader.lease_namespace == "rankwatch-system" and config.leader.identity.startswith(
         "rankwatch-operator-7d9-x2_"

@@ -212,6 +212,14 @@ def test_reserved_container_and_volume_names_are_refused():
         pod_spec.worker_pod(JOB, spec, 0, CONFIG)
 
 
+def test_a_template_binding_workers_to_a_node_is_refused():
+    """nodeName bypasses the scheduler: a job could put a worker on another team's node."""
+    spec = make_spec()
+    spec.template["spec"]["nodeName"] = "gpu-node-of-team-b"
+    with pytest.raises(InvalidSpec, match=r"team-a/llama: spec\.template\.spec\.nodeName is not allowed"):
+        pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+
+
 def test_headless_service_publishes_not_ready_workers():
     service = pod_spec.headless_service(JOB, make_spec(masterPort=23456))
     assert service["metadata"]["name"] == "llama"

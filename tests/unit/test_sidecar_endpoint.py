@@ -13,7 +13,7 @@ from aiohttp import web
 
 from rankwatch import protocol
 from rankwatch.operator.config import ConfigError, OperatorConfig
-from rankwatch.operator.diagnosis.diagnose import SIDECAR_ENDPOINT_ANNOTATION, SidecarPod, fetch_dumps
+from rankwatch.operator.diagnosis.diagnose import SIDECAR_ENDPOINT_ANNOTATION, ByteAllowance, SidecarPod, fetch_dumps
 from rankwatch.operator.recovery.evidence import fetch_files
 
 TOKEN = "job-token-secret"
@@ -152,3 +152,15 @@ async def test_evidence_within_its_bound_is_unpacked_and_nothing_else_is_left(se
     left = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file())
     assert left == ["files/llama-worker-0/flight_recorder_rank_0", "files/llama-worker-0/megatrace/rank_0.log"]
     assert sidecar.requests == [(protocol.EVIDENCE_PATH, protocol.bearer(TOKEN))]
+
+
+async def test_one_byte_budget_holds_for_the_whole_archive_however_many_pods(servers, tmp_path: Path):
+    """Each pod within its own bound, together past the archive's: the pods beyond it are named, not kept."""
+    sidecars = [await servers(Server(b"r" * (256 << 10), chunks=4)) for _ in range(3)]  # 1 MiB each
+    targets = [SidecarPod(f"llama-worker-{i}", "gpu-0", f"http://127.0.0.1:{s.port}") for i, s in enumerate(sidecars)]
+    allowance = ByteAllowance((2 << 20) + (512 << 10))
+    answered, problems = await fetch_dumps(targets, TOKEN, 10, tmp_path, 1 << 30, allowance)
+    assert answered == 2 and len(problems) == 1 and "the archive's budget of 2 MiB is spent" in problems[0]
+    assert sum(path.stat().st_size for path in tmp_path.iterdir()) == 2 << 20
+    files, problems = await fetch_files(targets[:1], TOKEN, tmp_path / "files", allowance=allowance)
+    assert files == [] and "budget of 2 MiB is spent" in problems[0], "the files share what the dumps left"
