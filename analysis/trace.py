@@ -86,6 +86,10 @@ class Trace:
     stacks: dict[tuple[int, int, int, int], tuple[Frame, ...]] = field(default_factory=dict)
     # rank -> ranks it may be exchanging sends/receives with that the source does not record (gloo)
     unrecorded_partners: dict[int, set[int]] = field(default_factory=dict)
+    # until when the sources are known to have watched the job (a dump's writing, a timeout that ran
+    # out): a call older than that by the stall threshold waited that long. None: they were live until
+    # the analysis (rings). Logs that simply end were watched only until their last call.
+    observed_until_ns: int | None = None
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:
