@@ -148,3 +148,25 @@ def test_logs_that_run_on_past_the_stall_threshold_show_the_stopped_rank(tmp_pat
     [hang] = [f for f in analyze(load_path(tmp_path))["findings"] if f["kind"] == "hang"]
     assert hang["ranks"] == [1], hang
     assert 4.5 <= hang["evidence"]["waiting_seconds"] <= 5.5, "seconds: as long as the logs run on"
+
+
+def test_rings_carry_op_count_and_datatype_a_mismatch_shows_in_them(tmp_path):
+    """The tracer's rings record each call's op, count and datatype: one rank's TP all-reduce of
+    another datatype (a code path of its own) is a mismatch naming it, and nobody else."""
+    import numpy as np
+
+    from rankwatch.analysis.ring_writer import write_rings
+    from rankwatch.analysis.scenario import Scenario, generate
+    from rankwatch.analysis.trace import load_path as load
+
+    run = generate(Scenario(16, tp=4, pp=2, steps=6))
+    calls = run.trace.calls
+    tp_comms = [c.id for c in run.trace.comms.values() if c.size == 4 and 6 in c.members.values()]
+    odd = np.flatnonzero((calls["rank"] == 6) & np.isin(calls["comm"], tp_comms) & (calls["seq"] == 9))
+    assert len(odd) == 1
+    calls["dtype"][odd] = 9  # bfloat16 where its TP peers reduce float32
+    write_rings(run.trace, tmp_path, parents=run.parents)
+    findings = analyze(load(tmp_path))["findings"]
+    mismatches = [f for f in findings if f["kind"] == "mismatch"]
+    assert [(f["ranks"], f["evidence"]["mismatch"]) for f in mismatches] == [([6], ["dtype"])], findings
+    assert findings == mismatches, "a healthy run otherwise: nothing else is named"
