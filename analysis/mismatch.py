@@ -26,6 +26,7 @@ from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16",
                7: "float32", 8: "float64", 9: "bfloat16", 10: "float8e4m3", 11: "float8e5m2"}  # fmt: skip
 FIELDS = ("op", "count", "dtype")
+UNEVEN_OPS = np.array([Op.ALLTOALL, Op.GATHER, Op.SCATTER], dtype=np.uint8)
 CHECKS = {"op": "collective type", "count": "element count", "dtype": "datatype"}
 
 Signature = tuple[int, int, int]  # op, count, dtype
@@ -42,6 +43,9 @@ def _instances(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     order, and which instances are whole (no rank with two calls under one number)."""
     calls = trace.calls[np.isin(trace.calls["op"], COLLECTIVE_OPS)]
     calls = calls[np.lexsort((calls["rank"], calls["seq"], calls["comm"]))]
+    # uneven all-to-alls, gathers and scatters take inputs of different sizes on different ranks by design
+    # (fr_trace leaves them undecided): only their op and datatype are compared
+    calls["count"][np.isin(calls["op"], UNEVEN_OPS)] = 0
     if not len(calls):
         return calls, np.zeros(0, np.int64), np.zeros(0, bool)
     same_instance = (calls["comm"][1:] == calls["comm"][:-1]) & (calls["seq"][1:] == calls["seq"][:-1])

@@ -87,9 +87,10 @@ def test_one_against_one_names_nobody_unless_sibling_groups_decide(tmp_path):
     assert (decided["kind"], decided["ranks"], decided["evidence"]["decided_by"]) == ("mismatch", [1], "siblings")
 
 
-def test_agreeing_ranks_have_no_mismatch(tmp_path):
+def test_agreeing_ranks_have_no_mismatch_and_uneven_all_to_alls_are_no_mismatch(tmp_path):
     for rank in range(4):
-        write(tmp_path, rank, [entry(seq, rank) for seq in range(1, 7)])
+        uneven = entry(7, rank, op="all_to_all", size=100 + rank)  # split sizes of its own: by design
+        write(tmp_path, rank, [entry(seq, rank) for seq in range(1, 7)] + [uneven])
     assert analyze(load_path(tmp_path))["findings"] == []
 
 
