@@ -18,9 +18,10 @@ from rankwatch.analysis.compute_spans import detect_iteration_slowdown, detect_s
 from rankwatch.analysis.devices import add_gpus, gpu_text
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked, utc_text
-from rankwatch.analysis.hang import detect_hangs
+from rankwatch.analysis.hang import detect_hangs, short_ends
 from rankwatch.analysis.html_report import html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
+from rankwatch.analysis.mismatch import detect_mismatches
 from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
@@ -77,7 +78,17 @@ def analyze_trace(
     findings: list[Finding] = []
     problems = list(trace.problems)
     if test_type in ("all", "hang"):
-        findings += detect_hangs(trace, stall_seconds, now_ns)
+        mismatches = detect_mismatches(trace)
+        hangs = detect_hangs(trace, stall_seconds, now_ns)
+        if mismatches and hangs:  # the peers of a mismatched call wait for a call that never comes
+            problems.append(
+                "the hang follows from the mismatched collective(s): the ranks it would name wait for a call their "
+                "peers made differently, not reported as a hang"
+            )
+            hangs = []
+        findings += mismatches + hangs
+        if not hangs and not trace.has_returns and not trace.pending_known:  # logs that end: say so
+            problems += short_ends(trace, stall_seconds, now_ns)
     # a hang found from call times alone (Megatrace: no completion recorded) is where the logs end, and
     # says nothing of the lateness before it: those are scored too
     weak_hang = not trace.has_returns and not trace.pending_known

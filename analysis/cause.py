@@ -68,6 +68,8 @@ def attribute(finding: Finding, host: HostLoads | None = None) -> Finding:
 
 def _decide(finding: Finding, host: HostLoads | None) -> tuple[Cause, str]:
     evidence = finding.evidence
+    if finding.kind is FindingKind.MISMATCH:
+        return Cause.SOFTWARE, finding.cause_evidence or "ranks disagree on one collective: a code path, not a node"
     if not finding.ranks:
         return Cause.UNKNOWN, "no rank is named, so there is no host, GPU or link to attribute it to"
     if finding.kind is FindingKind.SLOW_LINK:

@@ -26,6 +26,7 @@ class FindingKind(enum.StrEnum):
     STRAGGLER = "straggler"
     SLOW_LINK = "slow_link"
     FAIL_SLOW = "fail_slow"
+    MISMATCH = "mismatch"  # ranks called different collectives: software, never a node's fault
 
     @property
     def reason(self) -> str:
@@ -66,6 +67,7 @@ class Cause(enum.StrEnum):
     COMMUNICATION = "communication"
     HOST = "host"
     DATA_STORAGE = "data/storage"
+    SOFTWARE = "software"  # the job's own code (mismatched collectives): page its owner, cordon nothing
     UNKNOWN = "unknown"
 
 
@@ -74,6 +76,7 @@ _PRESENTATION = {
     FindingKind.STRAGGLER: ("Straggler", "TrainingJobStraggler", "straggler"),
     FindingKind.SLOW_LINK: ("SlowLink", "TrainingJobSlowLink", "slowLink"),
     FindingKind.FAIL_SLOW: ("FailSlow", "TrainingJobFailSlow", "degradation"),
+    FindingKind.MISMATCH: ("CollectiveMismatch", "TrainingJobCollectiveMismatch", "mismatch"),
 }
 
 

@@ -229,6 +229,9 @@ class _Record:
     completed: bool
     frames: tuple[Frame, ...]
     backend: str  # "nccl", "gloo", ...: the profiling name's prefix
+    dtype: int = 0  # of the first input tensor (NCCL's datatype numbers; UNKNOWN_DTYPE when unnamed)
+    timeout_ns: int = 0  # the collective's timeout (``timeout_ms``); 0 when not given
+    retired: bool = False  # the recorder retired it: it ended, by completing or by timing out
 
 
 @dataclass
@@ -236,6 +239,7 @@ class _RankDump:
     rank: int
     path: Path
     records: list[_Record]
+    written_ns: int = 0  # the dump file's modification time: when the recorder's state was written
     group_desc: dict[str, str] = field(default_factory=dict)
     last_enqueued: dict[str, int] = field(default_factory=dict)  # group -> from pg_status
 
@@ -317,7 +321,22 @@ def _record(entry: dict[str, Any], completed_up_to: dict[str, int]) -> _Record |
         completed=completed,
         frames=_frames(entry),
         backend=name.split(":", 1)[0] if ":" in name else "",
+        dtype=_dtype(entry.get("input_dtypes")),
+        timeout_ns=int(min(max(0, _integer(entry.get("timeout_ms"), "timeout_ms")), MAX_DURATION_MS)) * 1_000_000,
+        retired=entry.get("retired") is True,
     )
+
+
+# PyTorch's dtype names (``input_dtypes``) as NCCL's datatype numbers, which rings record
+DTYPES = {"Char": 0, "Byte": 1, "Int": 2, "UInt32": 3, "Long": 4, "UInt64": 5, "Half": 6, "Float": 7,
+          "Double": 8, "BFloat16": 9, "Float8_e4m3fn": 10, "Float8_e5m2": 11}  # fmt: skip
+UNKNOWN_DTYPE = 255  # named, but not one NCCL reduces (Bool, complex, ...): all such compare equal
+
+
+def _dtype(dtypes: Any) -> int:
+    if not isinstance(dtypes, list | tuple) or not dtypes or not isinstance(dtypes[0], str):
+        return UNKNOWN_DTYPE
+    return DTYPES.get(dtypes[0], UNKNOWN_DTYPE)
 
 
 def _members(
@@ -419,7 +438,7 @@ def _rows(d: _RankDump, members: dict[str, list[int]], timed: bool) -> np.ndarra
         finished = (record.t_completed or record.t_call) if timed else -1  # -1: finished, time unknown
         t_return = finished if record.completed else 0
         rows[i] = (
-            d.rank, _group_id(record.group), record.seq, record.op, record.count, 0, record.peer,
+            d.rank, _group_id(record.group), record.seq, record.op, record.count, record.dtype, record.peer,
             ranks.index(d.rank) if d.rank in ranks else -1, len(ranks), record.t_call, t_return,
             gpu_start, gpu_end, 0,
         )  # fmt: skip
@@ -444,6 +463,25 @@ def _number_p2p_per_peer(calls: np.ndarray) -> np.ndarray:
     position = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
     calls["seq"][order] = position + 1
     return calls
+
+
+def _written_ns(path: Path) -> int:
+    try:
+        return int(path.stat().st_mtime_ns)
+    except OSError:
+        return 0
+
+
+def _observed_until(dumps: list[_RankDump]) -> int:
+    """Until when the dumps watched the job: the latest of their writing (file times; copies keep them
+    with ``cp -p``, tar, ``kubectl cp``) and of the timeouts that ran out, a collective the recorder
+    retired though a member never entered it (gloo retires timed-out work) having waited its timeout."""
+    until = max((d.written_ns for d in dumps), default=0)
+    for d in dumps:
+        for record in d.records:
+            if record.retired and not record.completed and record.timeout_ns and record.t_call > 0:
+                until = max(until, min(record.t_call + record.timeout_ns, (1 << 62)))
+    return until
 
 
 def _pipeline_neighbours(layout: Layout, rank: int) -> set[int]:
@@ -472,6 +510,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
         if rank_dump.rank in sources:
             problems.append(f"{path}: a second dump of rank {rank_dump.rank}: ignored")
             continue
+        rank_dump.written_ns = _written_ns(path)
         host = dump.get("hostname", "unknown")
         sources[rank_dump.rank] = RankSource(rank_dump.rank, str(host), _integer(dump.get("pid", -1), "pid"), str(path))
         dumps.append(rank_dump)
@@ -495,6 +534,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
     trace = Trace(
         calls[order], sources, comms, problems, skipped=skipped, has_returns=timed, pending_known=True, stacks=stacks
     )
+    trace.observed_until_ns = _observed_until(dumps)
     if not timed and records:
         problems.append(
             "the dumps carry no completion times (gloo records only when each call was made): ranks are "

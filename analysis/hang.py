@@ -18,7 +18,7 @@ import numpy as np
 from rankwatch.analysis.findings import Finding, comm_label, utc_text
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.sync_points import not_culprits
-from rankwatch.analysis.trace import P2P_OPS, Communicator, Trace
+from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Communicator, Trace
 
 
 def _describe_call(row: np.void) -> str:
@@ -159,12 +159,13 @@ def _merge_stopped_together(
 
 def _follow_unrecorded_partners(
     trace: Trace, waits_for: dict[int, set[int]], waiting: set[int], unknown_peer: set[int]
-) -> None:
+) -> set[int]:
     """A rank others wait for that is in no recorded call, where the source records no send/receive
     (gloo's flight recorder), may be inside one: with its pipeline neighbours when the layout names
-    them (it waits for them), else with someone unnamed."""
+    them (it waits for them), else with someone unnamed. Returns the ranks given such guessed waits."""
+    guessed: set[int] = set()
     if not trace.unrecorded_partners:
-        return
+        return guessed
     changed = True
     while changed:
         changed = False
@@ -174,9 +175,11 @@ def _follow_unrecorded_partners(
             partners = trace.unrecorded_partners[rank] - {rank}
             if partners:
                 waits_for[rank] = set(partners)
+                guessed.add(rank)
                 changed = True
             else:
                 unknown_peer.add(rank)
+    return guessed
 
 
 def _p2p_match(trace: Trace, row: np.void, peer: int, queued: np.ndarray, completion_known: bool) -> str:
@@ -242,6 +245,40 @@ def _stuck_pair_finding(trace: Trace, pair: frozenset[int], stalled: np.ndarray)
     )
 
 
+def _stalled_long_enough(
+    trace: Trace, roots: dict[int, set[int]], end: int, stall_seconds: float
+) -> dict[int, set[int]]:
+    """The stopped ranks whose evidence runs on past their last call by the stall threshold: a rank
+    whose records (or everyone's) simply end a moment after its last call has not been seen to stop."""
+    kept = {}
+    for culprit, waiters in roots.items():
+        own = trace.calls[trace.rows_of(culprit)]
+        last = int(max(own["t_call"].max(), own["t_return"].max())) if len(own) else 0
+        if end - last >= stall_seconds * 1e9:
+            kept[culprit] = waiters
+    return kept
+
+
+def _undecided_stop_finding(candidates: set[int], waits_for: dict[int, set[int]]) -> Finding:
+    """A stop the records cannot pin on one rank: several ranks are awaited in collectives they never
+    entered, and each may be inside a send/receive the source does not record with another of them."""
+    ranks = sorted(candidates)
+    waiting = sorted(rank for rank, targets in waits_for.items() if targets & candidates and rank not in candidates)
+    return Finding(
+        kind="hang",
+        ranks=[],
+        nodes=[],
+        communicator=None,
+        confidence=0.3,
+        summary=(
+            f"the job stopped: ranks {', '.join(map(str, ranks))} never entered collectives their peers wait in, "
+            "and each may be waiting for another of them in a send/receive the dumps do not record (gloo): "
+            "which one stopped is not localisable; NCCL's flight recorder records sends and receives"
+        ),
+        evidence={"candidates": ranks, "waiting_ranks": waiting},
+    )
+
+
 def _unless_across_nodes(trace: Trace, members: list[int]) -> list[int]:
     """``members`` when they share one node, else none: naming a whole group that spans nodes would
     cordon the healthy nodes with the stuck one."""
@@ -249,12 +286,15 @@ def _unless_across_nodes(trace: Trace, members: list[int]) -> list[int]:
 
 
 def detect_hangs(trace: Trace, stall_seconds: float = 1.0, now_ns: int | None = None) -> list[Finding]:
-    """``now_ns``: the time the trace is judged at (default: the wall clock, so a live ring's
-    in-flight calls are young and a dump of a dead job's calls are old)."""
+    """``now_ns``: the time the trace is judged at (default: until when its sources watched the job,
+    ``Trace.observed_until_ns``, else the wall clock, so a live ring's in-flight calls are young and
+    a dead job's are old). A wait, and a stop, must last ``stall_seconds`` before that time."""
     calls = trace.calls
     if not len(calls):
         return []
-    end = max(trace.end_ns, now_ns if now_ns is not None else time.time_ns())
+    if now_ns is None:
+        now_ns = trace.observed_until_ns if trace.observed_until_ns is not None else time.time_ns()
+    end = max(trace.end_ns, now_ns)
     completion_known = trace.has_returns or trace.pending_known
     findings = _detect(trace, stall_seconds, end, completion_known)
     if not completion_known:  # call times only (Megatrace): hosts ran ahead of their GPUs there too
@@ -361,7 +401,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             stuck[key] = stalled[(stalled["comm"] == comm_id) & (stalled["seq"] == seq)]
 
     waiting = set(stalled["rank"].tolist())
-    _follow_unrecorded_partners(trace, waits_for, waiting, unknown_peer)
+    in_unrecorded = _follow_unrecorded_partners(trace, waits_for, waiting, unknown_peer)
     stopped = {  # waits for nothing: it stopped outside NCCL
         rank
         for targets in waits_for.values()
@@ -380,6 +420,18 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             waits_for.pop(rank, None)
         stopped = {rank for targets in waits_for.values() for rank in targets if rank not in waits_for}
         roots = _roots_behind(waits_for, stopped)
+    undecided_stop: set[int] = set()
+    if not roots and in_unrecorded:
+        # Guessed unrecorded exchanges that only go round (rank A in one with B, B with A): one of them
+        # stopped and the other waits for it. The one others wait for in a recorded collective it never
+        # entered is the stopped one when it is the only such rank; else the records cannot tell.
+        awaited = {rank for missing in missing_in.values() for rank in missing} & in_unrecorded
+        if len(awaited) == 1:
+            waits_for.pop(next(iter(awaited)))
+            roots = _roots_behind(waits_for, stopped | awaited)
+        else:
+            undecided_stop = awaited
+    roots = _stalled_long_enough(trace, roots, end, stall_seconds)
     if not completion_known:
         _merge_stopped_together(trace, stalled, roots, members_of, stuck)
 
@@ -433,6 +485,8 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         )
 
     findings += [_stuck_pair_finding(trace, pair, stalled) for pair in undecided_pairs if pair.isdisjoint(roots)]
+    if undecided_stop:
+        findings.append(_undecided_stop_finding(undecided_stop, waits_for))
     for (comm_id, seq), rows in stuck.items():
         if any(int(r) in roots for r in rows["rank"]):
             continue
@@ -465,3 +519,39 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             )
         )
     return findings
+
+
+def short_ends(trace: Trace, stall_seconds: float, now_ns: int | None = None, shown: int = 3) -> list[str]:
+    """What a trace without a hang says of ranks whose records end short of their peers' in a
+    communicator: behind, but not for the stall threshold (logs that simply end, or a live job)."""
+    calls = trace.calls[np.isin(trace.calls["op"], COLLECTIVE_OPS)]
+    if not len(calls):
+        return []
+    if now_ns is None:
+        now_ns = trace.observed_until_ns if trace.observed_until_ns is not None else time.time_ns()
+    end = max(trace.end_ns, now_ns)
+    pairs, inverse = np.unique(np.stack([calls["comm"], calls["rank"].astype(np.uint64)], axis=1), axis=0,
+                               return_inverse=True)  # fmt: skip
+    inverse = inverse.reshape(-1)
+    last_seq = np.zeros(len(pairs), np.uint64)
+    np.maximum.at(last_seq, inverse, calls["seq"])
+    last_call = np.zeros(len(pairs), np.int64)
+    np.maximum.at(last_call, inverse, calls["t_call"])
+    lines = []
+    for comm_id in np.unique(pairs[:, 0]).tolist():
+        mine = pairs[:, 0] == comm_id
+        ahead = int(last_seq[mine].max())
+        for index in np.flatnonzero(mine & (last_seq < ahead)).tolist():
+            rank = int(pairs[index, 1])
+            own = trace.calls[trace.rows_of(rank)]
+            after = (end - int(max(own["t_call"].max(), own["t_return"].max()))) / 1e9
+            if after >= stall_seconds:
+                continue  # a stop the hang detector judged
+            lines.append(
+                f"rank {rank}'s records end {ahead - int(last_seq[index])} call(s) short of its peers' in "
+                f"{trace.comm_name(comm_id)}, {after * 1e3:.1f} ms before the evidence ends: less than the stall "
+                f"threshold ({stall_seconds:g} s), so not a hang (the records simply end there)"
+            )
+            if len(lines) >= shown:
+                return lines
+    return lines

@@ -487,7 +487,9 @@ def read_logs(directory: str | Path, layout: Layout | None = None) -> Trace:
     for _ in _map(lambda job: _fill(calls, *job), zip(firsts, ordered, strict=True)):
         pass
     _match_unnamed_communicators(calls, comms, problems, layout)
-    return Trace(calls, ranks, comms, problems, skipped=skipped, has_returns=False)
+    # the logs end where they end: no time after the last call is known to have passed without one
+    end = int(calls["t_call"].max()) if len(calls) else 0
+    return Trace(calls, ranks, comms, problems, skipped=skipped, has_returns=False, observed_until_ns=end)
 
 
 def _match_unnamed_communicators(

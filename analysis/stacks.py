@@ -45,6 +45,8 @@ def add_frames(trace: Trace, findings: list[Finding]) -> None:
     if not trace.stacks:
         return
     for finding in findings:
+        if finding.kind == "mismatch":  # carries the frames of the very calls that disagree
+            continue
         comm = int(finding.communicator, 16) if finding.communicator else None
         if finding.kind == "hang":
             seq = finding.evidence.get("seq")

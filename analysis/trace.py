@@ -120,6 +120,10 @@ class Trace:
     # compute spans (SPAN_DTYPE) and iterations (ITERATION_DTYPE) where the source records them (MegaScan)
     spans: np.ndarray | None = None
     iterations: np.ndarray | None = None
+    # until when the sources are known to have watched the job (a dump's writing, a timeout that ran
+    # out): a call older than that by the stall threshold waited that long. None: they were live until
+    # the analysis (rings). Logs that simply end were watched only until their last call.
+    observed_until_ns: int | None = None
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:

@@ -100,6 +100,7 @@ class AlertLevels:
     straggler: str = "P1"
     slowLink: str = "P1"
     degradation: str = "P2"
+    mismatch: str = "P0"  # mismatched collectives: the job is stuck in its own code; its owner is paged
 
     def for_finding(self, kind: FindingKind) -> str:
         """The level of a finding kind (its ``level_key`` names the field)."""

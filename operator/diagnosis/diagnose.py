@@ -473,7 +473,7 @@ async def diagnose(
     # is the machine or the environment, not a fault rankwatch can localise or cordon: it is logged
     # with the report, and the job is not marked Degraded for it.
     for finding in report.findings:
-        if not finding.ranks and finding.kind is not FindingKind.HANG:
+        if not finding.ranks and finding.kind not in (FindingKind.HANG, FindingKind.MISMATCH):
             report.problems.append(f"job-wide, no rank behind it (not a diagnosis): {finding.summary}")
     blaming = [finding for finding in report.findings if finding.ranks]
     if not blaming and suspicion.evidence.get("source") == "host_starved":
@@ -496,7 +496,12 @@ async def diagnose(
     if not blaming:
         # A stopped job whose culprit the evidence cannot single out is still hung: it is reported as
         # such, naming nobody (so nothing is cordoned), rather than not at all.
-        unlocalised = [f for f in report.findings if f.kind is FindingKind.HANG and suspicion.kind is FindingKind.HANG]
+        # So is a mismatch whose odd side is undecided: the job's owner is paged, nothing cordoned.
+        unlocalised = [
+            f
+            for f in report.findings
+            if (f.kind is FindingKind.HANG and suspicion.kind is FindingKind.HANG) or f.kind is FindingKind.MISMATCH
+        ]
         return (Diagnosis(unlocalised[0], [], _now(), examination) if unlocalised else None), examination
     blamed_pods = sorted({pod_of_rank[rank] for rank in finding.ranks if rank in pod_of_rank})
     return Diagnosis(finding, blamed_pods, _now(), examination), examination

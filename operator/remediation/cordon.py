@@ -236,6 +236,7 @@ _SKIP_EVENTS = {
     Outcome.OPTED_OUT: ("Normal", "CordonSkipped"),
     Outcome.COOLDOWN: ("Normal", "CordonSkipped"),
     Outcome.LOW_CONFIDENCE: ("Normal", "CordonSkipped"),
+    Outcome.SOFTWARE_FAULT: ("Normal", "CordonSkipped"),
 }
 """Outcomes that change nothing but that people should see on the job. ALREADY_CORDONED and
 DISABLED stay quiet: nothing new happened, or the job asked for nothing."""

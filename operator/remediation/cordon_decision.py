@@ -130,6 +130,8 @@ class Outcome(enum.StrEnum):
     """rankwatch's mark is there already (this job's or another's): nothing new, no new Event."""
     DISABLED = "disabled"
     """``spec.remediation.cordon`` is false."""
+    SOFTWARE_FAULT = "software_fault"
+    """The finding is the job's own code (mismatched collectives): no node is at fault."""
     LOW_CONFIDENCE = "low_confidence"
     NOT_JOB_NODE = "not_a_node_of_this_job"
     """No pod of the job ran there: rankwatch never touches it."""
@@ -198,7 +200,12 @@ def decide(
 
         view = nodes.get(name)
         mark = view.mark if view is not None else None
-        if not spec.cordon:
+        if request.kind is FindingKind.MISMATCH:
+            decision(
+                Outcome.SOFTWARE_FAULT,
+                f"ranks of {request.job} called different collectives: a fault of the job's code, not of {name}",
+            )
+        elif not spec.cordon:
             decision(Outcome.DISABLED, "spec.remediation.cordon is false")
         elif request.confidence < guards.min_confidence:
             decision(

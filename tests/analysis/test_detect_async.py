@@ -3,6 +3,8 @@ collectives run behind the host on the device's streams), with GPU timing and wi
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from rankwatch.analysis.analyze import analyze
@@ -171,6 +173,7 @@ def test_megatrace_logs_of_a_run_ahead_job_name_the_hang_and_no_straggler(tmp_pa
         for ranks_per_node in (None, 4):  # host clocks taken as aligned, and offsets removed per node
             trace = read_logs(tmp_path / name / "megatrace")
             trace.ranks_per_node = ranks_per_node
+            trace.observed_until_ns = time.time_ns()  # seen stopped when the logs were collected
             document = analyze(trace)
             assert [(f["kind"], f["ranks"]) for f in document["findings"]] == expected, document["findings"]
     # the healthy run's last-stage host, behind the world by tens of ms: set aside, and said why

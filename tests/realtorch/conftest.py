@@ -22,7 +22,7 @@ import torch_env
 
 JOB = Path(__file__).parent / "megatron_job.py"
 LAYOUT = {"tp": 2, "pp": 2, "world": 8}
-SLOW_RANK, STOPPED_RANK = 3, 5
+SLOW_RANK, STOPPED_RANK, MISMATCH_RANK = 3, 5, 5
 
 
 def _free_port() -> int:
@@ -38,8 +38,9 @@ def torch_python() -> Path:
     return torch_env.python()
 
 
-def run_job(python: Path, out: Path, *args: str, timeout: float = 240) -> Path:
-    """torchrun with LAYOUT's world; returns ``out`` with the dumps the ranks wrote."""
+def run_job(python: Path, out: Path, *args: str, timeout: float = 240, check: bool = True) -> Path:
+    """torchrun with LAYOUT's world (``args`` may give another ``--tp`` / ``--pp``); returns ``out`` with
+    the dumps the ranks wrote. ``check``: torchrun must succeed (not when a rank is meant to abort)."""
     out.mkdir(parents=True, exist_ok=True)
     command = [
         str(python), "-m", "torch.distributed.run", "--nproc-per-node", str(LAYOUT["world"]),
@@ -48,7 +49,7 @@ def run_job(python: Path, out: Path, *args: str, timeout: float = 240) -> Path:
     ]  # fmt: skip
     env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     result = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0, f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}"
+    assert result.returncode == 0 or not check, f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}"
     return out
 
 
@@ -80,3 +81,25 @@ def slow_run(torch_python: Path, runs_dir: Path) -> Path:
 def stopped_run(torch_python: Path, runs_dir: Path) -> Path:
     stop = ("--stop-rank", str(STOPPED_RANK), "--stop-step", "2", "--timeout-s", "8")
     return run_job(torch_python, runs_dir / "stopped", "--steps", "4", *stop)
+
+
+@pytest.fixture(scope="session")
+def stopped_all_dump_run(torch_python: Path, runs_dir: Path) -> Path:
+    """The stopped rank dumps too, after its peers timed out: what NCCL's dump-on-timeout gives."""
+    stop = ("--stop-rank", str(STOPPED_RANK), "--stop-step", "2", "--timeout-s", "8", "--stop-dumps")
+    return run_job(torch_python, runs_dir / "stopped-all-dump", "--steps", "4", *stop)
+
+
+@pytest.fixture(scope="session")
+def broadcast_mismatch_run(torch_python: Path, runs_dir: Path) -> Path:
+    """MISMATCH_RANK calls a broadcast where its TP peer all-reduces."""
+    odd = ("--mismatch-rank", str(MISMATCH_RANK), "--mismatch-step", "2", "--mismatch", "op", "--timeout-s", "8")
+    return run_job(torch_python, runs_dir / "mismatch-op", "--steps", "4", *odd)
+
+
+@pytest.fixture(scope="session")
+def count_mismatch_run(torch_python: Path, runs_dir: Path) -> Path:
+    """TP 4: MISMATCH_RANK all-reduces twice the elements its three TP peers do; gloo aborts the peer that
+    receives its larger chunk (no dump), the others time out and dump."""
+    odd = ("--mismatch-rank", str(MISMATCH_RANK), "--mismatch-step", "2", "--mismatch", "count", "--timeout-s", "8")
+    return run_job(torch_python, runs_dir / "mismatch-count", "--steps", "4", "--tp", "4", *odd, check=False)

@@ -9,7 +9,14 @@ a sleep, so eight ranks on two shared cores keep their pace.
 
 Faults: ``--slow-rank R --slow-ms X`` adds X ms to every compute of rank R; ``--stop-rank R
 --stop-step S`` makes rank R stop (sleep outside any collective) before step S: its peers time out
-in the collective that waits for it, dump their flight recorders and exit; R writes no dump.
+in the collective that waits for it, dump their flight recorders and exit; R writes no dump, unless
+``--stop-dumps``: then it dumps after them, as NCCL's dump-on-timeout makes every rank dump (the stuck
+rank's watchdog thread is alive while its main thread is not). ``--mismatch-rank R --mismatch-step S
+--mismatch op|count|dtype`` makes rank R call, at step S's first TP collective, a broadcast where its TP
+peers all-reduce, or the all-reduce with half the elements, or in float64: a code path taken on one
+rank only; the TP group hangs there until the timeout. Gloo aborts a rank that receives more bytes
+than it expects (the odd rank's neighbour, with another count or datatype): then torchrun's SIGTERM
+is ignored so that the other ranks still time out and dump.
 
 Each surviving rank writes its flight-recorder dump to ``<out>/nccl_trace_rank_<R>`` (pickle from
 ``_dump_fr_trace``, or JSON from ``_dump_fr_trace_json`` with ``--json``) and ``<out>/journal/rank_<R>.json``
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -42,6 +50,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--slow-ms", type=float, default=0.0)
     parser.add_argument("--stop-rank", type=int, default=-1)
     parser.add_argument("--stop-step", type=int, default=-1)
+    parser.add_argument("--stop-dumps", action="store_true")
+    parser.add_argument("--mismatch-rank", type=int, default=-1)
+    parser.add_argument("--mismatch-step", type=int, default=-1)
+    parser.add_argument("--mismatch", choices=("op", "count", "dtype"), default="op")
     parser.add_argument("--timeout-s", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
@@ -102,12 +114,25 @@ def compute(args: argparse.Namespace, rank: int) -> None:
     time.sleep((args.compute_ms + (args.slow_ms if rank == args.slow_rank else 0.0)) / 1e3)
 
 
-def stop(args: argparse.Namespace, world: int) -> None:
-    """Stopped outside any collective until the peers have timed out and dumped; then gone, no dump."""
+def stop(args: argparse.Namespace, rank: int, world: int, journal: Journal) -> None:
+    """Stopped outside any collective until the peers have timed out and dumped; then gone, with no
+    dump unless ``--stop-dumps``."""
     deadline = time.monotonic() + args.timeout_s * 6
     while time.monotonic() < deadline and len(list(Path(args.out).glob("nccl_trace_rank_*"))) < world - 1:
         time.sleep(0.2)
+    if args.stop_dumps:
+        dump(args, rank, journal)
     os._exit(0)
+
+
+def mismatched_call(args: argparse.Namespace, activation: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """What the mismatching rank calls where its TP peers all-reduce ``activation``."""
+    if args.mismatch == "op":  # receives from a peer that all-reduces: both wait
+        dist.broadcast(activation, group_src=0 if dist.get_rank(group) else 1, group=group)
+    elif args.mismatch == "count":
+        dist.all_reduce(torch.ones(activation.numel() * 2), group=group)
+    else:
+        dist.all_reduce(activation.double(), group=group)
 
 
 def dump(args: argparse.Namespace, rank: int, journal: Journal) -> None:
@@ -136,13 +161,16 @@ def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal)
     activation = torch.ones(256)
     for step in range(args.steps):
         if rank == args.stop_rank and step == args.stop_step:
-            stop(args, layout.world)
-        for _ in range(args.microbatches):  # forward
+            stop(args, rank, layout.world, journal)
+        for micro in range(args.microbatches):  # forward
             if stage > 0:
                 journal.exchange("recv", pp_group, pp_ranks[stage - 1], pp_ranks)
                 dist.recv(activation, src=pp_ranks[stage - 1], group=pp_group)
             compute(args, rank)
-            dist.all_reduce(activation, group=tp_group)
+            if rank == args.mismatch_rank and step == args.mismatch_step and micro == 0:
+                mismatched_call(args, activation, tp_group)
+            else:
+                dist.all_reduce(activation, group=tp_group)
             activation /= layout.tp
             if stage < layout.pp - 1:
                 journal.exchange("send", pp_group, pp_ranks[stage + 1], pp_ranks)
@@ -166,6 +194,8 @@ def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal)
 def main() -> int:
     args = parse()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.mismatch_rank >= 0 and args.mismatch != "op":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
     layout = Layout(world, args.tp, args.pp)
     failed = None

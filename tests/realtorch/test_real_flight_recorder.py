@@ -13,7 +13,7 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import LAYOUT, SLOW_RANK, STOPPED_RANK
+from conftest import LAYOUT, MISMATCH_RANK, SLOW_RANK, STOPPED_RANK
 from nccl_style import derive
 
 from rankwatch.analysis.analyze import analyze
@@ -92,3 +92,42 @@ def test_without_a_layout_no_other_rank_is_blamed_for_the_stop(stopped_run):
     document = findings_of(stopped_run, layout=None)
     assert [f["ranks"] for f in document["findings"]] in ([], [[STOPPED_RANK]]), document["findings"]
     assert any(f"rank {STOPPED_RANK}" in problem for problem in document["problems"])
+
+
+def test_stopped_rank_that_dumps_too_is_the_one_culprit(stopped_all_dump_run, tmp_path):
+    """Dump-on-timeout: every rank dumps, the stopped one too. Its dump ends a collective short of its
+    TP peer's: as NCCL records it (sends and receives too) it is named, and nobody else."""
+    assert (stopped_all_dump_run / f"nccl_trace_rank_{STOPPED_RANK}").exists()
+    document = findings_of(derive(stopped_all_dump_run, tmp_path / "nccl")[0].parent)
+    assert [(f["kind"], f["ranks"]) for f in document["findings"]] == [("hang", [STOPPED_RANK])], document["findings"]
+    assert document["findings"][0]["evidence"]["waiting_seconds"] < 3600
+
+
+def test_stopped_rank_that_dumps_too_on_gloo_names_no_healthy_rank(stopped_all_dump_run):
+    """Gloo records no send/receive: the stopped rank and the pipeline neighbour blocked sending to it
+    both look stopped; the report says the job stopped and names no healthy rank (was: healthy)."""
+    document = findings_of(stopped_all_dump_run)
+    [finding] = document["findings"]
+    assert finding["kind"] == "hang" and finding["ranks"] in ([], [STOPPED_RANK]), finding
+    if not finding["ranks"]:
+        assert STOPPED_RANK in finding["evidence"]["candidates"]
+
+
+def test_broadcast_where_the_peer_all_reduces_is_a_mismatch(broadcast_mismatch_run, dumps_of):
+    """One against one in its TP group: the other TP groups all-reduce at that number, so the broadcast
+    is the odd call; reported as a mismatch (software), not as a hang naming its healthy peer."""
+    document = findings_of(dumps_of(broadcast_mismatch_run))
+    [finding] = document["findings"]
+    assert (finding["kind"], finding["ranks"], finding["cause"]) == ("mismatch", [MISMATCH_RANK], "software"), finding
+    assert finding["evidence"]["mismatch"] == ["op"]
+    frame = finding["evidence"]["culprit_frame"]
+    assert frame["file"].endswith("megatron_job.py") and frame["function"] == "mismatched_call"
+
+
+def test_all_reduce_of_another_element_count_is_a_mismatch(count_mismatch_run):
+    """TP 4: gloo aborted the peer that received the larger chunk (no dump); the two peers that dumped
+    agree against the odd rank. Nobody else is named, the aborted peer neither."""
+    document = findings_of(count_mismatch_run, Layout(4, LAYOUT["pp"], LAYOUT["world"]))
+    [finding] = document["findings"]
+    assert (finding["kind"], finding["ranks"], finding["cause"]) == ("mismatch", [MISMATCH_RANK], "software"), finding
+    assert finding["evidence"]["mismatch"] == ["count"]

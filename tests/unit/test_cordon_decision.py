@@ -276,3 +276,25 @@ def test_expiry_is_read_back_and_an_unreadable_one_counts_as_passed():
         ][node_marks.EXPIRES]
         is None
     )
+
+
+def test_mismatched_collectives_cordon_no_node_and_page_the_owner():
+    """A mismatch is the job's code: its nodes are left alone, whatever the job allows, and the alert
+    goes out at the job's mismatch level (P0 by default: its owner is paged)."""
+    from rankwatch.alerting.findings import alert_from_finding
+    from rankwatch.analysis.findings import Finding
+    from rankwatch.operator.spec import Alerting, AlertLevels
+
+    finding = Finding("mismatch", [13], ["n1"], "00ab", 0.95, "rank 13 broadcasts where its peers all-reduce",
+                      cause="software")  # fmt: skip
+    request = CordonRequest.from_finding("team-a", "llama", "uid-1", finding)
+    for job in ({}, {"dryRun": True}, {"maxNodesPerJob": 8}):
+        assert outcomes(decide(request, policy(**job), frozenset({"n0", "n1"}), cluster(4), NOW)) == {
+            "n1": Outcome.SOFTWARE_FAULT
+        }
+    assert not Outcome.SOFTWARE_FAULT.changes_node
+    alert = alert_from_finding("team-a", "llama", finding)
+    assert alert.labels["alertname"] == "TrainingJobCollectiveMismatch" and alert.level.name == "P0"
+    assert alert.annotations["cause"].startswith("cause software")
+    quieter = alert_from_finding("team-a", "llama", finding, Alerting(levels=AlertLevels(mismatch="P2")))
+    assert quieter.level.name == "P2"
