@@ -50,6 +50,9 @@ class WorkerPodSettings:
     """Hosts the pod annotation ``rankwatch.io/sidecar-endpoint`` may name (the local cluster: 127.0.0.1).
     Empty: the annotation is ignored, sidecars are asked at their pod IP only (anyone who may edit a pod
     could otherwise send the operator, with the job's token, to any URL)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (by name, in each job's namespace) for pulling ``image`` into a traced worker pod's init
+    container and sidecar; added to the pod's imagePullSecrets."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class OperatorConfig:
             collector_url=env.get("RANKWATCH_COLLECTOR_URL", WorkerPodSettings.collector_url, _http_url),
             sidecar_metrics_port=env.get("RANKWATCH_SIDECAR_METRICS_PORT", 9400, _port),
             sidecar_endpoint_hosts=env.get("RANKWATCH_SIDECAR_ENDPOINT_HOSTS", (), _host_list),
+            image_pull_secrets=env.get("RANKWATCH_IMAGE_PULL_SECRETS", (), _secret_names),
         )
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
@@ -308,6 +312,14 @@ def _listen(value: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port {number} is out of range")
     return host or "0.0.0.0", number
+
+
+def _secret_names(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    bad = [name for name in names if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a Secret name (comma-separated names, e.g. registry-credentials)")
+    return names
 
 
 def _host_list(value: str) -> tuple[str, ...]:

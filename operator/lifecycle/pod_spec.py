@@ -218,6 +218,14 @@ def _restricted_security_context() -> dict[str, Any]:
     }
 
 
+def _add_pull_secrets(pod_spec: dict[str, Any], names: list[str]) -> None:
+    """The Secrets that pull rankwatch's image, after the template's own (imagePullSecrets is per pod)."""
+    present = {reference.get("name") for reference in pod_spec.get("imagePullSecrets", [])}
+    for name in dict.fromkeys(names):
+        if name not in present:
+            pod_spec.setdefault("imagePullSecrets", []).append({"name": name})
+
+
 def avoid_nodes_affinity(nodes: list[str]) -> dict[str, Any]:
     """A required node anti-affinity requirement for ``nodes`` (suspects that were not cordoned)."""
     return {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
@@ -294,6 +302,7 @@ def worker_pod(
                 {"name": NO_API_TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
             ]
         )
+        _add_pull_secrets(pod_spec, [*config.image_pull_secrets, *spec.tracing.imagePullSecrets])
 
     labels = {
         **metadata.get("labels", {}),

@@ -313,3 +313,13 @@ def test_the_sidecar_endpoint_annotation_is_trusted_for_no_host_by_default(rende
     local = one(render("--set", "operator.sidecarEndpointHosts={127.0.0.1}"), "Deployment")
     env = {e["name"]: e.get("value") for e in local["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RANKWATCH_SIDECAR_ENDPOINT_HOSTS"] == "127.0.0.1"
+
+
+def test_pull_secrets_for_the_workers_rankwatch_image_reach_the_operator(render):
+    env = {
+        e["name"]: e.get("value")
+        for e in one(render("--set", "sidecar.imagePullSecrets={regcred,mirror}"), "Deployment")["spec"]["template"][
+            "spec"
+        ]["containers"][0]["env"]
+    }
+    assert env["RANKWATCH_IMAGE_PULL_SECRETS"] == "regcred,mirror"

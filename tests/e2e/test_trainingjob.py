@@ -159,7 +159,9 @@ def test_a_failing_worker_fails_the_job_with_its_exit_code(api, kubectl, namespa
 def test_a_worker_that_cannot_start_shows_its_reason_on_the_job(api, kubectl, namespace, eventually, reason, message):
     # kwok reports the containers waiting as the kubelet would (cluster/kwok-stages.yaml, rankwatch-pod-waiting).
     waiting = {"kwok.rankwatch.io/waiting-reason": reason, "kwok.rankwatch.io/waiting-message": message}
-    create_job(api, namespace, small_job("stuck", replicas=1, annotations=waiting))
+    job = small_job("stuck", replicas=1, annotations=waiting)
+    job["spec"]["tracing"] = {"imagePullSecrets": [{"name": "team-registry"}]}  # for rankwatch's own image
+    create_job(api, namespace, job)
 
     def said() -> dict | None:
         status = get_job(api, namespace, "stuck").get("status", {})
@@ -179,6 +181,8 @@ def test_a_worker_that_cannot_start_shows_its_reason_on_the_job(api, kubectl, na
     )["items"]
     assert [e["type"] for e in events if e["reason"] == reason] == ["Warning"]
     assert message in next(e["message"] for e in events if e["reason"] == reason)
+    (pod,) = worker_pods(api, namespace, "stuck")
+    assert [secret.name for secret in pod.spec.image_pull_secrets] == ["team-registry"]
 
 
 def test_an_unschedulable_job_says_why(api, namespace, eventually):
