@@ -21,7 +21,6 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator.config import AlertingSettings
-from rankwatch.operator.diagnosis.metrics import alerting_ready
 from rankwatch.operator.events import EventTarget, post_event
 
 log = logging.getLogger(__name__)
@@ -34,6 +33,7 @@ async def start_alerting(settings: AlertingSettings, kube: kubernetes.client.Api
     if not settings.config_path:
         return None
     from rankwatch.alerting import AlertPipeline, kubernetes_resolver, load_config, open_store
+    from rankwatch.alerting.metrics import AlertMetrics
 
     try:
         secrets = kubernetes_resolver(settings.namespace, kube)
@@ -44,12 +44,11 @@ async def start_alerting(settings: AlertingSettings, kube: kubernetes.client.Api
     except Exception as error:  # alerting, whatever its fault, must not take the operator down
         # ConfigError and StoreError messages name a Secret by its source, never its value.
         problem = f"alerting config {settings.config_path}: {error}"
-        alerting_ready().set(0)
+        AlertMetrics.default().ready.set(0)
         log.error("alerting is off until the operator restarts: %s", problem)
         await asyncio.to_thread(_report_on_own_pod, kube, problem)
         return None
-    alerting_ready().set(1)
-    return pipeline
+    return pipeline  # rankwatch_alerting_ready 1 (the pipeline's start)
 
 
 def _report_on_own_pod(kube: kubernetes.client.ApiClient, problem: str) -> None:

@@ -121,6 +121,9 @@ class OperatorConfig:
     cordon. A watch that carries nothing for its 300 s plus this long is opened again."""
     event_loop: str = "asyncio"
     """The operator's event loop: asyncio's, or uvloop's (``rankwatch.operator.event_loop``)."""
+    no_telemetry_seconds: float = 120.0
+    """A running job whose sidecars ship nothing this long (at least 3 of its windows) gets the
+    condition NoTelemetry (``diagnosis/telemetry_watch.py``)."""
 
     @classmethod
     def from_env(
@@ -211,6 +214,7 @@ class OperatorConfig:
             node_alerts=node_alerts,
             api_timeout_seconds=env.get("RANKWATCH_API_TIMEOUT_SECONDS", cls.api_timeout_seconds, _positive),
             event_loop=env.get("RANKWATCH_EVENT_LOOP", cls.event_loop, _event_loop),
+            no_telemetry_seconds=env.get("RANKWATCH_NO_TELEMETRY_SECONDS", cls.no_telemetry_seconds, _positive),
         )
         if env.problems:
             raise ConfigError(env.problems)

@@ -55,6 +55,7 @@ class Watch:
             job_metrics=self.job_metrics,
             node_alerts=config.node_alerts,
             sidecar_endpoint_hosts=config.pods.sidecar_endpoint_hosts,
+            no_telemetry_seconds=config.no_telemetry_seconds,
         )
         self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake, jobs=self._job_limits)
         if self.alerts is not None:

@@ -58,20 +58,3 @@ RECOVERIES = Counter("rankwatch_recoveries_total", "Findings cleared because the
 def diagnoses_in_progress(running: int, waiting: int) -> None:
     DIAGNOSES_RUNNING.set(running)
     DIAGNOSES_WAITING.set(waiting)
-
-
-_alerting_ready: Gauge | None = None
-
-
-def alerting_ready() -> Gauge:
-    """``rankwatch_alerting_ready``, registered on first use: a gauge without labels would show 0 from
-    the start, so with alerting off (nothing to be ready) there is no series for a rule to fire on."""
-    global _alerting_ready
-    if _alerting_ready is None:
-        _alerting_ready = Gauge(
-            "rankwatch_alerting_ready",
-            "1: the alert pipeline runs; 0: an alerting config is given but cannot be used (a missing Secret, a "
-            "bad config, no alert store; the operator's pod has an AlertingNotReady Event saying why); absent: "
-            "alerting is off",
-        )
-    return _alerting_ready

@@ -15,7 +15,7 @@ from rankwatch.operator.spec import TrainingJobSpec
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Hung", "Degraded")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Hung", "Degraded", "NoTelemetry")
 UNSCHEDULABLE = "Unschedulable"
 STARTING = ("ContainerCreating", "PodInitializing")
 """Container waiting reasons of a pod on its way up; every other waiting reason is a problem."""
