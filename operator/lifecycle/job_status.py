@@ -163,6 +163,14 @@ def _restarts_on_worker_failure(spec: TrainingJobSpec, previous: Mapping[str, An
 STEADY_REASONS = ("WorkersPending", "AllWorkersRunning", "WorkersUnschedulable", "WorkerFailedRestarting")
 
 
+REASON_FAMILIES = {"ErrImagePull": "ImagePullBackOff"}
+"""Waiting reasons the kubelet alternates between for one problem: one Event for both."""
+
+
+def _family(reason: str | None) -> str | None:
+    return REASON_FAMILIES.get(reason or "", reason)
+
+
 def _by_index(pod: WorkerPod) -> int:
     return pod.index
 
@@ -267,8 +275,8 @@ def derive(
         events.append(Event(kind, reason, message))
     elif reason == "WorkersUnschedulable" and previous.get("message") != message:
         events.append(Event("Warning", reason, message))
-    elif reason not in STEADY_REASONS and previous.get("reason") != reason:
+    elif reason not in STEADY_REASONS and _family(previous.get("reason")) != _family(reason):
         # A worker's container cannot start or keeps failing: once per reason (a back-off's message
-        # changes with every retry).
+        # changes with every retry, and a failing pull alternates ErrImagePull and ImagePullBackOff).
         events.append(Event("Warning", reason, message))
     return status, events

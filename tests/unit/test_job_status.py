@@ -132,6 +132,9 @@ def test_a_container_that_cannot_start_gives_the_job_its_reason_once():
     assert [(e.type, e.reason) for e in events] == [("Warning", "ImagePullBackOff")]
     _, events = derive(SPEC, [pod(0), pulling, pod(2)], status, T2, 1)
     assert events == [], "reported once per reason"
+    retrying = waiting_pod(1, "Pending", "rankwatch-init", "ErrImagePull", "pull access denied", init=True)
+    again, events = derive(SPEC, [pod(0), retrying, pod(2)], status, T2, 1)
+    assert again["reason"] == "ErrImagePull" and events == [], "the kubelet's retry is the same problem"
 
 
 def test_starting_containers_are_no_problem():
