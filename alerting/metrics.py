@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from rankwatch.alerting.model import Level
 
@@ -39,6 +39,15 @@ class AlertMetrics:
             "rankwatch_alerts_suppressed",
             "Alerts not notified: duplicate of a firing alert, silenced, inhibited, or held back by storm control.",
             ["level", "reason"],
+            registry=registry,
+        )
+
+        # Born with the first pipeline of the process (or its failed start): a process that runs no
+        # alerting (the operator with alerting off) has no series for RankwatchAlertingNotReady to see.
+        self.ready = Gauge(
+            "rankwatch_alerting_ready",
+            "1: the alert pipeline runs; 0: an alerting config is given but cannot be used (a missing Secret, a "
+            "bad config, no alert store; the operator's pod has an AlertingNotReady Event saying why)",
             registry=registry,
         )
 

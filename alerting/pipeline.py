@@ -120,6 +120,7 @@ class AlertPipeline:
         self.store.forget_groups(stale)
         self.store.prune(now - self.config.store.retention)
         self._loop_task = asyncio.create_task(self._run(), name="rankwatch-alerting")
+        self.metrics.ready.set(1)
         log.info(
             "alerting started: %d receivers, %d active alerts restored, store %s",
             len(self.receivers),

@@ -11,7 +11,8 @@ server's /metrics (``apiserver_request_total`` carries no user label). Its prior
 
 Each step (``NODES:JOBS``) sizes the node pool (``LocalCluster.up``), starts a fresh operator on a
 fresh namespace, creates every job at once (``--pods-per-node`` pods per node in all: each pod asks
-for ``8 / pods-per-node`` GPUs and runs ``--ranks-per-pod`` nominal ranks), waits until every job's
+for ``8 / pods-per-node`` GPUs, or as big a share of the node's CPUs when that is fewer GPUs than its
+``--ranks-per-pod`` nominal ranks, which the CRD refuses), waits until every job's
 status phase is Running and every worker Ready (``status.workers`` N/N: kwok marks a pod Ready some
 time after Running, and each readiness is a pod event and a status write), then watches the operator
 idle for ``--settle`` seconds (every worker Ready, or ``--ready-wait`` seconds after all Running: a
@@ -72,7 +73,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rankwatch.cluster import binaries, kubeconfig, pki
 from rankwatch.cluster.local import LocalCluster
-from rankwatch.cluster.nodes import GPUS_PER_NODE
+from rankwatch.cluster.nodes import CPUS_PER_NODE, GPUS_PER_NODE
 from rankwatch.cluster.operator_process import start_operator
 from rankwatch.cluster.ports import free_port
 from rankwatch.operator import api as rankwatch_api
@@ -163,6 +164,15 @@ def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float
     return operator_requests(client), tree_cpu_seconds(pid)[1]
 
 
+def pod_resources(gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
+    """The pod's share of its node: its GPUs when they hold its ranks; else the same share of the node's
+    CPUs (the CRD refuses a pod asking for fewer GPUs than it has ranks, and the nominal ranks here need
+    none), so that as many pods fit on a node either way."""
+    if gpus_per_pod >= ranks_per_pod:
+        return {"nvidia.com/gpu": gpus_per_pod}
+    return {"cpu": str(CPUS_PER_NODE * gpus_per_pod // GPUS_PER_NODE)}
+
+
 def training_job(
     name: str, replicas: int, gpus_per_pod: int, ranks_per_pod: int, sidecars: bool = False
 ) -> dict[str, Any]:
@@ -190,7 +200,7 @@ def training_job(
                             "name": "trainer",
                             "image": "example.invalid/density:none",  # kwok runs nothing
                             "command": ["torchrun", "train.py"],
-                            "resources": {"limits": {"nvidia.com/gpu": gpus_per_pod}},
+                            "resources": {"limits": pod_resources(gpus_per_pod, ranks_per_pod)},
                         }
                     ]
                 }

@@ -7,6 +7,7 @@ from typing import Any
 MANAGED_LABEL = "rankwatch.io/local-cluster"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 GPUS_PER_NODE = 8
+CPUS_PER_NODE = 96
 
 
 def node_name(index: int) -> str:
@@ -17,7 +18,7 @@ def fake_gpu_node(index: int) -> dict[str, Any]:
     """A Node object with 8 GPUs and the labels NVIDIA's GPU feature discovery would set."""
     name = node_name(index)
     resources = {
-        "cpu": "96",
+        "cpu": str(CPUS_PER_NODE),
         "memory": "1Ti",
         "pods": "110",
         "ephemeral-storage": "4Ti",

@@ -51,6 +51,9 @@ class WorkerPodSettings:
     """Hosts the pod annotation ``rankwatch.io/sidecar-endpoint`` may name (the local cluster: 127.0.0.1).
     Empty: the annotation is ignored, sidecars are asked at their pod IP only (anyone who may edit a pod
     could otherwise send the operator, with the job's token, to any URL)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (by name, in each job's namespace) for pulling ``image`` into a traced worker pod's init
+    container and sidecar; added to the pod's imagePullSecrets."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ class OperatorConfig:
     archive_endpoints: tuple[str, ...] = ()
     """S3 endpoints (origins: ``scheme://host:port``) a job's archive may name; empty: AWS S3 only
     (``rankwatch.operator.recovery.archive_endpoints``)."""
+    no_telemetry_seconds: float = 120.0
+    """A running job whose sidecars ship nothing this long (at least 3 of its windows) gets the
+    condition NoTelemetry (``diagnosis/telemetry_watch.py``)."""
 
     @classmethod
     def from_env(
@@ -150,6 +156,7 @@ class OperatorConfig:
             collector_url=env.get("RANKWATCH_COLLECTOR_URL", WorkerPodSettings.collector_url, _http_url),
             sidecar_metrics_port=env.get("RANKWATCH_SIDECAR_METRICS_PORT", 9400, _port),
             sidecar_endpoint_hosts=env.get("RANKWATCH_SIDECAR_ENDPOINT_HOSTS", (), _host_list),
+            image_pull_secrets=env.get("RANKWATCH_IMAGE_PULL_SECRETS", (), _secret_names),
         )
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
@@ -254,6 +261,7 @@ class OperatorConfig:
             archive_endpoints=env.get("RANKWATCH_ARCHIVE_ENDPOINTS", (), _origin_list),
             archive_budget_bytes=env.get("RANKWATCH_ARCHIVE_BUDGET_MIB", cls.archive_budget_bytes >> 20, _at_least(16))
             << 20,
+            no_telemetry_seconds=env.get("RANKWATCH_NO_TELEMETRY_SECONDS", cls.no_telemetry_seconds, _positive),
         )
         if env.problems:
             raise ConfigError(env.problems)
@@ -355,6 +363,14 @@ def _listen(value: str) -> tuple[str, int]:
     if not 0 <= number <= 65535:
         raise ValueError(f"port {number} is out of range")
     return host or "0.0.0.0", number
+
+
+def _secret_names(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    bad = [name for name in names if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", name)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a Secret name (comma-separated names, e.g. registry-credentials)")
+    return names
 
 
 def _host_list(value: str) -> tuple[str, ...]:

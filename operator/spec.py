@@ -53,6 +53,9 @@ class Tracing:
     flightRecorder: bool = True
     archive: Archive | None = None
     """Where an attempt's evidence is kept once its pods are gone; unset: not kept."""
+    imagePullSecrets: tuple[str, ...] = ()
+    """Secrets (names, in the job's namespace) for pulling rankwatch's image into the init container
+    and the sidecar; added to the worker pods' imagePullSecrets."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ def _alerting(alerting: dict[str, Any]) -> Alerting:
 def _tracing(tracing: dict[str, Any]) -> Tracing:
     tracing = dict(tracing)
     archive = tracing.pop("archive", None)
+    pull_secrets = tuple(reference.get("name", "") for reference in tracing.pop("imagePullSecrets", None) or [])
     try:
         if archive is not None:
             archive = dict(archive)
@@ -177,7 +181,7 @@ def _tracing(tracing: dict[str, Any]) -> Tracing:
             archive = Archive(s3=S3Archive(**_secret_ref(s3)) if s3 is not None else None, **archive)
             if archive.s3 is None:
                 raise InvalidSpec("spec.tracing.archive: name where to keep the evidence (s3)")
-        return Tracing(archive=archive, **tracing)
+        return Tracing(archive=archive, imagePullSecrets=pull_secrets, **tracing)
     except TypeError as error:
         raise InvalidSpec(f"spec.tracing: {error}") from error
 

@@ -11,13 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import kopf
 import kubernetes
 from prometheus_client import REGISTRY
 
+from rankwatch.operator.alerting_start import start_alerting
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
@@ -43,7 +42,7 @@ class Watch:
 
     async def start(self) -> None:
         config = self.config
-        self.alerts = await self._start_alerting()
+        self.alerts = await start_alerting(config.alerting, self.kube)
         store, tokens = JobStore(), SecretTokens(self.kube)
         self.job_metrics = JobMetrics(
             store, JobMetricsSettings(rank_series_per_job=config.metrics_ranks_per_job), leading=self.leading
@@ -61,6 +60,7 @@ class Watch:
             job_metrics=self.job_metrics,
             node_alerts=config.node_alerts,
             sidecar_endpoint_hosts=config.pods.sidecar_endpoint_hosts,
+            no_telemetry_seconds=config.no_telemetry_seconds,
         )
         self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake, jobs=self._job_limits)
         if self.alerts is not None:
@@ -104,21 +104,3 @@ class Watch:
         if self.job_metrics is not None:
             REGISTRY.unregister(self.job_metrics)
         self.collector = self.monitor = self.recovery = self.alerts = self.job_metrics = None
-
-    async def _start_alerting(self) -> Any:
-        """The alert pipeline when an alerting config is given; a bad config stops the operator."""
-        settings = self.config.alerting
-        if not settings.config_path:
-            return None
-        from rankwatch.alerting import AlertPipeline, ConfigError, kubernetes_resolver, load_config, open_store
-        from rankwatch.alerting.store import StoreError
-
-        try:
-            secrets = kubernetes_resolver(settings.namespace, self.kube)
-            alerting = await asyncio.to_thread(load_config, Path(settings.config_path), secrets)
-            store = await asyncio.to_thread(open_store, alerting.store, self.kube, settings.namespace)
-        except (ConfigError, StoreError) as error:
-            raise kopf.PermanentError(f"alerting config {settings.config_path}: {error}") from error
-        pipeline = AlertPipeline(alerting, store=store)
-        await pipeline.start()
-        return pipeline

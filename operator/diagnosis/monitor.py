@@ -29,12 +29,12 @@ from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.operator import api, ownership
 from rankwatch.operator.config import DiagnosisLimits
-from rankwatch.operator.diagnosis import metrics, writer
+from rankwatch.operator.diagnosis import metrics, telemetry_watch, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
 from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, SidecarPod, diagnose
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics
-from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.job_state import JobState, JobStore
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.diagnosis.slots import DiagnosisSlots
 from rankwatch.operator.diagnosis.worker import WorkerFailed
@@ -81,6 +81,10 @@ class WatchedJob:
     followed_up: str | None = None
     """``status.diagnosis.time`` of the diagnosis whose follow-ups this process has carried out."""
     follow_up_after: float = 0.0
+    running_since: float | None = None
+    """When this process first checked the job Running (its sidecars' silence counts from here)."""
+    no_telemetry: bool = False
+    """The job's NoTelemetry condition is True (as its status says, or as this process wrote it)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -107,6 +111,7 @@ class Monitor:
         job_metrics: JobMetrics | None = None,
         node_alerts: NodeAlertSources | None = None,
         sidecar_endpoint_hosts: tuple[str, ...] = (),
+        no_telemetry_seconds: float = 120.0,
     ) -> None:
         self.kube = kube
         self.store = store
@@ -120,6 +125,7 @@ class Monitor:
         self.slots = DiagnosisSlots(limits.concurrency, on_change=metrics.diagnoses_in_progress)
         self.job_metrics = job_metrics
         self.node_alerts = node_alerts
+        self.no_telemetry_seconds = no_telemetry_seconds
         self.jobs: dict[tuple[str, str], WatchedJob] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -143,6 +149,10 @@ class Monitor:
         job.uid = str((body.get("metadata") or {}).get("uid") or "")
         job.status = status
         job.phase = status.get("phase") or job_status.PENDING
+        job.no_telemetry = any(
+            c.get("type") == telemetry_watch.NO_TELEMETRY and c.get("status") == "True"
+            for c in status.get("conditions") or []
+        )
         if job.phase in job_status.TERMINAL:
             self.forget(namespace, name)
 
@@ -200,6 +210,7 @@ class Monitor:
 
     async def check(self, job: WatchedJob, now: float) -> None:
         state = self.store.peek(job.namespace, job.name)
+        await self._watch_telemetry(job, state, now)
         if state is None or not state.summaries:
             return  # awaiting telemetry
         step = state.recent_step_time()
@@ -249,6 +260,21 @@ class Monitor:
             job.clear_since = None
             return
         await self._maybe_recovered(job, active, now)
+
+    async def _watch_telemetry(self, job: WatchedJob, state: JobState | None, now: float) -> None:
+        """Say ``NoTelemetry`` on a running job whose sidecars ship nothing, and take it back."""
+        if job.running_since is None:
+            job.running_since = now
+        shipped = state is not None and state.summaries > 0
+        silent_s = now - (state.last_seen if shipped else job.running_since)
+        silent = silent_s >= telemetry_watch.silence_limit(self.no_telemetry_seconds, job.spec.tracing.windowSeconds)
+        if silent == job.no_telemetry:
+            return
+        message = telemetry_watch.describe_silence(silent_s, time.time() - silent_s, shipped, job.spec.replicas)
+        if silent:
+            log.warning("TrainingJob %s/%s: %s", job.namespace, job.name, message)
+        await asyncio.to_thread(telemetry_watch.write, self.kube, job.namespace, job.name, silent, message, _now())
+        job.no_telemetry = silent
 
     async def _maybe_recovered(self, job: WatchedJob, active: str, now: float) -> None:
         """Clear the finding once the suspicion has been gone for a few windows."""

@@ -15,7 +15,11 @@ from rankwatch.operator.spec import TrainingJobSpec
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Hung", "Degraded")
+CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Hung", "Degraded", "NoTelemetry")
+UNSCHEDULABLE = "Unschedulable"
+STARTING = ("ContainerCreating", "PodInitializing")
+"""Container waiting reasons of a pod on its way up; every other waiting reason is a problem."""
+WAITING_MESSAGE_MAX_CHARS = 300
 
 
 @dataclass(frozen=True)
@@ -32,18 +36,24 @@ class WorkerPod:
     attempt: int = 0
     owner_uid: str = ""
     """The uid of the TrainingJob that controls the pod (a pod with only the job's label: "")."""
+    problem_reason: str = ""
+    """The Kubernetes reason behind ``problem`` when the pod cannot start: ``Unschedulable``, or a
+    container's waiting reason (``ImagePullBackOff``, ``CrashLoopBackOff``, ...)."""
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> WorkerPod:
         metadata, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         ready = conditions.get("Ready", {}).get("status") == "True"
-        problem = ""
+        problem = problem_reason = ""
         if status.get("phase") == FAILED:
             problem = _termination(status) or status.get("reason") or "failed"
         elif conditions.get("PodScheduled", {}).get("status") == "False":
             scheduled = conditions["PodScheduled"]
             problem = f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".strip()
+            problem_reason = UNSCHEDULABLE
+        elif waiting := _waiting(status):
+            problem_reason, problem = waiting
         labels = metadata.get("labels") or {}
         try:
             index = int(labels.get(api.REPLICA_INDEX_LABEL, "-1"))
@@ -63,7 +73,28 @@ class WorkerPod:
             problem=problem,
             attempt=attempt,
             owner_uid=ownership.controller_uid(metadata),
+            problem_reason=problem_reason,
         )
+
+    @property
+    def container_problem(self) -> bool:
+        """A container of this pod cannot start or keeps failing (not a scheduling problem)."""
+        return bool(self.problem_reason) and self.problem_reason != UNSCHEDULABLE
+
+
+def _waiting(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(reason, problem) of the first container (init containers and the sidecar first, as they run)
+    that waits for a reason other than starting: an image that cannot be pulled, a crash loop, a
+    missing ConfigMap or Secret (the kubelet's own words, shortened)."""
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason") or ""
+        if reason and reason not in STARTING:
+            message = " ".join(str(waiting.get("message") or "").split())
+            if len(message) > WAITING_MESSAGE_MAX_CHARS:
+                message = message[: WAITING_MESSAGE_MAX_CHARS - 1] + "…"
+            return reason, f"container {container.get('name')} {reason}" + (f": {message}" if message else "")
+    return None
 
 
 def _termination(status: Mapping[str, Any]) -> str:
@@ -132,6 +163,25 @@ def _restarts_on_worker_failure(spec: TrainingJobSpec, previous: Mapping[str, An
     )
 
 
+STEADY_REASONS = ("WorkersPending", "AllWorkersRunning", "WorkersUnschedulable", "WorkerFailedRestarting")
+
+
+REASON_FAMILIES = {"ErrImagePull": "ImagePullBackOff"}
+"""Waiting reasons the kubelet alternates between for one problem: one Event for both."""
+
+
+def _family(reason: str | None) -> str | None:
+    return REASON_FAMILIES.get(reason or "", reason)
+
+
+def _by_index(pod: WorkerPod) -> int:
+    return pod.index
+
+
+def _more(pods: list[WorkerPod]) -> str:
+    return f" (and {len(pods) - 1} more)" if len(pods) > 1 else ""
+
+
 def _describe(pod: WorkerPod) -> str:
     where = f" on node {pod.node}" if pod.node else ""
     return f"worker {pod.index} (pod {pod.name}{where})"
@@ -169,14 +219,20 @@ def derive(
     elif not counts["missing"] and counts["pending"] == 0 and counts["running"] > 0:
         phase, reason = RUNNING, "AllWorkersRunning"
         message = f"{spec.replicas} workers x {spec.nprocPerNode} ranks = world size {spec.world_size}"
+        # Running pods whose containers crash-loop (restartPolicy OnFailure) or whose sidecar cannot start.
+        stuck = sorted((pod for pod in live if pod.phase == RUNNING and pod.container_problem), key=_by_index)
+        if stuck:
+            reason = stuck[0].problem_reason
+            message += f"; {_describe(stuck[0])}: {stuck[0].problem}" + _more(stuck)
     else:
         phase, reason = PENDING, "WorkersPending"
-        blocked = sorted((pod for pod in live if pod.phase == PENDING and pod.problem), key=lambda pod: pod.index)
+        blocked = sorted((pod for pod in live if pod.phase == PENDING and pod.problem), key=_by_index)
         waiting = counts["pending"] + counts["missing"]
         message = f"waiting for {waiting} of {spec.replicas} workers to start"
         if blocked:
-            reason = "WorkersUnschedulable"
-            message += f"; {_describe(blocked[0])}: {blocked[0].problem}"
+            # A container's reason names itself (ImagePullBackOff, CreateContainerConfigError, ...).
+            reason = blocked[0].problem_reason if blocked[0].container_problem else "WorkersUnschedulable"
+            message += f"; {_describe(blocked[0])}: {blocked[0].problem}" + _more(blocked)
 
     status: dict[str, Any] = dict(previous)
     if phase == FAILED and _restarts_on_worker_failure(spec, previous):
@@ -192,6 +248,7 @@ def derive(
         phase, reason = old_phase, "WorkerFailedRestarting"
     status.update(
         phase=phase,
+        reason=reason,
         message=message,
         replicaStatuses=counts,
         workers=f"{sum(pod.ready and pod.phase == RUNNING for pod in live)}/{spec.replicas}",
@@ -220,5 +277,9 @@ def derive(
         kind = "Warning" if phase == FAILED else "Normal"
         events.append(Event(kind, reason, message))
     elif reason == "WorkersUnschedulable" and previous.get("message") != message:
+        events.append(Event("Warning", reason, message))
+    elif reason not in STEADY_REASONS and _family(previous.get("reason")) != _family(reason):
+        # A worker's container cannot start or keeps failing: once per reason (a back-off's message
+        # changes with every retry, and a failing pull alternates ErrImagePull and ImagePullBackOff).
         events.append(Event("Warning", reason, message))
     return status, events

@@ -284,6 +284,7 @@ def inject_tracing(
             {"name": NO_API_TOKEN_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
         ]
     )
+    _add_pull_secrets(pod_spec, [*config.image_pull_secrets, *target.tracing.imagePullSecrets])
 
 
 def _restricted_security_context() -> dict[str, Any]:
@@ -295,6 +296,14 @@ def _restricted_security_context() -> dict[str, Any]:
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+def _add_pull_secrets(pod_spec: dict[str, Any], names: list[str]) -> None:
+    """The Secrets that pull rankwatch's image, after the template's own (imagePullSecrets is per pod)."""
+    present = {reference.get("name") for reference in pod_spec.get("imagePullSecrets", [])}
+    for name in dict.fromkeys(names):
+        if name not in present:
+            pod_spec.setdefault("imagePullSecrets", []).append({"name": name})
 
 
 def avoid_nodes_affinity(nodes: list[str]) -> dict[str, Any]:

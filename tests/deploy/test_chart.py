@@ -106,7 +106,11 @@ def test_the_lease_and_the_alert_store_are_granted_in_the_release_namespace_only
     binding = one(objects, "RoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
-    config = yaml.safe_load(one(objects, "ConfigMap", "-alerting")["data"]["alerting.yaml"])
+    config = yaml.safe_load(
+        one(render("--set", "alerting.enabled=true", release="rw", namespace="ops"), "ConfigMap", "-alerting")["data"][
+            "alerting.yaml"
+        ]
+    )
     assert config["store"]["configMap"] and "path" not in config["store"]
 
 
@@ -128,10 +132,23 @@ def test_operator_env_points_sidecars_at_the_collector_service(render):
     port = collector["spec"]["ports"][0]["port"]
     assert env["RANKWATCH_COLLECTOR_URL"] == f"http://{collector['metadata']['name']}.ops.svc:{port}"
     assert env["RANKWATCH_IMAGE"] == "rankwatch/rankwatch:0.1.0"
+    assert "RANKWATCH_ALERTING_CONFIG" not in env, "alerting is off by default"
+    enabled = one(render("--set", "alerting.enabled=true"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env |= {e["name"]: e.get("value") for e in enabled["env"]}
     assert env["RANKWATCH_ALERTING_CONFIG"] == "/etc/rankwatch/alerting/alerting.yaml"
     # Every setting the operator reads is set by the chart.
     config_source = (REPO / "operator" / "config.py").read_text()
     assert set(re.findall(r'"(RANKWATCH_[A-Z_]+)"', config_source)) <= set(env)
+
+
+def test_alerting_is_off_by_default_and_needs_no_secret(render):
+    objects = render()
+    assert not [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-alerting")]
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if v["name"] == "alerting-config"]
+    assert not [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "alerting-config"]
+    # `--set alerting.config=null` with alerting off renders too (it used to be the only way to try).
+    assert one(render("--set", "alerting.config=null"), "Deployment")
 
 
 def test_services_reach_the_operators_http_port(render):
@@ -151,7 +168,7 @@ def test_services_reach_the_operators_http_port(render):
 
 
 def test_alerting_config_is_valid_and_references_secrets_only_by_name(render):
-    config_map = one(render(), "ConfigMap", "-alerting")
+    config_map = one(render("--set", "alerting.enabled=true"), "ConfigMap", "-alerting")
     data = yaml.safe_load(config_map["data"]["alerting.yaml"])
     asked: list[tuple[str, str]] = []
 
@@ -169,7 +186,7 @@ def test_alerting_config_is_valid_and_references_secrets_only_by_name(render):
 
 
 def test_existing_alerting_configmap_replaces_the_rendered_one(render):
-    objects = render("--set", "alerting.existingConfigMap=my-alerting")
+    objects = render("--set", "alerting.enabled=true", "--set", "alerting.existingConfigMap=my-alerting")
     assert not [c for c in by_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-alerting")]
     volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "alerting-config", "configMap": {"name": "my-alerting"}} in volumes
@@ -358,3 +375,13 @@ def test_the_sidecar_endpoint_annotation_is_trusted_for_no_host_by_default(rende
     local = one(render("--set", "operator.sidecarEndpointHosts={127.0.0.1}"), "Deployment")
     env = {e["name"]: e.get("value") for e in local["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["RANKWATCH_SIDECAR_ENDPOINT_HOSTS"] == "127.0.0.1"
+
+
+def test_pull_secrets_for_the_workers_rankwatch_image_reach_the_operator(render):
+    env = {
+        e["name"]: e.get("value")
+        for e in one(render("--set", "sidecar.imagePullSecrets={regcred,mirror}"), "Deployment")["spec"]["template"][
+            "spec"
+        ]["containers"][0]["env"]
+    }
+    assert env["RANKWATCH_IMAGE_PULL_SECRETS"] == "regcred,mirror"

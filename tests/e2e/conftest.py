@@ -103,6 +103,13 @@ def api(kubeconfig: str) -> kubernetes.client.ApiClient:
 @pytest.fixture(scope="session")
 def crd(kubectl: Callable[..., Any]) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    # Until the API server has looked at a new CRD (its full pod template schema takes a moment) the
+    # CRD has no status.conditions, and `kubectl wait` fails at once instead of waiting.
+    _eventually(
+        lambda: kubectl("get", "crd/trainingjobs.rankwatch.io", "-o", "jsonpath={.status.conditions}").stdout.strip(),
+        60,
+        what="the CRD's status",
+    )
     kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
 
 

@@ -112,3 +112,80 @@ def test_world_size_cannot_change_after_creation(kubectl, crd, unwatched_namespa
     )
     assert result.returncode != 0
     assert "replicas is immutable" in result.stderr
+
+
+def with_trainer(**fields) -> dict:
+    """VALID with nprocPerNode 4 and ``fields`` set on its trainer container."""
+    manifest = copy.deepcopy(VALID)
+    manifest["spec"]["template"]["spec"]["containers"][0].update(fields)
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("where", "typo", "expected"),
+    [
+        ("container", {"resource": {"limits": {"nvidia.com/gpu": 4}}}, "spec.containers[0].resource"),
+        ("pod", {"toleration": [{"key": "gpu", "operator": "Exists"}]}, "spec.toleration"),
+        ("metadata", {"label": {"team": "llm"}}, "metadata.label"),
+    ],
+)
+def test_a_typo_in_the_pod_template_is_refused_at_apply(kubectl, crd, unwatched_namespace, where, typo, expected):
+    """kubectl apply asks for strict field validation (its default): the API server names the field."""
+    manifest = copy.deepcopy(VALID)
+    target = {
+        "container": manifest["spec"]["template"]["spec"]["containers"][0],
+        "pod": manifest["spec"]["template"]["spec"],
+        "metadata": manifest["spec"]["template"].setdefault("metadata", {}),
+    }[where]
+    target.update(typo)
+    result = server_dry_run(kubectl, unwatched_namespace, manifest)
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert f'strict decoding error: unknown field "spec.template.{expected}"' in result.stderr
+
+
+def test_a_wrongly_typed_pod_template_field_is_refused(kubectl, crd, unwatched_namespace):
+    result = server_dry_run(kubectl, unwatched_namespace, with_trainer(resources={"limits": ["nvidia.com/gpu"]}))
+    assert result.returncode != 0, f"accepted: {result.stdout}"
+    assert "spec.template.spec.containers[0].resources.limits: Invalid value" in result.stderr
+
+
+def test_a_full_pod_template_is_accepted(kubectl, crd, unwatched_namespace):
+    manifest = with_trainer(
+        resources={"limits": {"nvidia.com/gpu": 4, "memory": "64Gi"}, "requests": {"cpu": "8"}},
+        env=[{"name": "NCCL_DEBUG", "value": "WARN"}],
+        volumeMounts=[{"name": "shm", "mountPath": "/dev/shm"}],
+        ports=[{"containerPort": 29500}],
+    )
+    manifest["spec"]["template"]["metadata"] = {"labels": {"team": "llm"}, "creationTimestamp": None}
+    manifest["spec"]["template"]["spec"].update(
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        volumes=[{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+        nodeSelector={"nvidia.com/gpu.present": "true"},
+        priorityClassName="training",
+    )
+    result = kubectl(
+        "apply", "--dry-run=server", "-o", "yaml", "-n", unwatched_namespace, "-f", "-", input=yaml.safe_dump(manifest)
+    )
+    template = yaml.safe_load(result.stdout)["spec"]["template"]
+    assert template["spec"]["tolerations"] == manifest["spec"]["template"]["spec"]["tolerations"]
+    assert template["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 4, "memory": "64Gi"}
+
+
+@pytest.mark.parametrize(
+    ("resources", "refused"),
+    [
+        ({"limits": {"nvidia.com/gpu": 2}}, True),
+        ({"limits": {"nvidia.com/gpu": "2"}}, True),
+        ({"requests": {"nvidia.com/gpu": 3}}, True),
+        ({"limits": {"nvidia.com/gpu": 4}}, False),
+        ({"limits": {"nvidia.com/gpu": "8"}}, False),
+        ({"limits": {"cpu": "4"}}, False),  # no GPU asked for: a CPU job may run several ranks per pod
+    ],
+)
+def test_gpus_of_the_trainer_must_cover_nproc_per_node(kubectl, crd, unwatched_namespace, resources, refused):
+    result = server_dry_run(kubectl, unwatched_namespace, with_trainer(resources=resources))  # nprocPerNode 4
+    if refused:
+        assert result.returncode != 0, f"accepted: {result.stdout}"
+        assert "spec.nprocPerNode: Invalid value: nprocPerNode must not exceed the nvidia.com/gpu" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr

@@ -163,6 +163,7 @@ def installed(helm, api, crd, kubeconfig, tmp_path) -> Iterator[tuple[Replicas, 
             "safeguards": {"breakerMaxShare": 1.0, "cordonCooldownSeconds": 0},
         },
         "alerting": {
+            "enabled": True,
             "config": {
                 "receivers": [
                     {
@@ -175,7 +176,7 @@ def installed(helm, api, crd, kubeconfig, tmp_path) -> Iterator[tuple[Replicas, 
                 ],
                 "route": {"receiver": "feishu", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "4h"},
                 "store": {"configMap": "rankwatch-alerts"},
-            }
+            },
         },
     }
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))

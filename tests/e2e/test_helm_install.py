@@ -1,9 +1,14 @@
 """`helm install` of the chart into the local cluster: the API server accepts every rendered object
 (CRDs from crds/, RBAC, Deployment, Services, ConfigMaps), and uninstall removes them. kwok plays the
-kubelet, so the operator pods count as Running without pulling the image (test_failover.py runs them)."""
+kubelet, so the operator pods count as Running without pulling the image; the tests that diagnose a
+straggler run them for real with the pod runner, as test_failover.py does."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +16,13 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_failover import JOB_API, Replicas, http, job_manifest, metric
+
+pytestmark = pytest.mark.e2e
 
 CHART = Path(__file__).parents[2] / "helm" / "rankwatch"
 
@@ -52,3 +64,120 @@ def test_helm_install_is_accepted_by_the_api_server(helm, release, api, eventual
     # The server-side view of every rendered manifest: `helm get manifest` is what was applied.
     manifest = helm("get", "manifest", name, "--namespace", namespace).stdout
     assert "kind: Deployment" in manifest and "kind: ClusterRoleBinding" in manifest
+
+
+@pytest.fixture
+def installed_without_secrets(helm, api, crd, kubeconfig, tmp_path) -> Iterator[Callable[..., tuple[Replicas, str]]]:
+    """Install the chart with its default values but what the local cluster needs (the jobs'
+    namespace, the pod runner's loopback sidecars, no cordon cooldown) and no Secret at all; its pods and the jobs' pods
+    run for real by the pod runner. Yields ``install(*helm_args)``."""
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace, jobs = f"nosec-{suffix}", f"rw-nosec-{suffix}", f"rw-nosecjobs-{suffix}"
+    core = kubernetes.client.CoreV1Api(api)
+    for name in (namespace, jobs):
+        core.create_namespace({"metadata": {"name": name}})
+    runner: subprocess.Popen | None = None
+
+    def install(*args: str) -> tuple[Replicas, str]:
+        nonlocal runner
+        # Cooldown 0: earlier tests cordon and uncordon the same few nodes of the local cluster.
+        values = {
+            "operator": {
+                "namespaces": [jobs],
+                "sidecarEndpointHosts": ["127.0.0.1"],
+                "safeguards": {"cordonCooldownSeconds": 0},
+            }
+        }
+        (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+        helm("install", release, str(CHART), "--namespace", namespace, "--values", str(tmp_path / "values.yaml"),
+             *args)  # fmt: skip
+        with open(tmp_path / "pod-runner.log", "ab") as log:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-service",
+                 f"{namespace}/{release}-rankwatch-collector", "-n", namespace, "-n", jobs, "--work-dir",
+                 str(tmp_path / "pods")],
+                env={**os.environ, "KUBECONFIG": kubeconfig}, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        return Replicas(api, namespace, release), jobs
+
+    try:
+        yield install
+    finally:
+        from rankwatch.operator.remediation.cordon import uncordon_job
+
+        uncordon_job(api, jobs, "slow", via="test")
+        if runner is not None:
+            runner.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                runner.wait(20)
+            if runner.poll() is None:
+                runner.kill()
+        helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
+        for name in (jobs, namespace):
+            core.delete_namespace(name)
+        for log in sorted((tmp_path / "pods" / namespace).glob("*/operator.log")):
+            print(f"--- {log.parent.name}\n{log.read_text()[-4000:]}")
+
+
+def diagnoses_a_straggler(replicas: Replicas, jobs: str, api, eventually) -> dict:
+    """A job with one slow rank gets its straggler diagnosis and cordon from the installed operator."""
+    objects = kubernetes.client.CustomObjectsApi(api)
+    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    objects.create_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], job_manifest("slow", faults))
+
+    def diagnosed() -> dict | None:
+        status = objects.get_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], "slow").get("status", {})
+        diagnosis = status.get("diagnosis") or {}
+        return diagnosis if diagnosis.get("remediation") else None
+
+    diagnosis = eventually(diagnosed, 240, interval=1, what="the straggler's diagnosis and cordon")
+    assert diagnosis["kind"] == "Straggler" and diagnosis["active"]
+    (node,) = diagnosis["nodes"]
+    assert kubernetes.client.CoreV1Api(api).read_node(node).spec.unschedulable, "the suspect node is cordoned"
+    return diagnosis
+
+
+def leader(replicas: Replicas, eventually) -> dict:
+    def leading() -> dict | None:
+        pods = replicas.pods()
+        holder = replicas.holder()
+        return pods.get(holder) if holder in pods and replicas.ready(pods[holder]) else None
+
+    return eventually(leading, 120, interval=0.5, what="a leading, ready operator")
+
+
+def test_default_install_without_secrets_runs_an_operator_that_diagnoses(installed_without_secrets, api, eventually):
+    replicas, jobs = installed_without_secrets()
+    pod = leader(replicas, eventually)
+    diagnoses_a_straggler(replicas, jobs, api, eventually)
+    assert replicas.holder() in replicas.pods(), "the operator that diagnosed still runs"
+    assert "rankwatch_alerting_ready" not in metric_lines(pod), "alerting is off: no readiness series"
+
+
+def test_alerting_without_its_secrets_is_reported_and_the_operator_keeps_diagnosing(
+    installed_without_secrets, api, eventually
+):
+    replicas, jobs = installed_without_secrets("--set", "alerting.enabled=true")
+    pod = leader(replicas, eventually)
+    holder = replicas.holder()
+    assert eventually(lambda: "rankwatch_alerting_ready 0.0" in metric_lines(pod), 30, what="alerting_ready 0")
+    core = kubernetes.client.CoreV1Api(api)
+
+    def not_ready_event():
+        return [
+            e
+            for e in core.list_namespaced_event(replicas.namespace).items
+            if e.involved_object.kind == "Pod" and e.involved_object.name == holder and e.reason == "AlertingNotReady"
+        ]
+
+    (event,) = eventually(not_ready_event, 30, what="the AlertingNotReady Event on the leader's pod")
+    assert event.type == "Warning"
+    assert f"cannot read Secret {replicas.namespace}/rankwatch-feishu: HTTP 404" in event.message
+    assert "diagnoses and cordons" in event.message
+    diagnoses_a_straggler(replicas, jobs, api, eventually)
+    assert replicas.holder() == holder, "no restart: the operator that reported it diagnosed"
+    assert metric(pod, "rankwatch_alerting_ready") == 0
+
+
+def metric_lines(pod: dict) -> str:
+    return http(pod, "http", "/metrics")[1]

@@ -73,8 +73,8 @@ def test_example_job_runs_with_injected_workers(api, kubectl, namespace, eventua
 
     table = kubectl("get", "tj", "-n", namespace).stdout
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "HEALTH", "SUSPECTS", "STEP", "TIME", "RESTARTS", "AGE"]
-    assert row.split()[:3] == ["llama-70b", "Running", "Unknown"]
+    assert header.split() == ["NAME", "PHASE", "REASON", "HEALTH", "SUSPECTS", "STEP", "TIME", "RESTARTS", "AGE"]
+    assert row.split()[:4] == ["llama-70b", "Running", "AllWorkersRunning", "Unknown"]
 
     described = kubectl("describe", "tj", "llama-70b", "-n", namespace).stdout
     for text in ("Conditions:", "AllWorkersRunning", "AwaitingTelemetry", "Events:", "Created", "rankwatch-operator"):
@@ -146,6 +146,43 @@ def test_a_failing_worker_fails_the_job_with_its_exit_code(api, kubectl, namespa
     ).stdout
     warnings = [e for e in json.loads(events)["items"] if e["type"] == "Warning"]
     assert any(e["reason"] == "WorkerFailed" and "code 3" in e["message"] for e in warnings)
+
+
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        ("ImagePullBackOff", 'Back-off pulling image "registry.example.com/trainer:1": ErrImagePull: 401 Unauthorized'),
+        ("CreateContainerConfigError", 'secret "wandb-key" not found'),
+        ("CrashLoopBackOff", "back-off 40s restarting failed container=trainer"),
+    ],
+)
+def test_a_worker_that_cannot_start_shows_its_reason_on_the_job(api, kubectl, namespace, eventually, reason, message):
+    # kwok reports the containers waiting as the kubelet would (cluster/kwok-stages.yaml, rankwatch-pod-waiting).
+    waiting = {"kwok.rankwatch.io/waiting-reason": reason, "kwok.rankwatch.io/waiting-message": message}
+    job = small_job("stuck", replicas=1, annotations=waiting)
+    job["spec"]["tracing"] = {"imagePullSecrets": [{"name": "team-registry"}]}  # for rankwatch's own image
+    create_job(api, namespace, job)
+
+    def said() -> dict | None:
+        status = get_job(api, namespace, "stuck").get("status", {})
+        return status if status.get("reason") == reason else None
+
+    status = eventually(said, 60, what=f"the job's reason {reason}")
+    assert status["phase"] == "Pending"
+    expected = "waiting for 1 of 1 workers to start; worker 0 (pod stuck-worker-0 on node gpu-node-"
+    assert status["message"].startswith(expected)
+    assert f"container trainer {reason}: {message}" in status["message"]
+    running = {c["type"]: c for c in status["conditions"]}["Running"]
+    assert running["status"] == "False" and running["reason"] == reason and message in running["message"]
+    row = kubectl("get", "tj", "stuck", "-n", namespace, "--no-headers").stdout.split()
+    assert row[:3] == ["stuck", "Pending", reason]
+    events = json.loads(
+        kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=stuck", "-o", "json").stdout
+    )["items"]
+    assert [e["type"] for e in events if e["reason"] == reason] == ["Warning"]
+    assert message in next(e["message"] for e in events if e["reason"] == reason)
+    (pod,) = worker_pods(api, namespace, "stuck")
+    assert [secret.name for secret in pod.spec.image_pull_secrets] == ["team-registry"]
 
 
 def test_an_unschedulable_job_says_why(api, namespace, eventually):

@@ -103,3 +103,50 @@ def test_worker_pod_from_a_failed_pod_object():
     worker = job_status.WorkerPod.from_pod(body)
     assert (worker.index, worker.node, worker.phase) == (2, "gpu-node-3", "Failed")
     assert worker.problem == "container trainer exited with code 1 (Error)"
+
+
+def waiting_pod(index: int, phase: str, container: str, reason: str, message: str, init: bool = False) -> WorkerPod:
+    statuses = [{"name": container, "state": {"waiting": {"reason": reason, "message": message}}}]
+    return WorkerPod.from_pod(
+        {
+            "metadata": {"name": f"job-worker-{index}", "labels": {"rankwatch.io/replica-index": str(index)}},
+            "spec": {"nodeName": f"gpu-node-{index}"},
+            "status": {
+                "phase": phase,
+                "conditions": [{"type": "PodScheduled", "status": "True"}],
+                ("initContainerStatuses" if init else "containerStatuses"): statuses,
+            },
+        }
+    )
+
+
+def test_a_container_that_cannot_start_gives_the_job_its_reason_once():
+    pulling = waiting_pod(1, "Pending", "rankwatch-init", "ImagePullBackOff", "Back-off pulling image", init=True)
+    status, events = derive(SPEC, [pod(0), pulling, pod(2)], fresh(), T1, 1)
+    assert status["phase"] == "Pending" and status["reason"] == "ImagePullBackOff"
+    assert status["message"] == (
+        "waiting for 1 of 3 workers to start; worker 1 (pod job-worker-1 on node gpu-node-1): "
+        "container rankwatch-init ImagePullBackOff: Back-off pulling image"
+    )
+    assert condition(status, "Running")["reason"] == "ImagePullBackOff"
+    assert [(e.type, e.reason) for e in events] == [("Warning", "ImagePullBackOff")]
+    _, events = derive(SPEC, [pod(0), pulling, pod(2)], status, T2, 1)
+    assert events == [], "reported once per reason"
+    retrying = waiting_pod(1, "Pending", "rankwatch-init", "ErrImagePull", "pull access denied", init=True)
+    again, events = derive(SPEC, [pod(0), retrying, pod(2)], status, T2, 1)
+    assert again["reason"] == "ErrImagePull" and events == [], "the kubelet's retry is the same problem"
+
+
+def test_starting_containers_are_no_problem():
+    creating = waiting_pod(1, "Pending", "trainer", "ContainerCreating", "")
+    status, events = derive(SPEC, [pod(0), creating, pod(2)], fresh(), T1, 1)
+    assert status["reason"] == "WorkersPending" and events == []
+
+
+def test_a_crash_looping_running_worker_shows_on_the_running_job():
+    running, _ = derive(SPEC, [pod(0), pod(1), pod(2)], fresh(), T1, 1)
+    looping = waiting_pod(2, "Running", "trainer", "CrashLoopBackOff", "back-off 40s restarting failed container")
+    status, events = derive(SPEC, [pod(0), pod(1), looping], running, T2, 1)
+    assert status["phase"] == "Running" and status["reason"] == "CrashLoopBackOff"
+    assert "worker 2 (pod job-worker-2 on node gpu-node-2): container trainer CrashLoopBackOff" in status["message"]
+    assert [(e.type, e.reason) for e in events] == [("Warning", "CrashLoopBackOff")]

@@ -234,3 +234,24 @@ def test_token_secret_is_random_per_call():
     assert first["metadata"]["name"] == "llama-rankwatch-token"
     assert len(first["stringData"]["token"]) >= 40
     assert first["stringData"]["token"] != second["stringData"]["token"]
+
+
+def test_pull_secrets_for_rankwatchs_image_come_from_the_chart_and_the_job_after_the_templates():
+    spec = make_spec(tracing=Tracing(imagePullSecrets=("team-registry", "shared")))
+    spec.template["spec"]["imagePullSecrets"] = [{"name": "trainer-registry"}, {"name": "shared"}]
+    config = WorkerPodSettings(image=CONFIG.image, collector_url=CONFIG.collector_url, image_pull_secrets=("shared",))
+    pod = pod_spec.worker_pod(JOB, spec, 0, config)
+    assert pod["spec"]["imagePullSecrets"] == [
+        {"name": "trainer-registry"},
+        {"name": "shared"},
+        {"name": "team-registry"},
+    ]
+    untraced = pod_spec.worker_pod(JOB, make_spec(tracing=Tracing(enabled=False)), 0, config)
+    assert "imagePullSecrets" not in untraced["spec"], "without tracing no rankwatch image is pulled"
+
+
+def test_the_jobs_pull_secrets_are_read_from_the_stored_spec():
+    spec = TrainingJobSpec.from_manifest(
+        {"template": TEMPLATE, "tracing": {"imagePullSecrets": [{"name": "team-registry"}]}}
+    )
+    assert spec.tracing.imagePullSecrets == ("team-registry",)
