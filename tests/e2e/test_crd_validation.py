@@ -101,7 +101,8 @@ def test_valid_manifest_gets_defaults(kubectl, crd, unwatched_namespace):
         "flightRecorder": True,
     }
     assert spec["remediation"] == {"cordon": True, "dryRun": False, "maxNodesPerJob": 2}
-    assert spec["alerting"]["levels"] == {"hang": "P0", "straggler": "P1", "slowLink": "P1", "degradation": "P2"}
+    assert spec["alerting"]["levels"] == {"hang": "P0", "straggler": "P1", "slowLink": "P1", "degradation": "P2",
+                                        "mismatch": "P0"}  # fmt: skip
     assert spec["masterPort"] == 29500
 
 
