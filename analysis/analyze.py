@@ -15,6 +15,7 @@ from rankwatch.analysis.compute_gaps import detect_compute_stragglers
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked
 from rankwatch.analysis.hang import detect_hangs
+from rankwatch.analysis.host_compute import detect_host_stragglers
 from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
 from rankwatch.analysis.slow_link import detect_slow_links
@@ -57,6 +58,12 @@ def returned_at_once(trace: Trace) -> bool:
     return float(np.median(calls["t_return"][collective] - calls["t_call"][collective])) < RUN_AHEAD_WAIT_NS
 
 
+def host_call_times_only(trace: Trace) -> bool:
+    """Call times of a backend whose calls block their host (gloo on CPU) and nothing else: each call
+    time is when the rank's compute ended, not a host running ahead of a GPU."""
+    return trace.calls_block_on_host and not trace.has_returns and not (trace.calls["gpu_start"] > 0).any()
+
+
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
     """:func:`analyze_trace` as the ``--json`` document."""
     return analyze_trace(trace, test_type, stall_seconds).to_json()
@@ -93,7 +100,10 @@ def analyze_trace(
         if trace.has_returns and returned_at_once(trace):
             problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
-        stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
+        if host_call_times_only(trace):  # gloo: call times are when compute ended; the job's own spread decides
+            stragglers = detect_host_stragglers(trace, problems, since_ns=since)
+        else:
+            stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
             stragglers = detect_compute_stragglers(trace, explained=endpoints)
         findings += links + stragglers
@@ -110,6 +120,9 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
     """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
 
     def stragglers_after(onset_ns: int) -> list[int]:
+        if host_call_times_only(trace):
+            since = max(onset_ns, recent_since(trace) or 0)
+            return sorted({rank for finding in detect_host_stragglers(trace, [], since) for rank in finding.ranks})
         later = detect_stragglers(trace, explained_by_links=explained, since_ns=max(onset_ns, recent_since(trace) or 0))
         # call times alone name a rank only where run-ahead cannot explain its lateness (as for stragglers)
         later = windowed_stragglers(trace, later, [])
