@@ -99,7 +99,7 @@ def detect_host_stragglers(trace: Trace, problems: list[str], since_ns: int | No
         if middle is not None:
             later = step_excess(host_timed(trace, max(middle, since_ns or 0)))
             findings, later_notes = _judge(trace, later, " in the second half of the run")
-            notes = notes if findings or not later_notes else later_notes
+            notes = notes or later_notes  # the whole run's numbers first: more steps
     if not findings:
         problems.extend(notes)
     return findings
