@@ -19,6 +19,7 @@ from rankwatch.analysis.devices import add_gpus, gpu_text
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked, utc_text
 from rankwatch.analysis.hang import detect_hangs, short_ends
+from rankwatch.analysis.host_compute import detect_host_stragglers
 from rankwatch.analysis.html_report import html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
 from rankwatch.analysis.mismatch import detect_mismatches
@@ -59,6 +60,12 @@ def returned_at_once(trace: Trace) -> bool:
     if collective.sum() < 8:
         return False
     return float(np.median(calls["t_return"][collective] - calls["t_call"][collective])) < RUN_AHEAD_WAIT_NS
+
+
+def host_call_times_only(trace: Trace) -> bool:
+    """Call times of a backend whose calls block their host (gloo on CPU) and nothing else: each call
+    time is when the rank's compute ended, not a host running ahead of a GPU."""
+    return trace.calls_block_on_host and not trace.has_returns and not (trace.calls["gpu_start"] > 0).any()
 
 
 def analyze(trace: Trace, test_type: str = "all", stall_seconds: float = 1.0) -> dict[str, Any]:
@@ -107,7 +114,10 @@ def analyze_trace(
         if trace.has_returns and returned_at_once(trace):
             problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
-        stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
+        if host_call_times_only(trace):  # gloo: call times are when compute ended; the job's own spread decides
+            stragglers = detect_host_stragglers(trace, problems, since_ns=since)
+        else:
+            stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
         if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
             stragglers = detect_compute_stragglers(trace, explained=endpoints)
         if not stragglers and trace.spans is not None:  # MegaScan: each microbatch's compute, recorded
@@ -132,6 +142,9 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
     """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
 
     def stragglers_after(onset_ns: int) -> list[int]:
+        if host_call_times_only(trace):
+            since = max(onset_ns, recent_since(trace) or 0)
+            return sorted({rank for finding in detect_host_stragglers(trace, [], since) for rank in finding.ranks})
         later = detect_stragglers(trace, explained_by_links=explained, since_ns=max(onset_ns, recent_since(trace) or 0))
         # call times alone name a rank only where run-ahead cannot explain its lateness (as for stragglers)
         later = windowed_stragglers(trace, later, [])

@@ -21,6 +21,7 @@ comes from the run: three times the spread of the ranks' excess (more with many 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
@@ -134,12 +135,25 @@ def stage_peers(trace: Trace) -> dict[int, set[int]]:
     return peers
 
 
-def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:
-    """Ranks whose GPU computes longer each step than their stage's peers (GPU-timed traces only);
-    ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
+@dataclass
+class StepExcess:
+    """Each judged rank's compute a step against its stage peers', and the run's noise floor."""
+
+    ranks: list[int]
+    excess: np.ndarray  # own / peers' - 1, NaN where not judged
+    steps: np.ndarray
+    total_ms: np.ndarray
+    reference_ms: np.ndarray
+    floor: float  # the excess a rank needs to stand out: the run's spread, at least MIN_EXCESS
+    peers: dict[int, set[int]]
+
+
+def step_excess(trace: Trace) -> StepExcess | None:
+    """Per rank, how much longer it computes a step than its stage's peers (see the module); None
+    when fewer than three ranks can be judged."""
     timed = _timed_calls(trace)
     if len(timed) < 3:
-        return []
+        return None
     ranks = list(timed)
     peers = stage_peers(trace)
     excess = np.full(len(ranks), np.nan)
@@ -159,14 +173,24 @@ def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozense
         steps[i], total[i], reference[i] = compute[group.index(rank), 1], own / 1e6, typical / 1e6
     judged = ~np.isnan(excess)
     if judged.sum() < 3:
-        return []
+        return None
     spread = excess[judged]
     noise = 1.4826 * float(np.median(np.abs(spread - np.median(spread))))
     # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~0.2%
     tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.002 / len(ranks)))
     floor = max(MIN_EXCESS, tail * noise)
-    if floor > MAX_FLOOR:
+    return StepExcess(ranks, excess, steps, total, reference, floor, peers)
+
+
+def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:
+    """Ranks whose GPU computes longer each step than their stage's peers (GPU-timed traces only);
+    ``explained``: ranks another finding already accounts for (slow-link endpoints)."""
+    measured = step_excess(trace)
+    if measured is None or measured.floor > MAX_FLOOR:
         return []
+    ranks, excess, floor, peers = measured.ranks, measured.excess, measured.floor, measured.peers
+    steps, total, reference = measured.steps, measured.total_ms, measured.reference_ms
+    judged = ~np.isnan(excess)
     flagged = [i for i in np.argsort(-np.nan_to_num(excess, nan=-np.inf)) if judged[i] and excess[i] >= floor]
     # more than one slow GPU per eight is the job's structure (or a shared cause), not a straggler
     if len(flagged) > max(1, len(ranks) // 8):

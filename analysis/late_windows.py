@@ -188,7 +188,7 @@ def host_bound(window: dict[str, float]) -> bool:
 def windowed_stragglers(trace: Trace, findings: list[Finding], problems: list[str]) -> list[Finding]:
     """The straggler findings of a call-times-only trace that a lateness window bears out and run-ahead
     cannot explain (others kept); those it can are dropped, and the problems say so."""
-    if trace.has_returns:
+    if trace.has_returns or trace.calls_block_on_host:  # gloo: analysis/peer_lateness.py decided already
         return findings
     structural = _structural_lateness(trace, findings)
     windows: dict[int, dict[str, float]] = {}

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,16 +17,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # torch_env and nccl_style (pytest runs in importlib mode)
 import torch_env
+import torchrun
 
-JOB = Path(__file__).parent / "megatron_job.py"
 LAYOUT = {"tp": 2, "pp": 2, "world": 8}
 SLOW_RANK, STOPPED_RANK, MISMATCH_RANK = 3, 5, 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -41,16 +33,9 @@ def torch_python() -> Path:
 def run_job(python: Path, out: Path, *args: str, timeout: float = 240, check: bool = True) -> Path:
     """torchrun with LAYOUT's world (``args`` may give another ``--tp`` / ``--pp``); returns ``out`` with
     the dumps the ranks wrote. ``check``: torchrun must succeed (not when a rank is meant to abort)."""
-    out.mkdir(parents=True, exist_ok=True)
-    command = [
-        str(python), "-m", "torch.distributed.run", "--nproc-per-node", str(LAYOUT["world"]),
-        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-        str(JOB), "--out", str(out), "--tp", str(LAYOUT["tp"]), "--pp", str(LAYOUT["pp"]), *args,
-    ]  # fmt: skip
-    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=timeout)
-    assert result.returncode == 0 or not check, f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}"
-    return out
+    return torchrun.run_job(
+        python, out, *args, world=LAYOUT["world"], tp=LAYOUT["tp"], pp=LAYOUT["pp"], timeout=timeout, check=check
+    )
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +59,7 @@ def healthy_json_run(torch_python: Path, runs_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def slow_run(torch_python: Path, runs_dir: Path) -> Path:
     slow = ("--slow-rank", str(SLOW_RANK), "--slow-ms", "15")
-    return run_job(torch_python, runs_dir / "slow", "--steps", "6", *slow)
+    return run_job(torch_python, runs_dir / "slow", "--steps", "10", *slow)  # compute a step: from 7 steps
 
 
 @pytest.fixture(scope="session")

@@ -5,9 +5,12 @@ imports torch only. Ranks are laid out as Megatron lays them out (rank = tp + TP
 one process group per TP, DP and PP group; a step runs the microbatches forward and backward
 through the pipeline (send/recv in the PP group, an all-reduce in the TP group after each
 stage's compute), then all-reduces the gradients over DP and the loss over the world. Compute is
-a sleep, so eight ranks on two shared cores keep their pace.
+a sleep by default, so eight ranks on two shared cores keep their pace; ``--compute-kind spin`` spends
+it in a Python loop and ``tensor`` in small matrix products, both a fixed amount of work (calibrated
+once, the same for every rank), so a busy CPU stretches them as it would a real job's.
 
-Faults: ``--slow-rank R --slow-ms X`` adds X ms to every compute of rank R; ``--stop-rank R
+Faults: ``--slow-rank R --slow-ms X`` adds X ms to every compute of rank R (``--slow-pct P``: P% of
+its compute), from step ``--slow-from-step`` on (a slowdown that starts mid-run); ``--stop-rank R
 --stop-step S`` makes rank R stop (sleep outside any collective) before step S: its peers time out
 in the collective that waits for it, dump their flight recorders and exit; R writes no dump, unless
 ``--stop-dumps``: then it dumps after them, as NCCL's dump-on-timeout makes every rank dump (the stuck
@@ -48,6 +51,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--compute-ms", type=float, default=4.0)
     parser.add_argument("--slow-rank", type=int, default=-1)
     parser.add_argument("--slow-ms", type=float, default=0.0)
+    parser.add_argument("--slow-pct", type=float, default=0.0)
+    parser.add_argument("--slow-from-step", type=int, default=0)
+    parser.add_argument("--compute-kind", choices=("sleep", "spin", "tensor"), default="sleep")
     parser.add_argument("--stop-rank", type=int, default=-1)
     parser.add_argument("--stop-step", type=int, default=-1)
     parser.add_argument("--stop-dumps", action="store_true")
@@ -110,8 +116,46 @@ class Journal:
         self.p2p.append({"op": op, "group": group.group_name, "peer": ranks.index(peer), "t": time.time_ns()})
 
 
-def compute(args: argparse.Namespace, rank: int) -> None:
-    time.sleep((args.compute_ms + (args.slow_ms if rank == args.slow_rank else 0.0)) / 1e3)
+class Compute:
+    """One microbatch's compute: ``compute_ms`` (more on the slow rank once its slowdown began), spent
+    as the job asks. Spin and tensor work is counted in units calibrated on this machine and agreed
+    by all ranks (the median of their calibrations), so equal ms mean equal work on every rank."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        self.args, self.rank, self.step = args, rank, 0
+        self.units_per_ms = 1.0
+        self.a, self.b = torch.rand(48, 48), torch.rand(48, 48)
+        if args.compute_kind != "sleep":
+            rates = torch.tensor([self._calibrate()])
+            gathered = [torch.zeros(1) for _ in range(dist.get_world_size())]
+            dist.all_gather(gathered, rates)
+            self.units_per_ms = float(torch.cat(gathered).median())
+
+    def _calibrate(self) -> float:
+        started, units = time.perf_counter(), 0
+        while time.perf_counter() - started < 0.05:
+            self._work(20)
+            units += 20
+        return units / ((time.perf_counter() - started) * 1e3)
+
+    def _work(self, units: int) -> None:
+        if self.args.compute_kind == "spin":
+            total = 0
+            for i in range(units * 100):
+                total += i * i
+        else:
+            for _ in range(units):
+                torch.mm(self.a, self.b)
+
+    def __call__(self) -> None:
+        args = self.args
+        ms = args.compute_ms
+        if self.rank == args.slow_rank and self.step >= args.slow_from_step:
+            ms += args.slow_ms + args.compute_ms * args.slow_pct / 100
+        if args.compute_kind == "sleep":
+            time.sleep(ms / 1e3)
+        else:
+            self._work(max(1, round(ms * self.units_per_ms)))
 
 
 def stop(args: argparse.Namespace, rank: int, world: int, journal: Journal) -> None:
@@ -159,14 +203,16 @@ def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal)
     pp_group, pp_ranks = groups["pp"]
     dp_group = groups["dp"][0]
     activation = torch.ones(256)
+    compute = Compute(args, rank)
     for step in range(args.steps):
+        compute.step = step
         if rank == args.stop_rank and step == args.stop_step:
             stop(args, rank, layout.world, journal)
         for micro in range(args.microbatches):  # forward
             if stage > 0:
                 journal.exchange("recv", pp_group, pp_ranks[stage - 1], pp_ranks)
                 dist.recv(activation, src=pp_ranks[stage - 1], group=pp_group)
-            compute(args, rank)
+            compute()
             if rank == args.mismatch_rank and step == args.mismatch_step and micro == 0:
                 mismatched_call(args, activation, tp_group)
             else:
@@ -179,7 +225,7 @@ def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal)
             if stage < layout.pp - 1:
                 journal.exchange("recv", pp_group, pp_ranks[stage + 1], pp_ranks)
                 dist.recv(activation, src=pp_ranks[stage + 1], group=pp_group)
-            compute(args, rank)
+            compute()
             dist.all_reduce(activation, group=tp_group)
             activation /= layout.tp
             if stage > 0:

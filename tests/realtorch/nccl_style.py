@@ -28,7 +28,9 @@ def _load(path: Path) -> dict[str, Any]:
     return json.loads(raw) if raw[:1] == b"{" else pickle.loads(raw)
 
 
-def derive(gloo_dir: Path, out: Path) -> list[Path]:
+def derive(gloo_dir: Path, out: Path, slow_link: tuple[int, int] | None = None, link_ns: int = 0) -> list[Path]:
+    """``slow_link``: two global ranks whose transfers (both directions) take ``link_ns`` longer once
+    both sides are ready, as a degraded link between them would."""
     out.mkdir(parents=True, exist_ok=True)
     dumps = {int(p.name.rsplit("_", 1)[1]): _load(p) for p in gloo_dir.glob("nccl_trace_rank_*")}
     journals = {int(p.stem.split("_")[1]): json.loads(p.read_text()) for p in (gloo_dir / "journal").glob("*.json")}
@@ -74,17 +76,20 @@ def derive(gloo_dir: Path, out: Path) -> list[Path]:
                 (i["t"] for r, items in keyed_p2p.items() if r != rank for i, k in items if k == key), default=item["t"]
             )
             me, peer = (sender, receiver) if item["op"] == "send" else (receiver, sender)
+            ranks = groups[group]["ranks"]
+            slow = slow_link is not None and {ranks[sender], ranks[receiver]} == set(slow_link)
             arrow = "->" if item["op"] == "send" else "<-"
             stub = {"time_created_ns": item["t"], "process_group": [group, groups[group]["desc"]],
                     "pg_id": pg_ids.get(group, len(pg_ids)), "input_sizes": [[256]], "frames": []}  # fmt: skip
-            entries.append(_entry(stub, f"nccl:{item['op']} {me}{arrow}{peer}", done, max(item["t"], partner_time)))
+            ready = max(item["t"], partner_time)
+            entries.append(_entry(stub, f"nccl:{item['op']} {me}{arrow}{peer}", done, ready, link_ns if slow else 0))
         written.append(_write(out, rank, entries, groups, dump))
     return written
 
 
-def _entry(entry: dict[str, Any], name: str, done: bool, last_join: int) -> dict[str, Any]:
+def _entry(entry: dict[str, Any], name: str, done: bool, last_join: int, extra_ns: int = 0) -> dict[str, Any]:
     created = entry["time_created_ns"]
-    completed = last_join + LAST_JOIN_NS if done else None
+    completed = last_join + LAST_JOIN_NS + extra_ns if done else None
     return {
         "pg_id": entry["pg_id"], "process_group": tuple(entry["process_group"]), "profiling_name": name,
         "collective_seq_id": entry.get("collective_seq_id", 0), "p2p_seq_id": 0, "input_sizes": entry["input_sizes"],

@@ -131,3 +131,13 @@ def test_all_reduce_of_another_element_count_is_a_mismatch(count_mismatch_run):
     [finding] = document["findings"]
     assert (finding["kind"], finding["ranks"], finding["cause"]) == ("mismatch", [MISMATCH_RANK], "software"), finding
     assert finding["evidence"]["mismatch"] == ["count"]
+
+
+def test_gpu_timed_slow_link_is_named(healthy_run, tmp_path):
+    """NCCL's flight recorder holds sends/receives with GPU times: a link whose transfers take 0.5 ms
+    longer once both sides are ready is named by its two ends, and nothing else."""
+    sender, receiver = 1, 5  # tp 1, dp 0: stage 0 -> stage 1
+    directory = derive(healthy_run, tmp_path / "nccl", slow_link=(sender, receiver), link_ns=500_000)[0].parent
+    document = findings_of(directory)
+    [finding] = document["findings"]
+    assert finding["kind"] == "slow_link" and sorted(finding["ranks"]) == [sender, receiver], finding["summary"]

@@ -1,0 +1,198 @@
+"""Localisation accuracy of `rankwatch analyze` on real torch.distributed jobs (gloo on CPU, torchrun).
+
+    .venv/bin/python bench/real_accuracy.py [--seeds 5] [--cells healthy slow-20 ...] [--torch 2.15.0]
+        [--results runs.jsonl] [--keep DIR]
+
+Each run is tests/realtorch/megatron_job.py in PyTorch from PyPI (the cached environment of
+tests/realtorch/torch_env.py), drawn per seed: world 8 or 16, a Megatron layout of it (TP and PP 1, 2,
+4), 1-10 ms of compute per microbatch spent as a sleep, a CPU-bound loop or tensor products, the
+flight recorder's dumps as pickle or JSON, a ring small enough to wrap in some runs. The cell says
+the fault: ``healthy``, ``noisy`` (healthy, with a process burning a CPU beside the job), ``slow-P``
+(one random rank computes P% longer all run), ``onset-P`` (P% longer from a random step on).
+
+Scored per run from the JSON document: *culprit first* (the first finding names the slowed rank,
+alone), *other named* (any finding names another rank: a healthy node cordoned), *not localisable*
+(no finding names a rank and the problems say why), *false* (healthy cells: any finding). A run whose
+job fails (torchrun's exit) is counted as such, not scored. ``--results`` appends every run as a JSON
+line; the table is printed at the end with the machine's load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "realtorch"))
+import torch_env
+import torchrun
+
+from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.topology import Layout
+from rankwatch.analysis.trace import load_path
+
+SLOWDOWNS = (10, 20, 30, 50, 100, 200)
+CELLS = ("healthy", "noisy", *(f"slow-{p}" for p in SLOWDOWNS), "onset-50")
+LAYOUTS = {8: [(2, 2), (1, 2), (2, 1), (4, 2), (1, 1), (1, 4)], 16: [(2, 2), (4, 2), (1, 4), (2, 4), (4, 1)]}
+KINDS = ("sleep", "sleep", "spin", "tensor")  # sleep twice as often: 16 CPU-bound ranks on 2 shared cores crawl
+TRAIN_MS = 2500  # about this much training per run
+
+
+@dataclass
+class Run:
+    cell: str
+    seed: int
+    world: int
+    tp: int
+    pp: int
+    compute_ms: float
+    kind: str
+    dump: str
+    buffer: int
+    steps: int
+    culprit: int = -1
+    slow_pct: float = 0.0
+    onset_step: int = 0
+
+
+def draw(cell: str, seed: int) -> Run:
+    """The run of ``cell`` for ``seed``: the same on every machine."""
+    rng = random.Random(f"{cell}/{seed}")
+    world = rng.choice((8, 8, 16))
+    tp, pp = rng.choice(LAYOUTS[world])
+    compute_ms = round(rng.uniform(1, 10), 1)
+    kind = rng.choice(KINDS)
+    microbatches = 4
+    step_ms = 2 * microbatches * compute_ms * (1 + (pp - 1) / microbatches) + 3
+    steps = max(10, min(40, round(TRAIN_MS / step_ms)))
+    calls_per_step = 2 * microbatches + 2
+    buffer = rng.choice((2000, 2000, max(60, calls_per_step * steps // 2)))  # a third wrap
+    run = Run(cell, seed, world, tp, pp, compute_ms, kind, rng.choice(("pickle", "json")), buffer, steps)
+    if cell.startswith(("slow-", "onset-")):
+        run.culprit = rng.randrange(world)
+        run.slow_pct = float(cell.split("-")[1])
+        run.onset_step = rng.randrange(steps // 4, steps // 2) if cell.startswith("onset-") else 0
+    return run
+
+
+def execute(run: Run, python: Path, out: Path) -> Path:
+    args = ["--steps", str(run.steps), "--compute-ms", str(run.compute_ms), "--compute-kind", run.kind]
+    if run.culprit >= 0:
+        args += ["--slow-rank", str(run.culprit), "--slow-pct", str(run.slow_pct)]
+        args += ["--slow-from-step", str(run.onset_step)]
+    if run.dump == "json":
+        args.append("--json")
+    neighbour = None
+    if run.cell == "noisy":  # a CPU-bound process beside the job, as a co-tenant's would be
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        return torchrun.run_job(
+            python, out, *args, world=run.world, tp=run.tp, pp=run.pp, buffer_size=run.buffer, timeout=600
+        )
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+            neighbour.wait()
+
+
+def score(run: Run, document: dict) -> dict:
+    findings = document["findings"]
+    named = [set(f["ranks"]) for f in findings]
+    if run.culprit < 0:
+        return {"false": bool(findings)}
+    first = bool(named) and named[0] == {run.culprit}
+    other = any(ranks - {run.culprit} for ranks in named)
+    unlocalised = not named and any("not localisable" in p for p in document["problems"])
+    return {"first": first, "other": other, "not_localisable": unlocalised}
+
+
+def measure(run: Run, python: Path, keep: Path | None) -> dict:
+    base = keep or Path(tempfile.mkdtemp(prefix="rankwatch-real-bench-"))
+    out = base / f"{run.cell}-{run.seed}"
+    started = time.monotonic()
+    record = {**asdict(run), "load": os.getloadavg()[0]}
+    try:
+        execute(run, python, out)
+    except (RuntimeError, subprocess.TimeoutExpired) as error:
+        return {**record, "failed": str(error)[-300:]}
+    finally:
+        record["job_s"] = round(time.monotonic() - started, 1)
+    trace = load_path(out, layout=Layout(run.tp, run.pp, run.world))
+    trace.layout = Layout(run.tp, run.pp, run.world)
+    document = analyze(trace)
+    record["findings"] = [
+        {"kind": f["kind"], "ranks": f["ranks"], "summary": f["summary"]} for f in document["findings"]
+    ]
+    record["problems"] = document["problems"]
+    record.update(score(run, document))
+    if keep is None:
+        subprocess.run(["rm", "-rf", str(out)], check=False)
+    return record
+
+
+def table(records: list[dict]) -> str:
+    lines = [
+        "| cell | runs | culprit first | other rank named | not localisable | false findings | job failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for cell in CELLS:
+        mine = [r for r in records if r["cell"] == cell]
+        if not mine:
+            continue
+        done = [r for r in mine if "failed" not in r]
+        failed = len(mine) - len(done)
+        if cell in ("healthy", "noisy"):
+            false = sum(r["false"] for r in done)
+            lines.append(f"| {cell} | {len(done)} | - | - | - | {false} | {failed} |")
+        else:
+            first = sum(r["first"] for r in done)
+            other = sum(r["other"] for r in done)
+            unloc = sum(r["not_localisable"] for r in done)
+            lines.append(f"| {cell} | {len(done)} | {first} | {other} | {unloc} | - | {failed} |")
+    loads = [r["load"] for r in records]
+    if loads:
+        lines.append(f"\nload average (1 min) during the runs: {min(loads):.1f} to {max(loads):.1f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=CELLS)
+    parser.add_argument("--torch", default=torch_env.TORCH_VERSION, help="PyTorch version (cached environment)")
+    parser.add_argument("--results", type=Path, help="append each run as a JSON line; the table counts them all")
+    parser.add_argument("--keep", type=Path, help="keep the runs' dumps under this directory")
+    parser.add_argument("--table-only", action="store_true", help="print the table of --results and exit")
+    args = parser.parse_args()
+    records = []
+    if args.results and args.results.exists():
+        records = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    if not args.table_only:
+        python = torch_env.python(args.torch)
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            for cell in args.cells:
+                record = {**measure(draw(cell, seed), python, args.keep), "torch": args.torch}
+                records.append(record)
+                verdict = {
+                    k: record[k] for k in ("first", "other", "not_localisable", "false", "failed") if k in record
+                }
+                named = [f["ranks"] for f in record.get("findings", [])]
+                shape = f"{record['world']} ranks TP{record['tp']} PP{record['pp']} {record['compute_ms']} ms"
+                print(f"{cell} seed {seed} ({shape} {record['kind']}): {verdict} {named}", flush=True)
+                if args.results:
+                    with args.results.open("a") as handle:
+                        handle.write(json.dumps(record) + "\n")
+    print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

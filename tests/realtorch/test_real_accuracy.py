@@ -1,0 +1,57 @@
+"""A few cells of bench/real_accuracy.py on real PyTorch: each run's outcome, not its timing.
+
+Real torch.distributed jobs on gloo (tests/realtorch/megatron_job.py under torchrun): a rank that
+computes longer is named first and no other rank is named, in layouts with and without tensor
+parallelism, from pickle and JSON dumps and from a flight recorder whose ring wrapped; a healthy job
+with a CPU-bound process beside it has no finding.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torchrun
+
+from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.topology import Layout
+from rankwatch.analysis.trace import load_path
+
+
+def findings_of(directory: Path, layout: Layout) -> dict:
+    trace = load_path(directory, layout=layout)
+    trace.layout = layout
+    return analyze(trace)
+
+
+SLOW_CELLS = {
+    # name: (world, tp, pp, slow rank, slowdown %, extra job arguments, flight-recorder ring)
+    "tp2-pp2-30pct-json-wrapped": (8, 2, 2, 6, 30, ("--json", "--compute-ms", "4"), 150),
+    "tp1-pp1-50pct-pickle": (8, 1, 1, 5, 50, ("--compute-ms", "3"), 2000),
+}
+
+
+@pytest.mark.parametrize("cell", sorted(SLOW_CELLS))
+def test_slower_rank_is_named_first_and_alone(cell, torch_python, runs_dir):
+    world, tp, pp, culprit, percent, extra, ring = SLOW_CELLS[cell]
+    slow = ("--slow-rank", str(culprit), "--slow-pct", str(percent), "--steps", "14", *extra)
+    out = torchrun.run_job(torch_python, runs_dir / cell, *slow, world=world, tp=tp, pp=pp, buffer_size=ring)
+    document = findings_of(out, Layout(tp, pp, world))
+    named = [finding["ranks"] for finding in document["findings"]]
+    assert named and named[0] == [culprit], (named, document["problems"])
+    assert all(ranks == [culprit] for ranks in named), named
+    evidence = document["findings"][0]["evidence"]
+    assert evidence["slowdown"] >= evidence["noise_floor"] > 0  # the job's own spread decided
+
+
+def test_healthy_job_beside_a_cpu_bound_neighbour_has_no_finding(torch_python, runs_dir):
+    neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        out = torchrun.run_job(torch_python, runs_dir / "noisy", "--steps", "14", "--compute-ms", "2", world=8)
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    document = findings_of(out, Layout(2, 2, 8))
+    assert document["healthy"], document["findings"]
