@@ -191,10 +191,13 @@ def main(
     html_out: str | None = None,
     workers: int = 1,
     skipped: tuple[str, ...] = (),
+    seen_until_ns: int | None = None,
 ) -> int:
     """``rankwatch analyze``: the text summary on standard output (on standard error when an output is
     ``-``, standard output), the reports to their files. ``skipped``: inputs left unread before
-    ``path`` (an archive's files that are not regular files inside it), counted as the trace's own."""
+    ``path`` (an archive's files that are not regular files inside it), counted as the trace's own.
+    ``seen_until_ns``: when the job was last seen still running (its user says so): logs that end
+    before it by the stall threshold end in a stall, not merely where they were cut."""
     outputs = [out for out in (json_out, chrome_out, html_out) if out]
     if outputs.count(STANDARD_OUTPUT) > 1:
         print(
@@ -205,6 +208,8 @@ def main(
     try:
         trace = load_path(path, workers, layout.layout if layout else None)
         trace.skipped += skipped
+        if seen_until_ns is not None and trace.observed_until_ns is not None:
+            trace.observed_until_ns = max(trace.observed_until_ns, seen_until_ns)
         directory = Path(path) if Path(path).is_dir() else None
         resolved, world_size = resolve_layout(trace, directory, layout)
         trace.layout = resolved or trace.layout  # MegaScan's file names give the layout

@@ -155,6 +155,19 @@ def _sidecar(args: argparse.Namespace) -> int:
     return main(config)
 
 
+def seen_until(text: str) -> int:
+    """``now`` or an ISO 8601 time (UTC unless it says otherwise), as ns since the epoch."""
+    import datetime
+    import time
+
+    if text == "now":
+        return time.time_ns()
+    moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp() * 1e9)
+
+
 def _analyze(args: argparse.Namespace) -> int:
     from rankwatch.analysis.analyze import main
 
@@ -183,6 +196,14 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"rankwatch analyze: {error}", file=sys.stderr)
         return 2
 
+    seen_until_ns = None
+    if args.seen_until:
+        try:
+            seen_until_ns = seen_until(args.seen_until)
+        except ValueError as error:
+            print(f"rankwatch analyze: --seen-until {args.seen_until}: {error}", file=sys.stderr)
+            return 2
+
     def run(source: str, layout: GivenLayout | None, skipped: tuple[str, ...] = ()) -> int:
         return main(
             source,
@@ -195,6 +216,7 @@ def _analyze(args: argparse.Namespace) -> int:
             args.html,
             max(1, args.jobs),
             skipped,
+            seen_until_ns,
         )
 
     from rankwatch.analysis import archive
@@ -474,6 +496,12 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--test-type", default="all", choices=["all", "hang", "slow", "parallel"])
     analyze.add_argument(
         "--stall-seconds", type=float, default=1.0, help="a call pending this long at the end of the trace waits"
+    )
+    analyze.add_argument(
+        "--seen-until",
+        metavar="TIME",
+        help="now or an ISO 8601 time (UTC) at which the job was seen still running, e.g. hung: logs that "
+        "simply end (Megatrace) are then judged as watched until it, so a rank silent since is a hang",
     )
     analyze.add_argument("--json", metavar="OUT", help="write the findings as JSON (- : standard output)")
     analyze.add_argument(

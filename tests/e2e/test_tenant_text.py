@@ -57,9 +57,16 @@ async def test_an_archive_that_fails_unforeseen_is_one_problem_on_the_job_not_a_
     gets a problem and an Event once, and recovery goes on: no retry every 10 s."""
     from rankwatch.operator.config import OperatorConfig
     from rankwatch.operator.diagnosis.collector import SecretTokens
-    from rankwatch.operator.recovery import evidence
+    from rankwatch.operator.recovery import archive, evidence
     from rankwatch.operator.recovery.reconcile import Recovery
 
+    kubernetes.client.CoreV1Api(api).create_namespaced_secret(
+        unwatched_namespace,
+        {
+            "metadata": {"name": "bucket", "labels": {archive.CREDENTIALS_LABEL: "true"}},  # opted in as credentials
+            "stringData": {"accessKeyId": "AKIAEXAMPLE", "secretAccessKey": "example"},
+        },
+    )
     job = make_job(api, unwatched_namespace, archive={"s3": {"bucket": "traces", "secretRef": {"name": "bucket"}}})
     objects = kubernetes.client.CustomObjectsApi(api)
     failed = {"type": "Failed", "status": "True", "reason": "WorkerFailed", "message": "exit 1",
