@@ -153,3 +153,18 @@ def test_the_cause_is_in_every_format(hang_run, tmp_path):
     assert marker["args"]["cause"] == "unknown" and marker["args"]["cause_evidence"] == finding["cause_evidence"]
     result = analyze(hang_run, "--html", "-", "--json", "-")
     assert result.returncode == 2 and "only one of --json, --chrome-trace, --html can be -" in one_line_reason(result)
+
+
+def test_megatrace_logs_that_end_are_a_hang_only_when_the_job_was_seen_hung_after_them(hang_run, tmp_path):
+    """Logs alone end where they were cut (no hang); the user who saw the job hung says so, and rank 3,
+    silent since its 30th call, is the hang's culprit."""
+    from rankwatch.analysis.megatrace import write_logs
+    from rankwatch.analysis.trace import load_path
+
+    write_logs(load_path(hang_run), tmp_path)
+    assert "HANG" not in analyze(tmp_path).stdout
+    seen = analyze(tmp_path, "--seen-until", "now")
+    assert seen.returncode == 0 and "HANG" in seen.stdout, seen.stdout
+    assert "rank 3 " in seen.stdout.split("HANG", 1)[1].splitlines()[0], seen.stdout
+    bad = analyze(tmp_path, "--seen-until", "yesterday")
+    assert bad.returncode == 2 and one_line_reason(bad).startswith("rankwatch analyze: --seen-until yesterday:")
