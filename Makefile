@@ -16,8 +16,9 @@ $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 
 install: $(INSTALLED)
 
-# The NCCL tracing library, stand-in NCCL/CUDA and drivers (C, gcc only).
-native:
+# The NCCL tracing library (for glibc 2.17, with zig from the venv's ziglang), stand-in NCCL/CUDA and
+# drivers (gcc).
+native: $(INSTALLED)
 	$(MAKE) -s -C nccl_patch
 
 # Kubernetes, etcd and kwok from their Go modules; cached by version outside the repository.
