@@ -273,8 +273,9 @@ def test_an_archive_endpoint_the_admin_did_not_list_is_refused_before_any_connec
         assert entry["path"] == "" and f"{far} is not one of the operator's archive endpoints" in entry["problems"][0]
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody connected
-    reasons = [e.reason for e in events(api, namespace, "far")]
-    assert "EvidenceNotKept" in reasons, reasons
+    # the Event follows the status write
+    eventually(lambda: "EvidenceNotKept" in [e.reason for e in events(api, namespace, "far")], 30,
+               what="the EvidenceNotKept Event")  # fmt: skip
 
 
 def test_with_the_breaker_open_the_restart_avoids_the_suspect_by_node_affinity(
