@@ -123,7 +123,7 @@ def create_workers(
         kopf.event(body, type="Normal", reason="Created", message=tenant_text.one_line(f"created {', '.join(created)}"))
     if not status.get("conditions"):
         patch.status.update(
-            phase=job_status.PENDING,
+            phase=job_status.SUSPENDED if job_spec.suspend else job_status.PENDING,
             health="Unknown",
             workers=f"0/{job_spec.replicas}",
             conditions=job_status.initial_conditions(job_spec, now(), generation),

@@ -126,6 +126,8 @@ class TrainingJobSpec:
     replicas: int = 1
     nprocPerNode: int = 8
     masterPort: int = 29500
+    suspend: bool = False
+    """No worker pods while true (a running job's are deleted); Kueue-style suspension."""
     parallelism: Parallelism = field(default_factory=Parallelism)
     tracing: Tracing = field(default_factory=Tracing)
     remediation: Remediation = field(default_factory=Remediation)
@@ -149,6 +151,7 @@ class TrainingJobSpec:
                 replicas=spec.get("replicas", 1),
                 nprocPerNode=spec.get("nprocPerNode", 8),
                 masterPort=spec.get("masterPort", 29500),
+                suspend=bool(spec.get("suspend", False)),
                 parallelism=Parallelism(**spec.get("parallelism", {})),
                 tracing=_tracing(spec.get("tracing", {})),
                 remediation=Remediation(**spec.get("remediation", {})),

@@ -23,6 +23,7 @@ from typing import Any
 
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
+from rankwatch.operator.lifecycle import gang
 from rankwatch.operator.spec import InvalidSpec, Tracing, TrainingJobSpec
 
 LIB_VOLUME = "rankwatch-lib"
@@ -376,13 +377,19 @@ def worker_pod(
     pod_spec.setdefault("automountServiceAccountToken", False)
     _avoid(pod_spec, list(avoid_nodes or []))
 
+    gang_labels, gang_annotations = gang.gang_metadata(job, spec.replicas, attempt)
     labels = {
         **metadata.get("labels", {}),
+        **gang_labels,
         **job_labels(name),
         api.REPLICA_INDEX_LABEL: str(index),
         api.ATTEMPT_LABEL: str(attempt),
     }
-    annotations = {**metadata.get("annotations", {}), api.TRACING_ANNOTATION: "enabled" if tracing else "disabled"}
+    annotations = {
+        **metadata.get("annotations", {}),
+        **gang_annotations,
+        api.TRACING_ANNOTATION: "enabled" if tracing else "disabled",
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",

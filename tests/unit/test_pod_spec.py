@@ -255,3 +255,38 @@ def test_the_jobs_pull_secrets_are_read_from_the_stored_spec():
         {"template": TEMPLATE, "tracing": {"imagePullSecrets": [{"name": "team-registry"}]}}
     )
     assert spec.tracing.imagePullSecrets == ("team-registry",)
+
+
+def test_a_job_in_a_kueue_queue_makes_one_pod_group_per_attempt_and_generation():
+    queued = {"metadata": {**JOB["metadata"], "generation": 3, "labels": {"kueue.x-k8s.io/queue-name": "gpus"}}}
+    pods = [pod_spec.worker_pod(queued, make_spec(), index, CONFIG, attempt=1) for index in range(4)]
+    for pod in pods:
+        labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "gpus"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == "llama-a1-g3"
+        assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "4"
+    later = pod_spec.worker_pod(queued, make_spec(), 0, CONFIG, attempt=2)
+    assert later["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "llama-a2-g3"
+
+
+def test_a_queue_label_on_the_template_alone_still_makes_a_gang():
+    template = copy.deepcopy(TEMPLATE)
+    template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "gpus"
+    job = {"metadata": JOB["metadata"], "spec": {"template": template}}
+    pod = pod_spec.worker_pod(job, make_spec(template=template), 0, CONFIG)
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "llama-a0-g1"
+    assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
+
+
+def test_a_job_in_no_queue_gets_no_pod_group():
+    pod = pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG)
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in pod["metadata"]["labels"])
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in pod["metadata"]["annotations"])
+
+
+def test_a_pod_group_name_stays_a_valid_label_value_for_the_longest_job_names():
+    from rankwatch.operator.lifecycle import gang
+
+    name = gang.pod_group_name("j" * 45, attempt=99, generation=10**12)
+    assert len(name) <= 63 and name.startswith("j" * 40)
+    assert name != gang.pod_group_name("j" * 45, attempt=99, generation=10**12 + 1)
