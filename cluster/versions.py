@@ -23,6 +23,9 @@ ALERTMANAGER_VERSION = "v0.31.1"
 # MinIO tags releases RELEASE.<date> (not semantic versions), so the module proxy serves it by
 # pseudo-version only: this is the commit of 2026-02-12. The S3-compatible server of the archive tests.
 MINIO_MODULE_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+# Kueue, the gang admission component of the queued-TrainingJob tests (`rankwatch cluster up --kueue`).
+# v0.17.0 builds with Go 1.26 against Kubernetes 0.35 libraries (its own go.mod; no replace directives).
+KUEUE_VERSION = "v0.17.0"
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,14 @@ ALERTMANAGER = Component(
 
 MINIO = Component(name="minio", version=MINIO_MODULE_VERSION, packages={"minio": "github.com/minio/minio"})
 
+KUEUE = Component(
+    name="kueue",
+    version=KUEUE_VERSION,
+    packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+    ldflags=(f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",),
+)
+
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
 TOOLS = (HELM, PROMTOOL, MINIO)  # built by `rankwatch cluster build --tools` / `make tools`
 MONITORING = (PROMETHEUS, ALERTMANAGER)  # built by `rankwatch cluster build --monitoring` / `make monitoring`
+ADMISSION = (KUEUE,)  # built by `rankwatch cluster build --kueue` / `make kueue`

@@ -25,6 +25,7 @@ def _cluster(args: argparse.Namespace) -> int:
         log = lambda m: print(m, flush=True)  # noqa: E731
         return run_pods(args.collector_url, args.namespace, work_dir, log, args.collector_service)
     from rankwatch.cluster.binaries import BuildError
+    from rankwatch.cluster.kueue import KueueError
     from rankwatch.cluster.local import ClusterError, LocalCluster
     from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringError
 
@@ -32,7 +33,7 @@ def _cluster(args: argparse.Namespace) -> int:
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     try:
         if args.action == "up":
-            cluster.up(nodes=args.nodes, log=log, timeout=args.timeout, monitoring=args.monitoring)
+            cluster.up(nodes=args.nodes, log=log, timeout=args.timeout, monitoring=args.monitoring, kueue=args.kueue)
         elif args.action == "scrape":
             if not args.job:
                 print(
@@ -53,12 +54,12 @@ def _cluster(args: argparse.Namespace) -> int:
             print(cluster.kubeconfig)
         elif args.action == "build":
             from rankwatch.cluster.binaries import ensure_all
-            from rankwatch.cluster.versions import COMPONENTS, MONITORING, TOOLS
+            from rankwatch.cluster.versions import ADMISSION, COMPONENTS, MONITORING, TOOLS
 
-            which = TOOLS if args.tools else MONITORING if args.monitoring else COMPONENTS
+            which = TOOLS if args.tools else MONITORING if args.monitoring else ADMISSION if args.kueue else COMPONENTS
             for name, path in ensure_all(log, which).items():
                 print(f"{name}\t{path}")
-    except (ClusterError, BuildError, MonitoringError) as error:
+    except (ClusterError, BuildError, MonitoringError, KueueError) as error:
         print(f"rankwatch cluster {args.action}: {error}", file=sys.stderr)
         return 1
     return 0
@@ -355,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--monitoring",
         action="store_true",
         help="`up`: also Prometheus and Alertmanager (loading the chart's rules); `build`: only those two",
+    )
+    cluster.add_argument(
+        "--kueue",
+        action="store_true",
+        help="`up`: also the Kueue controller (gang admission; its CRDs and webhooks); `build`: only Kueue",
     )
     cluster.add_argument("--job", help="`scrape`: the job label of the targets (e.g. rankwatch-operator)")
     cluster.add_argument(

@@ -17,6 +17,10 @@ from typing import Any
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 POD_GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+RETRIABLE_IN_GROUP_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+"""``"false"`` on rankwatch's workers: Kueue never waits for a replacement pod in the group. rankwatch
+itself replaces a failed attempt with a new group (or suspends), and only then does Kueue see the old
+group finished once its pods have ended, release their finalizers and give its quota back."""
 LABEL_VALUE_MAX_CHARS = 63
 
 
@@ -47,5 +51,5 @@ def gang_metadata(job: Mapping[str, Any], replicas: int, attempt: int) -> tuple[
     group = pod_group_name(metadata["name"], attempt, int(metadata.get("generation") or 1))
     return (
         {QUEUE_LABEL: queue, POD_GROUP_LABEL: group},
-        {POD_GROUP_TOTAL_COUNT_ANNOTATION: str(replicas)},
+        {POD_GROUP_TOTAL_COUNT_ANNOTATION: str(replicas), RETRIABLE_IN_GROUP_ANNOTATION: "false"},
     )

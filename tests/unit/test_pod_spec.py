@@ -265,6 +265,7 @@ def test_a_job_in_a_kueue_queue_makes_one_pod_group_per_attempt_and_generation()
         assert labels["kueue.x-k8s.io/queue-name"] == "gpus"
         assert labels["kueue.x-k8s.io/pod-group-name"] == "llama-a1-g3"
         assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "4"
+        assert annotations["kueue.x-k8s.io/retriable-in-group"] == "false", "rankwatch replaces attempts itself"
     later = pod_spec.worker_pod(queued, make_spec(), 0, CONFIG, attempt=2)
     assert later["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "llama-a2-g3"
 
