@@ -46,6 +46,9 @@ WEBHOOK_CONFIGURATIONS = {
     "MutatingWebhookConfiguration": "rankwatch-local-kueue-mutating",
     "ValidatingWebhookConfiguration": "rankwatch-local-kueue-validating",
 }
+MANAGED_LABEL = "kueue.x-k8s.io/managed"
+"""Kueue's pod webhook labels the pods it manages ``true`` and gives them its finalizer."""
+FINALIZER_PREFIX = "kueue.x-k8s.io/"
 SYSTEM_NAMESPACES = ["kube-system", NAMESPACE]
 """Kueue's own deployment keeps its pod webhooks out of these (its kustomization's namespaceSelector)."""
 
@@ -186,6 +189,36 @@ class LocalKueue:
         if pid:
             processes.stop(pid, binaries.binary_path(NAME))
             log("stopped kueue")
+        with contextlib.suppress(OSError):
+            released = self._release(state)
+            if released:
+                log(f"took Kueue's finalizers off {released} object(s)")
+
+    def _release(self, state: ClusterState) -> int:
+        """Take Kueue's finalizers off the pods it managed and off its own objects: with Kueue gone
+        nothing else would, and their namespaces could never finish deleting."""
+        lists = [
+            f"/api/v1/pods?labelSelector={MANAGED_LABEL}%3Dtrue",
+            *(f"/apis/kueue.x-k8s.io/v1beta2/{plural}" for plural in ("workloads", "localqueues", "clusterqueues")),
+        ]
+        released = 0
+        for collection in lists:
+            status, body = self.cluster._request(state, "GET", collection)
+            if status != 200:
+                continue
+            for item in json.loads(body)["items"]:
+                metadata = item["metadata"]
+                finalizers = metadata.get("finalizers") or []
+                kept = [name for name in finalizers if not name.startswith(FINALIZER_PREFIX)]
+                if kept == finalizers:
+                    continue
+                where = f"/namespaces/{metadata['namespace']}" if metadata.get("namespace") else ""
+                base, _, plural = collection.split("?")[0].rpartition("/")
+                path = f"{base}{where}/{plural}/{metadata['name']}"
+                with contextlib.suppress(KueueError):  # gone meanwhile
+                    self._send(state, "PATCH", path, {"metadata": {"finalizers": kept}}, "application/merge-patch+json")
+                    released += 1
+        return released
 
     def running(self, state: ClusterState) -> bool:
         return processes.is_running(state.pids.get(NAME), binaries.binary_path(NAME))
@@ -206,11 +239,14 @@ class LocalKueue:
         group_version, kind = manifest["apiVersion"], manifest["kind"]
         prefix = "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
         path = f"{prefix}/{kind.lower()}s/{manifest['metadata']['name']}?fieldManager=rankwatch-local&force=true"
+        self._send(state, "PATCH", path, manifest, "application/apply-patch+yaml")
+
+    def _send(self, state: ClusterState, method: str, path: str, body: dict[str, Any], content_type: str) -> None:
         request = urllib.request.Request(
             self.cluster.server(state) + path,
-            method="PATCH",
-            data=json.dumps(manifest).encode(),
-            headers={"Content-Type": "application/apply-patch+yaml"},
+            method=method,
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": content_type},
         )
         context: ssl.SSLContext = self.cluster._ssl_context()
         try:
@@ -218,7 +254,7 @@ class LocalKueue:
                 response.read()
         except urllib.error.HTTPError as error:
             reason = error.read().decode(errors="replace")[:500]
-            raise KueueError(f"applying {kind} {manifest['metadata']['name']}: HTTP {error.code}: {reason}") from None
+            raise KueueError(f"{method} {path.split('?')[0]}: HTTP {error.code}: {reason}") from None
 
 
 def _ensure_metrics_cert(cert_dir: Path) -> None:
