@@ -314,7 +314,7 @@ class LocalCluster:
         components = {name: processes.is_running(state.pids.get(name), binaries.binary_path(name)) for name in ORDER}
         ready = components["kube-apiserver"] and self._healthy(state, "/readyz")
         components.update(LocalMonitoring(self).status(state))
-        if "kueue-webhook" in state.ports:
+        if "kueue" in state.pids:  # started by `up --kueue` and not stopped since
             components["kueue"] = LocalKueue(self).running(state)
         status: dict[str, object] = {
             "exists": True,
