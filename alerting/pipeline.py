@@ -330,6 +330,8 @@ class AlertPipeline:
             if gate.is_held(group.id):
                 gate.held[group.id] = notification  # newer content for the summary
                 return
+            if gate.is_summarised(group.id):
+                return
             if not gate.admit(notification, self._clock()):
                 for alert in notification.alerts:
                     self.metrics.suppressed.labels(alert.level.value, "storm").inc()
@@ -342,8 +344,11 @@ class AlertPipeline:
 
     async def _send_summary(self, summary: StormSummary) -> None:
         alerts = tuple(a for n in summary.notifications for a in n.alerts)
-        if await self._deliver(summary.receiver, summary, alerts):
-            self._record(summary.notifications)
+        try:
+            if await self._deliver(summary.receiver, summary, alerts):
+                self._record(summary.notifications)
+        finally:
+            self._storm[summary.receiver].summary_sent(summary)
 
     def _record(self, notifications: Iterable[Notification]) -> None:
         """The receiver has them: log what it was told, retire the resolved alerts it was told about."""
