@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from rankwatch.alerting.cluster_store import open_store
 from rankwatch.alerting.config import AlertingConfig
 from rankwatch.alerting.delivery import REASONS, DeliveryError, Receiver, deliver
 from rankwatch.alerting.inhibition import inhibited_by
@@ -32,7 +33,7 @@ from rankwatch.alerting.receivers import build_receivers
 from rankwatch.alerting.report import last_slot, weekly_report
 from rankwatch.alerting.routing import GroupKey, group_keys
 from rankwatch.alerting.silences import Silence, silenced_by
-from rankwatch.alerting.store import AlertStore, NotifyRecord, open_store
+from rankwatch.alerting.store import AlertStore, NotifyRecord
 from rankwatch.alerting.storm import StormGate
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ ANALYSE = """
 import json, resource, sys, time
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 started = time.perf_counter()
 trace = load_path(sys.argv[1], workers=int(sys.argv[5]))
 loaded = time.perf_counter()
