@@ -383,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     operator = commands.add_parser(
         "operator",
-        help="run the TrainingJob operator (settings: RANKWATCH_* environment, see the README)",
+        help="run the TrainingJob operator (settings: RANKWATCH_* environment, see docs/running-the-operator.md)",
         description="Replicas elect a leader through a coordination.k8s.io Lease (RANKWATCH_LEASE_NAME in "
         "RANKWATCH_LEASE_NAMESPACE, default $POD_NAMESPACE); only the leader acts and reports ready.",
     )
