@@ -32,10 +32,11 @@ import yaml
 
 from rankwatch.cluster import binaries, pki, processes
 from rankwatch.cluster.binaries import Log
+from rankwatch.cluster.state import ClusterState, free_ports_by_name
 from rankwatch.cluster.versions import KUEUE, KUEUE_VERSION
 
 if TYPE_CHECKING:
-    from rankwatch.cluster.local import ClusterState, LocalCluster
+    from rankwatch.cluster.local import LocalCluster
 
 NAME = "kueue"
 NAMESPACE = "kueue-system"
@@ -130,12 +131,10 @@ class LocalKueue:
     def up(self, state: ClusterState, log: Log, deadline: float) -> None:
         """Install the CRDs and webhooks and start the manager (if not running); ``state`` gains its
         ports and pid (the caller saves it). Returns once its webhooks answer."""
-        from rankwatch.cluster.local import _free_ports
-
         paths = binaries.ensure_all(log, (KUEUE,))
         missing = [name for name in PORTS if name not in state.ports]
         if missing:
-            state.ports.update(_free_ports(missing, avoid=set(state.ports.values())))
+            state.ports.update(free_ports_by_name(missing, avoid=set(state.ports.values())))
         source = module_dir()
         cert_dir = self.root / "certs"
         if not (cert_dir / "tls.crt").exists():
@@ -151,7 +150,7 @@ class LocalKueue:
             plurals.add(crd["spec"]["names"]["plural"])
         self._apply(state, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
         # Kueue sets up its indexes once at start: every kind must be in discovery by then.
-        self.cluster._wait(lambda: plurals <= self._served(state), "Kueue's CRDs in discovery", deadline)
+        self.cluster.wait_until(lambda: plurals <= self._served(state), "Kueue's CRDs in discovery", deadline)
         if not processes.is_running(state.pids.get(NAME), paths[NAME]):
             log(f"starting kueue {KUEUE_VERSION}")
             argv = [
@@ -164,12 +163,14 @@ class LocalKueue:
             started = processes.start(argv, self.log_path)
             state.pids[NAME] = started.pid
             state.save(self.cluster.state_path)
-            self.cluster._wait(lambda: self._healthy(state) or started.poll() is not None, "kueue /readyz", deadline)
+            self.cluster.wait_until(
+                lambda: self._healthy(state) or started.poll() is not None, "kueue /readyz", deadline
+            )
             if started.poll() is not None:
                 tail = processes.log_tail(self.log_path)
                 raise KueueError(f"kueue exited with code {started.poll()}:\n{tail}")
         try:
-            self.cluster._wait(lambda: self._healthy(state), "kueue /readyz", deadline)
+            self.cluster.wait_until(lambda: self._healthy(state), "kueue /readyz", deadline)
         except Exception as error:
             raise KueueError(f"kueue did not become ready ({error}):\n{processes.log_tail(self.log_path)}") from None
         url = f"https://127.0.0.1:{state.ports['kueue-webhook']}"
@@ -184,7 +185,7 @@ class LocalKueue:
         for kind, name in WEBHOOK_CONFIGURATIONS.items():
             plural = kind.lower() + "s"
             with contextlib.suppress(OSError):  # the API server is already gone
-                self.cluster._request(state, "DELETE", f"/apis/admissionregistration.k8s.io/v1/{plural}/{name}")
+                self.cluster.api_request(state, "DELETE", f"/apis/admissionregistration.k8s.io/v1/{plural}/{name}")
         pid = state.pids.pop(NAME, None)
         if pid:
             processes.stop(pid, binaries.binary_path(NAME))
@@ -203,7 +204,7 @@ class LocalKueue:
         ]
         released = 0
         for collection in lists:
-            status, body = self.cluster._request(state, "GET", collection)
+            status, body = self.cluster.api_request(state, "GET", collection)
             if status != 200:
                 continue
             for item in json.loads(body)["items"]:
@@ -231,7 +232,7 @@ class LocalKueue:
             return False
 
     def _served(self, state: ClusterState) -> set[str]:
-        status, body = self.cluster._request(state, "GET", "/apis/kueue.x-k8s.io/v1beta2")
+        status, body = self.cluster.api_request(state, "GET", "/apis/kueue.x-k8s.io/v1beta2")
         return {resource["name"] for resource in json.loads(body)["resources"]} if status == 200 else set()
 
     def _apply(self, state: ClusterState, manifest: dict[str, Any]) -> None:

@@ -27,7 +27,8 @@ def kueue(kubeconfig: str) -> Iterator[None]:
     if os.environ.get("RANKWATCH_USE_KUBECONFIG") == "1":
         pytest.skip("runs Kueue beside the built-in local cluster only")
     from rankwatch.cluster.kueue import LocalKueue
-    from rankwatch.cluster.local import ClusterState, LocalCluster
+    from rankwatch.cluster.local import LocalCluster
+    from rankwatch.cluster.state import ClusterState
 
     root = os.environ.get("RANKWATCH_TEST_CLUSTER_DIR") or os.path.expanduser("~/.rankwatch/test-cluster")
     cluster = LocalCluster(Path(root))
