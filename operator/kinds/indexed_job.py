@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rankwatch.operator.kinds.adapter import Group, owned_by
+import kubernetes
+
+from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -51,9 +53,13 @@ class IndexedJob:
     def pod_selector(self, group: Group) -> str:
         return f"{CONTROLLER_UID_LABEL}={group.uid}"
 
-    def token_secret_name(self, group: Group) -> str:
+    def token_secret_name(self, name: str) -> str:
         # Never a TrainingJob's (``<name>-rankwatch-token``): the suffixes differ.
-        return f"{group.name}-rankwatch-job-token"
+        return f"{name}-rankwatch-job-token"
+
+    def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
+        # group_of names the pod's controlling Job: its uid is the group's.
+        return pods_claimed(kube, self, group)
 
 
 INDEXED_JOB = IndexedJob()

@@ -8,8 +8,9 @@ from typing import Any
 
 from rankwatch.operator.kinds.adapter import Group, KindAdapter
 from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
+from rankwatch.operator.kinds.jobset import JOBSET
 
-ADAPTERS: tuple[KindAdapter, ...] = (INDEXED_JOB,)
+ADAPTERS: tuple[KindAdapter, ...] = (JOBSET, INDEXED_JOB)
 
 
 def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
@@ -19,3 +20,8 @@ def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
         if group is not None:
             return adapter, group
     return None
+
+
+def adapter_of_kind(kind: str) -> KindAdapter | None:
+    """The adapter of the owning object's ``kind`` (``Job``, ``JobSet``...), None for a kind rankwatch does not know."""
+    return next((adapter for adapter in ADAPTERS if adapter.kind == kind), None)

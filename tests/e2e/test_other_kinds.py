@@ -199,7 +199,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
             assert pod.metadata.annotations["rankwatch.io/tracing"] == "enabled"
             sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
             env = {e.name: e for e in sidecar.env}
-            assert env["RANKWATCH_JOB_NAME"].value == "watched" and env["RANKWATCH_NPROC_PER_NODE"].value == "2"
+            assert env["RANKWATCH_JOB_NAME"].value == "Job:watched" and env["RANKWATCH_NPROC_PER_NODE"].value == "2"
             index = env["RANKWATCH_REPLICA_INDEX"].value_from.field_ref.field_path
             assert index == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
             trainer = {e.name: e.value for e in pod.spec.containers[0].env}
@@ -299,3 +299,191 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
     finally:
         if operator.poll() is None:
             stop(operator)
+
+
+# ---- the same loop for a group of another kind: diagnosis, cordon, alert, written on the owner ----------
+
+
+class AlertSink:
+    """A real HTTP server on loopback taking Alertmanager's webhook JSON (rankwatch's generic webhook
+    receiver): what an incident bridge would receive."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        received: list[dict[str, Any]] = []
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, **labels: str) -> list[dict[str, Any]]:
+        return [
+            alert
+            for message in self.received
+            for alert in message.get("alerts", [])
+            if all(alert.get("labels", {}).get(k) == v for k, v in labels.items())
+        ]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def alert_sink(tmp_path) -> Any:
+    sink = AlertSink()
+    config = {
+        "receivers": [{"name": "bridge", "webhook": {"url": sink.url}}],
+        "route": {"receiver": "bridge", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "4h"},
+        "store": {"path": str(tmp_path / "alerts")},
+    }
+    (tmp_path / "alerting.yaml").write_text(yaml.safe_dump(config))
+    sink.config = tmp_path / "alerting.yaml"
+    yield sink
+    sink.stop()
+
+
+def standin_trainer(faults: dict[str, str], world_size: int) -> dict[str, Any]:
+    """The stand-in trainer (4 ranks, TP 4 per pod) as a Job's container: its node rank is the pod's
+    completion index, as a torchrun command line would take it from JOB_COMPLETION_INDEX."""
+    env = [
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}},
+        {"name": "NPROC_PER_NODE", "value": "4"},
+        {"name": "WORLD_SIZE", "value": str(world_size)},
+        {"name": "RANKWATCH_STANDIN_DEVICE", "value": "async"},
+        *({"name": key, "value": value} for key, value in faults.items()),
+    ]
+    return {
+        "name": "trainer",
+        "image": "rankwatch/rankwatch:0.1.0",
+        "command": ["rankwatch", "simulate-pod", "--tp", "4", "--pp", "1", "--steps", "1000000"],
+        "env": env,
+        "resources": {"limits": {"nvidia.com/gpu": 8}},  # a whole node each: one pod per node
+    }
+
+
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+GROUP_ANNOTATIONS = {
+    "rankwatch.io/inject": "true",
+    "rankwatch.io/nproc-per-node": "4",
+    "rankwatch.io/tensor-parallel": "4",
+    "rankwatch.io/sensitivity-seconds": "10",
+    "rankwatch.io/window-seconds": "2",
+}
+
+
+def standin_indexed_job(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    job = indexed_job(name, 2)
+    template = job["spec"]["template"]
+    template["metadata"]["annotations"] = dict(GROUP_ANNOTATIONS)
+    template["spec"]["containers"] = [standin_trainer(faults, 8)]
+    return job
+
+
+def diagnosis_on(owner_annotations: dict[str, str] | None) -> dict[str, Any]:
+    import json
+
+    return json.loads((owner_annotations or {}).get("rankwatch.io/diagnosis") or "{}")
+
+
+def node_state(core: kubernetes.client.CoreV1Api, name: str) -> tuple[bool, dict[str, str]]:
+    node = core.read_node(name)
+    marks = {k: v for k, v in (node.metadata.annotations or {}).items() if k.startswith("rankwatch.io/")}
+    return bool(node.spec.unschedulable), marks
+
+
+def test_a_straggler_in_an_indexed_job_is_diagnosed_cordoned_alerted_and_written_on_the_job(
+    webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace, eventually,
+    alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    port, certs = webhook
+    namespace = unwatched_namespace
+    core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
+    collector_port = processes.free_port()
+    settings = {
+        "RANKWATCH_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+        "RANKWATCH_WEBHOOK_CERT_DIR": str(certs),
+        "RANKWATCH_ALERTING_CONFIG": str(alert_sink.config),
+        "POD_NAMESPACE": namespace,
+        "RANKWATCH_CORDON_COOLDOWN_SECONDS": "0",
+        "RANKWATCH_BREAKER_MAX_SHARE": "1",
+    }
+    operator = processes.operator(chart_rbac_kubeconfig, namespace, tmp_path / "operator.log", collector_port, settings)
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{collector_port}", namespace, tmp_path / "pods")
+    try:
+        wait_for_webhook(kubectl, namespace, eventually)
+        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+        job = batch.create_namespaced_job(namespace, standin_indexed_job("slow", faults))
+
+        def diagnosed() -> dict[str, Any]:
+            owner = batch.read_namespaced_job("slow", namespace)
+            record = diagnosis_on(owner.metadata.annotations)
+            return record.get("active") and (owner, record)
+
+        owner, record = eventually(diagnosed, PATIENCE_S, interval=1, what="the Job's diagnosis annotation")
+        [pod] = core.list_namespaced_pod(
+            namespace, label_selector="batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=slow"
+        ).items
+        node = pod.spec.node_name
+        assert record["kind"] == "Straggler" and record["ranks"] == [5], record
+        assert record["nodes"] == [node] and record["pods"] == [pod.metadata.name]
+        annotations = owner.metadata.annotations
+        assert annotations["rankwatch.io/suspect-nodes"] == node and annotations["rankwatch.io/suspect-ranks"] == "5"
+        assert annotations["rankwatch.io/health"] == "Degraded"
+        report = core.read_namespaced_config_map(record["report"], namespace)
+        assert [o.uid for o in report.metadata.owner_references] == [job.metadata.uid], "deleted with the Job"
+        assert "rank 5" in report.data["report.txt"]
+
+        def job_events(reason: str) -> list[Any]:
+            items = core.list_namespaced_event(namespace, field_selector=f"reason={reason}").items
+            return [e for e in items if e.involved_object.uid == job.metadata.uid]
+
+        [event] = eventually(lambda: job_events("Straggler"), PATIENCE_S, what="the Straggler Event on the Job")
+        assert event.type == "Warning" and event.involved_object.kind == "Job" and "rank 5" in event.message
+        assert record["report"] in event.message, "the Event says where the full report is"
+
+        # The node of the slow rank, and only it, is cordoned for the Job; the follow-ups are recorded.
+        done = eventually(
+            lambda: (r := diagnosis_on(batch.read_namespaced_job("slow", namespace).metadata.annotations)).get(
+                "remediation"
+            ) and r.get("alertedTime") and r,
+            PATIENCE_S,
+            interval=1,
+            what="the cordon and the alert recorded on the Job",
+        )  # fmt: skip
+        assert done["remediation"] == f"cordoned and tainted {node}"
+        unschedulable, marks = node_state(core, node)
+        assert unschedulable and marks["rankwatch.io/cordon-job"] == f"{namespace}/slow"
+        assert marks["rankwatch.io/cordon-job-uid"] == job.metadata.uid
+        others = [n.metadata.name for n in core.list_node().items if n.metadata.name != node]
+        assert not [n for n in others if node_state(core, n)[0] or "rankwatch.io/cordon-job" in node_state(core, n)[1]]
+        [cordoned] = eventually(lambda: job_events("NodeCordoned"), PATIENCE_S, what="the NodeCordoned Event")
+        assert f"Job {namespace}/slow" in cordoned.message
+
+        [alert] = eventually(
+            lambda: alert_sink.alerts(jobkind="Job", trainingjob="slow", namespace=namespace),
+            PATIENCE_S,
+            what="the alert at the webhook receiver",
+        )
+        assert alert["labels"]["alertname"] == "TrainingJobStraggler" and alert["labels"]["node"] == node
+        assert alert["status"] == "firing"
+    finally:
+        processes.stop(runner)
+        if operator.poll() is None:
+            stop(operator)
+        uncordon_job(api, namespace, "slow", via="test")
