@@ -5,6 +5,7 @@ MutatingWebhookConfiguration; the real Job controller makes an Indexed Job's pod
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import signal
 import subprocess
@@ -405,15 +406,10 @@ def node_state(core: kubernetes.client.CoreV1Api, name: str) -> tuple[bool, dict
     return bool(node.spec.unschedulable), marks
 
 
-def test_a_straggler_in_an_indexed_job_is_diagnosed_cordoned_alerted_and_written_on_the_job(
-    webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace, eventually,
-    alert_sink, tmp_path,
-):  # fmt: skip
-    from rankwatch.operator.remediation.cordon import uncordon_job
-
+@contextlib.contextmanager
+def group_operator(processes, operator_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+    """The operator (webhook on, alerting to ``alert_sink``) and the pod runner for ``namespace``."""
     port, certs = webhook
-    namespace = unwatched_namespace
-    core, batch = kubernetes.client.CoreV1Api(api), kubernetes.client.BatchV1Api(api)
     collector_port = processes.free_port()
     settings = {
         "RANKWATCH_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
@@ -423,67 +419,187 @@ def test_a_straggler_in_an_indexed_job_is_diagnosed_cordoned_alerted_and_written
         "RANKWATCH_CORDON_COOLDOWN_SECONDS": "0",
         "RANKWATCH_BREAKER_MAX_SHARE": "1",
     }
-    operator = processes.operator(chart_rbac_kubeconfig, namespace, tmp_path / "operator.log", collector_port, settings)
+    operator = processes.operator(operator_kubeconfig, namespace, tmp_path / "operator.log", collector_port, settings)
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{collector_port}", namespace, tmp_path / "pods")
     try:
-        wait_for_webhook(kubectl, namespace, eventually)
-        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
-        job = batch.create_namespaced_job(namespace, standin_indexed_job("slow", faults))
-
-        def diagnosed() -> dict[str, Any]:
-            owner = batch.read_namespaced_job("slow", namespace)
-            record = diagnosis_on(owner.metadata.annotations)
-            return record.get("active") and (owner, record)
-
-        owner, record = eventually(diagnosed, PATIENCE_S, interval=1, what="the Job's diagnosis annotation")
-        [pod] = core.list_namespaced_pod(
-            namespace, label_selector="batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=slow"
-        ).items
-        node = pod.spec.node_name
-        assert record["kind"] == "Straggler" and record["ranks"] == [5], record
-        assert record["nodes"] == [node] and record["pods"] == [pod.metadata.name]
-        annotations = owner.metadata.annotations
-        assert annotations["rankwatch.io/suspect-nodes"] == node and annotations["rankwatch.io/suspect-ranks"] == "5"
-        assert annotations["rankwatch.io/health"] == "Degraded"
-        report = core.read_namespaced_config_map(record["report"], namespace)
-        assert [o.uid for o in report.metadata.owner_references] == [job.metadata.uid], "deleted with the Job"
-        assert "rank 5" in report.data["report.txt"]
-
-        def job_events(reason: str) -> list[Any]:
-            items = core.list_namespaced_event(namespace, field_selector=f"reason={reason}").items
-            return [e for e in items if e.involved_object.uid == job.metadata.uid]
-
-        [event] = eventually(lambda: job_events("Straggler"), PATIENCE_S, what="the Straggler Event on the Job")
-        assert event.type == "Warning" and event.involved_object.kind == "Job" and "rank 5" in event.message
-        assert record["report"] in event.message, "the Event says where the full report is"
-
-        # The node of the slow rank, and only it, is cordoned for the Job; the follow-ups are recorded.
-        done = eventually(
-            lambda: (r := diagnosis_on(batch.read_namespaced_job("slow", namespace).metadata.annotations)).get(
-                "remediation"
-            ) and r.get("alertedTime") and r,
-            PATIENCE_S,
-            interval=1,
-            what="the cordon and the alert recorded on the Job",
-        )  # fmt: skip
-        assert done["remediation"] == f"cordoned and tainted {node}"
-        unschedulable, marks = node_state(core, node)
-        assert unschedulable and marks["rankwatch.io/cordon-job"] == f"{namespace}/slow"
-        assert marks["rankwatch.io/cordon-job-uid"] == job.metadata.uid
-        others = [n.metadata.name for n in core.list_node().items if n.metadata.name != node]
-        assert not [n for n in others if node_state(core, n)[0] or "rankwatch.io/cordon-job" in node_state(core, n)[1]]
-        [cordoned] = eventually(lambda: job_events("NodeCordoned"), PATIENCE_S, what="the NodeCordoned Event")
-        assert f"Job {namespace}/slow" in cordoned.message
-
-        [alert] = eventually(
-            lambda: alert_sink.alerts(jobkind="Job", trainingjob="slow", namespace=namespace),
-            PATIENCE_S,
-            what="the alert at the webhook receiver",
-        )
-        assert alert["labels"]["alertname"] == "TrainingJobStraggler" and alert["labels"]["node"] == node
-        assert alert["status"] == "firing"
+        yield
     finally:
         processes.stop(runner)
         if operator.poll() is None:
             stop(operator)
+
+
+def assert_straggler_handled(api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually):
+    """Rank 5 (pod of node rank 1) made slow: the owner carries the diagnosis, its Event and its report;
+    the node of that pod, and only it, is cordoned for the owner; the alert is sent. Returns the node."""
+    core = kubernetes.client.CoreV1Api(api)
+
+    def diagnosed() -> Any:
+        owner = read_owner()
+        record = diagnosis_on(owner["metadata"].get("annotations"))
+        return record.get("active") and (owner, record)
+
+    owner, record = eventually(diagnosed, PATIENCE_S, interval=1, what=f"the {kind}'s diagnosis annotation")
+    assert record["kind"] == "Straggler" and record["ranks"] == [5], record
+    [pod_name] = record["pods"]
+    pod = core.read_namespaced_pod(pod_name, namespace)
+    node = pod.spec.node_name
+    assert record["nodes"] == [node]
+    annotations = owner["metadata"]["annotations"]
+    assert annotations["rankwatch.io/suspect-nodes"] == node and annotations["rankwatch.io/suspect-ranks"] == "5"
+    assert annotations["rankwatch.io/health"] == "Degraded"
+    report = core.read_namespaced_config_map(record["report"], namespace)
+    assert [o.uid for o in report.metadata.owner_references] == [uid], f"deleted with the {kind}"
+    assert "rank 5" in report.data["report.txt"]
+
+    def owner_events(reason: str) -> list[Any]:
+        items = core.list_namespaced_event(namespace, field_selector=f"reason={reason}").items
+        return [e for e in items if e.involved_object.uid == uid]
+
+    [event] = eventually(lambda: owner_events("Straggler"), PATIENCE_S, what=f"the Straggler Event on the {kind}")
+    assert event.type == "Warning" and event.involved_object.kind == kind and "rank 5" in event.message
+    assert record["report"] in event.message, "the Event says where the full report is"
+
+    done = eventually(
+        lambda: (r := diagnosis_on(read_owner()["metadata"].get("annotations"))).get("remediation")
+        and r.get("alertedTime") and r,
+        PATIENCE_S,
+        interval=1,
+        what=f"the cordon and the alert recorded on the {kind}",
+    )  # fmt: skip
+    assert done["remediation"] == f"cordoned and tainted {node}"
+    unschedulable, marks = node_state(core, node)
+    assert unschedulable and marks["rankwatch.io/cordon-job"] == f"{namespace}/{name}"
+    assert marks["rankwatch.io/cordon-job-uid"] == uid
+    others = [n.metadata.name for n in core.list_node().items if n.metadata.name != node]
+    assert not [n for n in others if node_state(core, n)[0] or "rankwatch.io/cordon-job" in node_state(core, n)[1]]
+    [cordoned] = eventually(lambda: owner_events("NodeCordoned"), PATIENCE_S, what="the NodeCordoned Event")
+    assert f"{kind} {namespace}/{name}" in cordoned.message
+
+    [alert] = eventually(
+        lambda: alert_sink.alerts(jobkind=kind, trainingjob=name, namespace=namespace),
+        PATIENCE_S,
+        what="the alert at the webhook receiver",
+    )
+    assert alert["labels"]["alertname"] == "TrainingJobStraggler" and alert["labels"]["node"] == node
+    assert alert["status"] == "firing"
+    return node
+
+
+STRAGGLER = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+
+
+def test_a_straggler_in_an_indexed_job_is_diagnosed_cordoned_alerted_and_written_on_the_job(
+    webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace, eventually,
+    alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    batch = kubernetes.client.BatchV1Api(api)
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            job = batch.create_namespaced_job(namespace, standin_indexed_job("slow", STRAGGLER))
+
+            def read() -> dict[str, Any]:
+                return api.sanitize_for_serialization(batch.read_namespaced_job("slow", namespace))
+
+            node = assert_straggler_handled(api, namespace, read, "Job", "slow", job.metadata.uid, alert_sink,
+                                            eventually)  # fmt: skip
+            pod = (
+                kubernetes.client.CoreV1Api(api)
+                .list_namespaced_pod(
+                    namespace,
+                    label_selector="batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=slow",
+                )
+                .items[0]
+            )
+            assert pod.spec.node_name == node, "rank 5 runs in the pod of completion index 1"
+    finally:
         uncordon_job(api, namespace, "slow", via="test")
+
+
+JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+
+
+@pytest.fixture
+def jobset_controller(kubeconfig, unwatched_namespace, tmp_path):
+    """The real JobSet controller (built from its Go module), its webhooks for this test's namespace."""
+    from rankwatch.cluster.jobset import JobSetController
+
+    controller = JobSetController(kubeconfig, unwatched_namespace, tmp_path / "jobset")
+    controller.start(PATIENCE_S)
+    yield controller
+    controller.stop()
+
+
+def standin_jobset(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """A JobSet of 2 single-pod Jobs opted in, as a user writes it: node rank = the Job's global index."""
+    trainer = standin_trainer(faults, 8)
+    trainer["env"][0] = {
+        "name": "NODE_RANK",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"}},
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "parallelism": 1,
+                            "completions": 1,
+                            "backoffLimit": 0,
+                            "template": {
+                                "metadata": {"annotations": dict(GROUP_ANNOTATIONS)},
+                                "spec": {"restartPolicy": "Never", "containers": [trainer]},
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def test_a_straggler_in_a_jobset_run_by_the_real_controller_is_diagnosed_cordoned_alerted_and_written_on_it(
+    webhook, jobset_controller, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
+    eventually, alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            jobset = objects.create_namespaced_custom_object(
+                *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("slowset", STRAGGLER)
+            )
+            uid = jobset["metadata"]["uid"]
+
+            def read() -> dict[str, Any]:
+                return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "slowset")
+
+            selector = f"jobset.sigs.k8s.io/jobset-uid={uid}"
+            pods = eventually(
+                lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
+                PATIENCE_S,
+                what="the JobSet controller's two child Jobs' pods",
+            )  # fmt: skip
+            assert all(injected(pod) for pod in pods), "the webhook injects a JobSet's pods"
+            sidecar = next(c for c in pods[0].spec.init_containers if c.name == "rankwatch-sidecar")
+            assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "JobSet:slowset"
+            token = core.read_namespaced_secret("slowset-rankwatch-jobset-token", namespace)
+            assert [o.uid for o in token.metadata.owner_references] == [uid]
+
+            node = assert_straggler_handled(api, namespace, read, "JobSet", "slowset", uid, alert_sink, eventually)
+            [slow_pod] = [p for p in pods if p.spec.node_name == node]
+            assert slow_pod.metadata.labels["jobset.sigs.k8s.io/job-global-index"] == "1"
+    finally:
+        uncordon_job(api, namespace, "slowset", via="test")
