@@ -56,6 +56,8 @@ class KindAdapter(Protocol):
 
     kind: str
     """The owning object's kind, as in ``kubectl get <kind>``."""
+    api_version: str
+    plural: str
     restart_lever: str | None
     """How a whole group is restarted away from suspects; None: cordon and page only."""
 

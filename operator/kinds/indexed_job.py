@@ -26,6 +26,8 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 class IndexedJob:
     kind = "Job"
+    api_version = "batch/v1"
+    plural = "jobs"
     restart_lever: str | None = None
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
@@ -37,7 +39,9 @@ class IndexedJob:
         owner = owned_by(pod, "batch/v1", "Job")
         if owner is None or not owner.get("name") or not owner.get("uid"):
             return None
-        return Group("batch/v1", "Job", "jobs", metadata.get("namespace", ""), owner["name"], owner["uid"])
+        return Group(
+            self.api_version, self.kind, self.plural, metadata.get("namespace", ""), owner["name"], owner["uid"]
+        )
 
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
         value = (pod.get("metadata", {}).get("annotations") or {}).get(COMPLETION_INDEX, "")

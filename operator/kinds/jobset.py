@@ -31,6 +31,8 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 class JobSetAdapter:
     kind = "JobSet"
+    api_version = API_VERSION
+    plural = "jobsets"
     restart_lever: str | None = None
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
@@ -39,7 +41,7 @@ class JobSetAdapter:
         name, uid = labels.get(NAME_LABEL), labels.get(UID_LABEL)
         if not name or not uid or owned_by(pod, "batch/v1", "Job") is None:
             return None
-        return Group(API_VERSION, "JobSet", "jobsets", metadata.get("namespace", ""), name, uid)
+        return Group(self.api_version, self.kind, self.plural, metadata.get("namespace", ""), name, uid)
 
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
         value = (pod.get("metadata", {}).get("annotations") or {}).get(COMPLETION_INDEX, "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -429,6 +430,23 @@ def group_operator(processes, operator_kubeconfig, kubeconfig, namespace, webhoo
             stop(operator)
 
 
+def describe_cli(kubeconfig: str, namespace: str, reference: str) -> str:
+    """`kubectl rankwatch describe` as a user runs it: kubectl finds the plugin (installed with rankwatch)
+    on PATH."""
+    import sys
+
+    from rankwatch.cluster import binaries
+
+    result = subprocess.run(
+        [str(binaries.binary_path("kubectl")), "rankwatch", "describe", reference, "-n", namespace],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": kubeconfig, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 def assert_straggler_handled(api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually):
     """Rank 5 (pod of node rank 1) made slow: the owner carries the diagnosis, its Event and its report;
     the node of that pod, and only it, is cordoned for the owner; the alert is sent. Returns the node."""
@@ -599,6 +617,13 @@ def test_a_straggler_in_a_jobset_run_by_the_real_controller_is_diagnosed_cordone
             assert [o.uid for o in token.metadata.owner_references] == [uid]
 
             node = assert_straggler_handled(api, namespace, read, "JobSet", "slowset", uid, alert_sink, eventually)
+            described = describe_cli(kubeconfig, namespace, "jobset/slowset")
+            assert (
+                "Kind:         JobSet (jobset.x-k8s.io/v1alpha2)" in described and "Health:       Degraded" in described
+            )
+            assert "  Kind:        Straggler" in described and f"  Nodes:       {node}" in described
+            assert f"  Remediation: cordoned and tainted {node}" in described
+            assert re.search(r"Warning\s+Straggler\s+\S+\s+rankwatch-operator\s+rank 5", described), described
             [slow_pod] = [p for p in pods if p.spec.node_name == node]
             assert slow_pod.metadata.labels["jobset.sigs.k8s.io/job-global-index"] == "1"
     finally:
