@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api
 from rankwatch.operator.kinds import group_record
+from rankwatch.operator.kinds.adapter import KindAdapter
 from rankwatch.operator.kinds.registry import ADAPTERS
 
 
@@ -29,20 +30,28 @@ class DescribeError(ValueError):
 @dataclass(frozen=True)
 class KindRef:
     kind: str
+    """As rankwatch names it (``VolcanoJob`` for Volcano's Job)."""
     api_version: str
     plural: str
+    names: tuple[str, ...]
+    """What a person may type for it: its name, and its plural unless it shares that (Volcano's ``jobs``)."""
 
 
-TRAININGJOB = KindRef(api.KIND, api.API_VERSION, api.PLURAL)
-KINDS = (TRAININGJOB, *(KindRef(a.kind, a.api_version, a.plural) for a in ADAPTERS))
-SHORT_NAMES = {"tj": api.KIND, "js": "JobSet"}
+def _kind_ref(adapter: KindAdapter) -> KindRef:
+    names = (adapter.key.lower(), adapter.plural) if adapter.key == adapter.kind else (adapter.key.lower(),)
+    return KindRef(adapter.key, adapter.api_version, adapter.plural, names)
+
+
+TRAININGJOB = KindRef(api.KIND, api.API_VERSION, api.PLURAL, (api.KIND.lower(), api.PLURAL))
+KINDS = (TRAININGJOB, *(_kind_ref(adapter) for adapter in ADAPTERS))
+SHORT_NAMES = {"tj": api.KIND, "js": "JobSet", "vcjob": "VolcanoJob", "vj": "VolcanoJob"}
 
 
 def kind_named(text: str) -> KindRef:
     """The kind ``text`` names, as kubectl takes it: the kind, its plural or short name, any case."""
     wanted = SHORT_NAMES.get(text.lower(), text).lower()
     for kind in KINDS:
-        if wanted in (kind.kind.lower(), kind.plural):
+        if wanted in kind.names:
             return kind
     raise DescribeError(f"unknown kind {text!r}; rankwatch describes {', '.join(k.kind for k in KINDS)}")
 

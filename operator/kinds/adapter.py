@@ -30,15 +30,21 @@ class Group:
     namespace: str
     name: str
     uid: str
+    key: str = ""
+    """How rankwatch names the kind where two share one name (Volcano's Job: ``VolcanoJob``); else ``kind``."""
+
+    @property
+    def kind_key(self) -> str:
+        return self.key or self.kind
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}"
+        return f"{self.kind_key} {self.namespace}/{self.name}"
 
     @property
     def collector_name(self) -> str:
         """How the group's sidecars and the collector name it (``RANKWATCH_JOB_NAME``): ``<Kind>:<name>``,
         never a TrainingJob's name (object names have no capitals, no colon)."""
-        return api.group_collector_name(self.kind, self.name)
+        return api.group_collector_name(self.kind_key, self.name)
 
     @property
     def event_target(self) -> EventTarget:
@@ -56,6 +62,8 @@ class KindAdapter(Protocol):
 
     kind: str
     """The owning object's kind, as in ``kubectl get <kind>``."""
+    key: str
+    """The kind as rankwatch names it, unique among the adapters (``Job``, ``JobSet``, ``VolcanoJob``)."""
     api_version: str
     plural: str
     restart_lever: str | None

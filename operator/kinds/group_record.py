@@ -47,7 +47,7 @@ ATTEMPTS = 5
 
 def report_name(group: Group) -> str:
     """The report ConfigMap's name: never a TrainingJob's (``<name>-rankwatch-report``) nor another kind's."""
-    return f"{group.name}-rankwatch-{group.kind.lower()}-report"
+    return f"{group.name}-rankwatch-{group.kind_key.lower()}-report"
 
 
 def _json(record: dict[str, Any]) -> str:
@@ -209,8 +209,8 @@ class GroupRecord:
         from rankwatch.alerting import alert_from_finding
 
         return alert_from_finding(self.group.namespace, self.group.name, finding, spec.alerting,
-                                  job_kind=self.group.kind)  # fmt: skip
+                                  job_kind=self.group.kind_key)  # fmt: skip
 
     @property
     def alert_labels(self) -> dict[str, str]:
-        return {"namespace": self.group.namespace, "trainingjob": self.group.name, "jobkind": self.group.kind}
+        return {"namespace": self.group.namespace, "trainingjob": self.group.name, "jobkind": self.group.kind_key}

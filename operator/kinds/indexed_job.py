@@ -26,6 +26,7 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 class IndexedJob:
     kind = "Job"
+    key = "Job"
     api_version = "batch/v1"
     plural = "jobs"
     restart_lever: str | None = None

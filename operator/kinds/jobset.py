@@ -31,6 +31,7 @@ COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 class JobSetAdapter:
     kind = "JobSet"
+    key = "JobSet"
     api_version = API_VERSION
     plural = "jobsets"
     restart_lever: str | None = None
@@ -70,13 +71,7 @@ class JobSetAdapter:
         jobs = kubernetes.client.BatchV1Api(kube).list_namespaced_job(
             group.namespace, label_selector=f"{UID_LABEL}={group.uid}"
         )
-        children = frozenset(
-            job.metadata.uid
-            for job in jobs.items
-            if any(
-                o.controller and o.kind == "JobSet" and o.uid == group.uid for o in job.metadata.owner_references or []
-            )
-        )
+        children = frozenset(job.metadata.uid for job in jobs.items if _controlled_by(job, group))
         return pods_claimed(kube, self, group, children)
 
 

@@ -9,8 +9,9 @@ from typing import Any
 from rankwatch.operator.kinds.adapter import Group, KindAdapter
 from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
 from rankwatch.operator.kinds.jobset import JOBSET
+from rankwatch.operator.kinds.volcano_job import VOLCANO_JOB
 
-ADAPTERS: tuple[KindAdapter, ...] = (JOBSET, INDEXED_JOB)
+ADAPTERS: tuple[KindAdapter, ...] = (JOBSET, VOLCANO_JOB, INDEXED_JOB)
 
 
 def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
@@ -22,6 +23,7 @@ def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
     return None
 
 
-def adapter_of_kind(kind: str) -> KindAdapter | None:
-    """The adapter of the owning object's ``kind`` (``Job``, ``JobSet``...), None for a kind rankwatch does not know."""
-    return next((adapter for adapter in ADAPTERS if adapter.kind == kind), None)
+def adapter_of_kind(key: str) -> KindAdapter | None:
+    """The adapter of the kind rankwatch names ``key`` (``Job``, ``JobSet``, ``VolcanoJob``), None for one it does
+    not know."""
+    return next((adapter for adapter in ADAPTERS if adapter.key == key), None)

@@ -81,7 +81,7 @@ def test_a_job_with_nothing_found_says_so():
 @pytest.mark.parametrize(
     ("reference", "error"),
     [
-        ("deployment/x", "unknown kind 'deployment'; rankwatch describes TrainingJob, JobSet, Job"),
+        ("deployment/x", "unknown kind 'deployment'; rankwatch describes TrainingJob, JobSet, VolcanoJob, Job"),
         ("jobset", "expected KIND/NAME"),
         ("jobset/a/b", "expected KIND/NAME"),
     ],
@@ -89,3 +89,8 @@ def test_a_job_with_nothing_found_says_so():
 def test_what_cannot_be_described_is_refused_with_what_to_type(reference, error):
     with pytest.raises(DescribeError, match=error):
         parse_reference(reference)
+
+
+def test_volcanos_job_is_told_from_a_batch_job_by_the_name_rankwatch_gives_it():
+    assert kind_named("jobs").api_version == "batch/v1" and kind_named("job").api_version == "batch/v1"
+    assert kind_named("vcjob").api_version == kind_named("VolcanoJob").api_version == "batch.volcano.sh/v1alpha1"

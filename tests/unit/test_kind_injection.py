@@ -305,3 +305,66 @@ def test_collector_names_of_groups_never_meet_a_trainingjobs():
     assert token_secret_of("JobSet:llm") == "llm-rankwatch-jobset-token"
     assert token_secret_of("Job:llm") == "llm-rankwatch-job-token"
     assert token_secret_of("Deployment:llm") is None, "no kind rankwatch knows: no token, so 401"
+
+
+VOLCANO_UID = "77aa-vcjob-uid"
+
+
+def volcano_pod(task_index: int = 1) -> dict[str, Any]:
+    """A pod as Volcano's job controller (v1.10, createJobPod) makes it from an opted-in task template."""
+    pod = indexed_job_pod(task_index)
+    pod["metadata"] = {
+        "name": f"llm-worker-{task_index}",
+        "namespace": "team-b",
+        "labels": {
+            "volcano.sh/job-name": "llm",
+            "volcano.sh/task-spec": "worker",
+            "volcano.sh/task-index": str(task_index),
+            "volcano.sh/job-namespace": "team-b",
+            "volcano.sh/queue-name": "default",
+        },
+        "annotations": {
+            "rankwatch.io/inject": "true",
+            "volcano.sh/task-index": str(task_index),
+            "volcano.sh/task-spec": "worker",
+            "scheduling.k8s.io/group-name": f"llm-{VOLCANO_UID}",
+            "volcano.sh/job-name": "llm",
+            "volcano.sh/queue-name": "default",
+            "volcano.sh/job-version": "0",
+            "volcano.sh/template-uid": "llm-worker",
+            "volcano.sh/job-retry-count": "0",
+        },
+        "ownerReferences": [
+            {
+                "apiVersion": "batch.volcano.sh/v1alpha1",
+                "kind": "Job",
+                "name": "llm",
+                "uid": VOLCANO_UID,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+    }
+    return pod
+
+
+def test_a_volcano_job_pod_belongs_to_its_volcano_job_named_apart_from_a_batch_job():
+    from rankwatch.operator.kinds.registry import adapter_for
+    from rankwatch.operator.kinds.volcano_job import VOLCANO_JOB
+
+    pod = volcano_pod(1)
+    adapter, group = adapter_for(pod)
+    assert adapter is VOLCANO_JOB and (group.kind, group.kind_key, group.uid) == ("Job", "VolcanoJob", VOLCANO_UID)
+    assert group.event_target.api_version == "batch.volcano.sh/v1alpha1", "Events go on the Volcano Job itself"
+    assert str(group) == "VolcanoJob team-b/llm" and adapter.index_of(pod) == 1
+    owner = {"spec": {"tasks": [{"name": "master", "replicas": 1}, {"name": "worker", "replicas": 3}]}}
+    assert adapter.expected_size(owner) == 4 and adapter.expected_size({"spec": {"tasks": [{"replicas": -1}]}}) is None
+    key, value = adapter.pod_selector(group).split("=")
+    assert pod["metadata"]["labels"][key] == value
+
+    sidecar = env_of(injected(pod)["spec"]["initContainers"][1])
+    assert sidecar["RANKWATCH_JOB_NAME"] == "VolcanoJob:llm", "never a batch Job's (Job:llm)"
+    assert sidecar["RANKWATCH_REPLICA_INDEX"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/task-index']"}
+    }
+    assert adapter.token_secret_name("llm") == "llm-rankwatch-vcjob-token"
