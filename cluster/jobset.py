@@ -24,17 +24,17 @@ from typing import Any
 import yaml
 
 from rankwatch.cluster import binaries, pki, ports
-from rankwatch.cluster.versions import JOBSET
+from rankwatch.cluster.versions import JOBSET, VOLCANO_MODULE_VERSION
 
 CRD = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
 WEBHOOKS = "config/components/webhook/manifests.yaml"
 POD_SELECTOR = {"matchExpressions": [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
 
 
-def module_dir() -> Path:
-    """The JobSet module's source (its manifests) in the Go module cache, downloaded if absent."""
+def module_source(module: str, version: str) -> Path:
+    """A Go module's source (its manifests) in the Go module cache, downloaded if absent."""
     result = subprocess.run(
-        ["go", "mod", "download", "-json", f"sigs.k8s.io/jobset@{JOBSET.version}"],
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
         cwd=JOBSET.module_dir,
         env={**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"},
         capture_output=True,
@@ -42,6 +42,18 @@ def module_dir() -> Path:
         check=True,
     )
     return Path(json.loads(result.stdout)["Dir"])
+
+
+def module_dir() -> Path:
+    return module_source("sigs.k8s.io/jobset", JOBSET.version)
+
+
+VOLCANO_JOB_CRD = "config/crd/volcano/bases/batch.volcano.sh_jobs.yaml"
+
+
+def volcano_job_crd() -> Path:
+    """Volcano's Job CRD as its release ships it (``cluster.versions.VOLCANO_MODULE_VERSION``)."""
+    return module_source("volcano.sh/volcano", VOLCANO_MODULE_VERSION) / VOLCANO_JOB_CRD
 
 
 def webhook_configurations(namespace: str, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:

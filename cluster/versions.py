@@ -26,6 +26,10 @@ MINIO_MODULE_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 # The JobSet controller (its module root is `package main`), for the e2e tests of JobSet groups; v0.12
 # builds against Kubernetes 0.36 libraries like the local cluster.
 JOBSET_VERSION = "v0.12.0"
+# Volcano's Job CRD (from its module's manifests) for the tests of Volcano groups; its controller is not
+# run (it needs Volcano's scheduler, queues and PodGroups): the tests make the pods as it would. v1.10.0 is
+# the newest tag the module proxy serves (v1.11 and later: 403).
+VOLCANO_MODULE_VERSION = "v1.10.0"
 
 
 @dataclass(frozen=True)

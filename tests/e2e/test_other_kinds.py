@@ -447,9 +447,12 @@ def describe_cli(kubeconfig: str, namespace: str, reference: str) -> str:
     return result.stdout
 
 
-def assert_straggler_handled(api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually):
+def assert_straggler_handled(
+    api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually, alert_kind: str = ""
+):
     """Rank 5 (pod of node rank 1) made slow: the owner carries the diagnosis, its Event and its report;
-    the node of that pod, and only it, is cordoned for the owner; the alert is sent. Returns the node."""
+    the node of that pod, and only it, is cordoned for the owner; the alert is sent (label ``jobkind``:
+    ``alert_kind``, by default ``kind``). Returns the node."""
     core = kubernetes.client.CoreV1Api(api)
 
     def diagnosed() -> Any:
@@ -495,7 +498,7 @@ def assert_straggler_handled(api, namespace, read_owner, kind: str, name: str, u
     assert f"{kind} {namespace}/{name}" in cordoned.message
 
     [alert] = eventually(
-        lambda: alert_sink.alerts(jobkind=kind, trainingjob=name, namespace=namespace),
+        lambda: alert_sink.alerts(jobkind=alert_kind or kind, trainingjob=name, namespace=namespace),
         PATIENCE_S,
         what="the alert at the webhook receiver",
     )
@@ -628,3 +631,115 @@ def test_a_straggler_in_a_jobset_run_by_the_real_controller_is_diagnosed_cordone
             assert slow_pod.metadata.labels["jobset.sigs.k8s.io/job-global-index"] == "1"
     finally:
         uncordon_job(api, namespace, "slowset", via="test")
+
+
+VOLCANO_API = ("batch.volcano.sh", "v1alpha1", "jobs")
+
+
+@pytest.fixture
+def volcano_crd(kubectl, api, eventually):
+    """Volcano's own Job CRD (from its Go module); its controller does not run here (it needs Volcano's
+    scheduler, queues and PodGroups), so the test makes the pods as the controller would."""
+    from rankwatch.cluster.jobset import volcano_job_crd
+
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(volcano_job_crd()))
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+
+    def established() -> bool:
+        conditions = extensions.read_custom_resource_definition("jobs.batch.volcano.sh").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    eventually(established, PATIENCE_S, what="Volcano's Job CRD established")
+
+
+def volcano_job(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """A Volcano Job of 2 workers opted in, as a user writes it (its node rank: the task index)."""
+    trainer = standin_trainer(faults, 8)
+    trainer["env"][0] = {
+        "name": "NODE_RANK",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/task-index']"}},
+    }
+    template = {"metadata": {"annotations": dict(GROUP_ANNOTATIONS)}, "spec": {"restartPolicy": "Never",
+                "containers": [trainer]}}  # fmt: skip
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "minAvailable": 2,
+            "queue": "default",
+            "tasks": [{"name": "worker", "replicas": 2, "template": template}],
+        },
+    }
+
+
+def volcano_pod(job: dict[str, Any], index: int) -> dict[str, Any]:
+    """The pod Volcano's job controller makes for task ``worker``, index ``index`` (createJobPod, v1.10)."""
+    task = job["spec"]["tasks"][0]
+    metadata = job["metadata"]
+    annotations = {
+        **task["template"]["metadata"]["annotations"],
+        "volcano.sh/task-index": str(index),
+        "volcano.sh/task-spec": task["name"],
+        "scheduling.k8s.io/group-name": f"{metadata['name']}-{metadata['uid']}",
+        "volcano.sh/job-name": metadata["name"],
+        "volcano.sh/queue-name": "default",
+        "volcano.sh/job-version": "0",
+        "volcano.sh/template-uid": f"{metadata['name']}-{task['name']}",
+        "volcano.sh/job-retry-count": "0",
+    }
+    labels = {
+        "volcano.sh/task-index": str(index),
+        "volcano.sh/job-name": metadata["name"],
+        "volcano.sh/task-spec": task["name"],
+        "volcano.sh/job-namespace": metadata["namespace"],
+        "volcano.sh/queue-name": "default",
+    }
+    owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": metadata["name"],
+             "uid": metadata["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{metadata['name']}-{task['name']}-{index}",
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner],
+        },
+        "spec": task["template"]["spec"],
+    }
+
+
+def test_a_straggler_in_a_volcano_job_is_diagnosed_cordoned_alerted_and_written_on_it(
+    webhook, volcano_crd, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
+    eventually, alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            job = objects.create_namespaced_custom_object(
+                *VOLCANO_API[:2], namespace, VOLCANO_API[2], volcano_job("vslow", STRAGGLER)
+            )
+            uid = job["metadata"]["uid"]
+            for index in range(2):
+                pod = core.create_namespaced_pod(namespace, volcano_pod(job, index))
+                assert injected(pod)
+            sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
+            assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "VolcanoJob:vslow"
+
+            def read() -> dict[str, Any]:
+                return objects.get_namespaced_custom_object(*VOLCANO_API[:2], namespace, VOLCANO_API[2], "vslow")
+
+            node = assert_straggler_handled(
+                api, namespace, read, "Job", "vslow", uid, alert_sink, eventually, alert_kind="VolcanoJob"
+            )
+            assert core.read_namespaced_pod("vslow-worker-1", namespace).spec.node_name == node
+            described = describe_cli(kubeconfig, namespace, "vcjob/vslow")
+            assert "Kind:         VolcanoJob (batch.volcano.sh/v1alpha1)" in described
+            assert f"  Remediation: cordoned and tainted {node}" in described
+    finally:
+        uncordon_job(api, namespace, "vslow", via="test")
