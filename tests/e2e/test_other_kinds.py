@@ -743,3 +743,42 @@ def test_a_straggler_in_a_volcano_job_is_diagnosed_cordoned_alerted_and_written_
             assert f"  Remediation: cordoned and tainted {node}" in described
     finally:
         uncordon_job(api, namespace, "vslow", via="test")
+
+
+def test_a_rank_that_never_calls_hangs_a_jobset_and_is_named_on_it(
+    webhook, jobset_controller, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
+    eventually, alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            jobset = objects.create_namespaced_custom_object(
+                *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("stuck", hang)
+            )
+            uid = jobset["metadata"]["uid"]
+
+            def hung() -> dict[str, Any]:
+                owner = objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "stuck")
+                record = diagnosis_on(owner["metadata"].get("annotations"))
+                return record.get("active") and record.get("alertedTime") and record.get("remediation") and record
+
+            record = eventually(hung, PATIENCE_S, interval=1, what="the JobSet's Hang diagnosis, cordon and alert")
+            assert record["kind"] == "Hang" and record["ranks"] == [2], record
+            [pod_name] = record["pods"]
+            node = core.read_namespaced_pod(pod_name, namespace).spec.node_name
+            assert record["nodes"] == [node] and record["remediation"] == f"cordoned and tainted {node}"
+            events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
+            assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["JobSet"]
+            [alert] = eventually(
+                lambda: alert_sink.alerts(jobkind="JobSet", trainingjob="stuck", alertname="TrainingJobHang"),
+                PATIENCE_S,
+                what="the hang's alert",
+            )
+            assert alert["labels"]["node"] == node
+    finally:
+        uncordon_job(api, namespace, "stuck", via="test")
