@@ -5,7 +5,8 @@ Out of cluster, as the tests run rankwatch's own operator: its CRD from the modu
 admission webhooks (JobSet defaulting and validation, its pod webhooks) served on loopback with a
 certificate made here (the local API server runs on this host and calls https://127.0.0.1), registered
 for one namespace only (and, for pods, only those a JobSet made), so a controller that is stopped keeps
-no other test's pod from being admitted. ``stop`` removes the registrations.
+no other test's pod from being admitted. ``stop`` removes the registrations. Also where Volcano's Job
+CRD comes from (its module's manifests; its controller is not run here).
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 kwok marks pods Running but runs nothing. For tests and the demo this runner does it for real, from
 the pod spec the operator built (so the injection is proven, not assumed): for every worker pod
-(label ``rankwatch.io/job-name``) bound to a node and Running, it
+(label ``rankwatch.io/job-name``; in the namespaces named, also every pod the admission webhook
+injected, annotation ``rankwatch.io/tracing: enabled``: an Indexed Job's, a JobSet's...) bound to a
+node and Running, it
 
 - makes each volume a directory (emptyDir; Secret volumes with the Secret's keys as files),
 - runs the ``rankwatch-init`` container's copy of the tracing library into the library volume,
@@ -17,8 +19,8 @@ the pod spec the operator built (so the injection is proven, not assumed): for e
 
 Pods of one job meet through the stand-in NCCL on this machine: the runner gives every pod of a job
 the same ``RANKWATCH_STANDIN_RENDEZVOUS`` directory and ``RANKWATCH_STANDIN_SESSION`` (from the job's
-uid and the pod's ``rankwatch.io/attempt``), the local stand-ins for MASTER_ADDR:MASTER_PORT. A deleted
-pod's processes are killed.
+uid, a JobSet's for its child Jobs' pods, and the pod's ``rankwatch.io/attempt``), the local
+stand-ins for MASTER_ADDR:MASTER_PORT. A deleted pod's processes are killed.
 """
 
 from __future__ import annotations
