@@ -38,6 +38,17 @@ def group_collector_name(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
+GROUP_TOKEN_SUFFIXES = {"Job": "job", "JobSet": "jobset", "VolcanoJob": "vcjob"}
+"""The kinds of groups rankwatch follows (as it names them) and their token Secrets' suffixes."""
+
+
+def group_token_secret_name(kind_key: str, name: str) -> str | None:
+    """``<name>-rankwatch-<suffix>-token``: the token Secret of a group of another kind, never a
+    TrainingJob's (``<name>-rankwatch-token``) nor another kind's; None for a kind rankwatch does not follow."""
+    suffix = GROUP_TOKEN_SUFFIXES.get(kind_key)
+    return f"{name}-rankwatch-{suffix}-token" if suffix else None
+
+
 def split_collector_name(name: str) -> tuple[str, str] | None:
     """(kind, object name) of a group's collector name; None for a TrainingJob's (a plain object name)."""
     kind, separator, object_name = name.partition(":")

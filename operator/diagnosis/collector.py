@@ -97,12 +97,7 @@ def token_secret_of(name: str) -> str | None:
     """The token Secret of the job the collector knows as ``name``: a TrainingJob's, or a group's of
     another kind (``<Kind>:<name>``); None for a kind rankwatch does not know."""
     split = api.split_collector_name(name)
-    if split is None:
-        return api.token_secret_name(name)
-    from rankwatch.operator.kinds.registry import adapter_of_kind  # the adapters build pods: they import config
-
-    adapter = adapter_of_kind(split[0])
-    return adapter.token_secret_name(split[1]) if adapter is not None else None
+    return api.token_secret_name(name) if split is None else api.group_token_secret_name(*split)
 
 
 def secret_token(secret: kubernetes.client.V1Secret) -> str | None:

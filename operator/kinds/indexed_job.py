@@ -16,6 +16,7 @@ from typing import Any
 
 import kubernetes
 
+from rankwatch.operator import api
 from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
@@ -59,8 +60,7 @@ class IndexedJob:
         return f"{CONTROLLER_UID_LABEL}={group.uid}"
 
     def token_secret_name(self, name: str) -> str:
-        # Never a TrainingJob's (``<name>-rankwatch-token``): the suffixes differ.
-        return f"{name}-rankwatch-job-token"
+        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
         # group_of names the pod's controlling Job: its uid is the group's.

@@ -20,6 +20,7 @@ from typing import Any
 
 import kubernetes
 
+from rankwatch.operator import api
 from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
@@ -65,7 +66,7 @@ class JobSetAdapter:
         return f"{UID_LABEL}={group.uid}"
 
     def token_secret_name(self, name: str) -> str:
-        return f"{name}-rankwatch-jobset-token"
+        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
         jobs = kubernetes.client.BatchV1Api(kube).list_namespaced_job(

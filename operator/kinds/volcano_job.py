@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes
 
+from rankwatch.operator import api
 from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
@@ -57,7 +58,7 @@ class VolcanoJob:
         return f"{JOB_NAME_LABEL}={group.name}"
 
     def token_secret_name(self, name: str) -> str:
-        return f"{name}-rankwatch-vcjob-token"
+        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
         # group_of names the pod's controlling Volcano Job: its uid is the group's.
