@@ -59,6 +59,13 @@ class Tracing:
 
 
 @dataclass(frozen=True)
+class Sidecar:
+    ptrace: bool = False
+    """A privilege the job asks for: SYS_PTRACE (as root, no other capability) on the sidecar, so py-spy
+    reads the trainer's Python stacks and profiles; refused where the operator's admin disallows it."""
+
+
+@dataclass(frozen=True)
 class Remediation:
     cordon: bool = True
     dryRun: bool = False
@@ -128,6 +135,7 @@ class TrainingJobSpec:
     masterPort: int = 29500
     parallelism: Parallelism = field(default_factory=Parallelism)
     tracing: Tracing = field(default_factory=Tracing)
+    sidecar: Sidecar = field(default_factory=Sidecar)
     remediation: Remediation = field(default_factory=Remediation)
     alerting: Alerting = field(default_factory=Alerting)
     recovery: Recovery = field(default_factory=Recovery)
@@ -151,6 +159,7 @@ class TrainingJobSpec:
                 masterPort=spec.get("masterPort", 29500),
                 parallelism=Parallelism(**spec.get("parallelism", {})),
                 tracing=_tracing(spec.get("tracing", {})),
+                sidecar=_sidecar(spec.get("sidecar", {})),
                 remediation=Remediation(**spec.get("remediation", {})),
                 alerting=_alerting(spec.get("alerting", {})),
                 recovery=_recovery(spec.get("recovery", {})),
@@ -168,6 +177,13 @@ def _alerting(alerting: dict[str, Any]) -> Alerting:
         return Alerting(levels=AlertLevels(**levels), **alerting)
     except TypeError as error:
         raise InvalidSpec(f"spec.alerting: {error}") from error
+
+
+def _sidecar(sidecar: dict[str, Any]) -> Sidecar:
+    try:
+        return Sidecar(**sidecar)
+    except TypeError as error:
+        raise InvalidSpec(f"spec.sidecar: {error}") from error
 
 
 def _tracing(tracing: dict[str, Any]) -> Tracing:

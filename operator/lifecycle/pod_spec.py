@@ -92,6 +92,8 @@ class PodTracing:
     token_optional: bool = False
     """True where the Secret may not exist yet when the pod starts (made at admission): the pod starts
     anyway and the kubelet fills the token in once the Secret exists."""
+    ptrace: bool = False
+    """The sidecar gets SYS_PTRACE (``spec.sidecar.ptrace``): py-spy reads the ranks' Python."""
 
 
 def _env(name: str, value: Any) -> dict[str, str]:
@@ -242,7 +244,22 @@ def _sidecar_container(target: PodTracing, config: WorkerPodSettings) -> dict[st
             {"name": NO_API_TOKEN_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
         ],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {**_restricted_security_context(), "runAsGroup": 0},
+        "securityContext": _ptrace_security_context()
+        if target.ptrace
+        else {**_restricted_security_context(), "runAsGroup": 0},
+    }
+
+
+def _ptrace_security_context() -> dict[str, Any]:
+    """SYS_PTRACE and nothing else, as root: Kubernetes puts an added capability into the effective set of
+    a root container only, and the kernel's Yama ptrace_scope 1 (the usual default) wants the capability
+    to read a process that is not a child, whatever its user."""
+    return {
+        **_restricted_security_context(),
+        "runAsNonRoot": False,
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
     }
 
 
@@ -351,6 +368,11 @@ def worker_pod(
             "use nodeSelector or affinity"
         )
 
+    if spec.sidecar.ptrace and not config.allow_ptrace:
+        raise InvalidSpec(
+            f"TrainingJob {job_id}: spec.sidecar.ptrace is not allowed by this operator (its admin set the chart "
+            "value sidecar.allowPtrace=false); remove it: Python stacks and profiles are then left out"
+        )
     injected = rendezvous_env(name, namespace, spec, index, attempt)
     if tracing:
         target = PodTracing(
@@ -361,6 +383,7 @@ def worker_pod(
             nproc_per_node=spec.nprocPerNode,
             tracing=spec.tracing,
             token_secret=api.token_secret_name(name),
+            ptrace=spec.sidecar.ptrace,
         )
         inject_tracing(pod_spec, target, config, injected)
     else:

@@ -385,3 +385,30 @@ def test_pull_secrets_for_the_workers_rankwatch_image_reach_the_operator(render)
         ]["containers"][0]["env"]
     }
     assert env["RANKWATCH_IMAGE_PULL_SECRETS"] == "regcred,mirror"
+
+
+def _checksum(objects: list[dict]) -> str:
+    return one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/alerting"]
+
+
+def test_an_alerting_config_change_rolls_the_operator_pods(render):
+    """The operator reads its alerting config once, at start: a new config must give the Deployment a new
+    pod template (so new pods), and the same config the same one (no needless restart)."""
+    on = ("--set", "alerting.enabled=true")
+    base = _checksum(render(*on))
+    assert _checksum(render(*on)) == base
+    assert _checksum(render(*on, "--set", "alerting.config.route.group_wait=45s")) != base
+    assert _checksum(render()) != base, "turning alerting off"
+    mine = _checksum(render(*on, "--set", "alerting.existingConfigMap=mine"))
+    assert mine != base and mine != _checksum(render(*on, "--set", "alerting.existingConfigMap=theirs"))
+    # Its data is hashed where Helm can read the cluster (install, upgrade, --dry-run=server): the e2e
+    # test_chart_config_rollout.py.
+
+
+def test_the_admin_may_refuse_jobs_sys_ptrace_for_their_sidecars(render):
+    def env(*args: str) -> dict[str, str]:
+        container = one(render(*args), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert env()["RANKWATCH_SIDECAR_ALLOW_PTRACE"] == "true"
+    assert env("--set", "sidecar.allowPtrace=false")["RANKWATCH_SIDECAR_ALLOW_PTRACE"] == "false"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
-from rankwatch.operator.spec import InvalidSpec, Parallelism, Tracing, TrainingJobSpec
+from rankwatch.operator.spec import InvalidSpec, Parallelism, Sidecar, Tracing, TrainingJobSpec
 
 CONFIG = WorkerPodSettings(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
 JOB = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "uid-123"}}
@@ -255,3 +256,27 @@ def test_the_jobs_pull_secrets_are_read_from_the_stored_spec():
         {"template": TEMPLATE, "tracing": {"imagePullSecrets": [{"name": "team-registry"}]}}
     )
     assert spec.tracing.imagePullSecrets == ("team-registry",)
+
+
+def test_the_sidecar_gets_sys_ptrace_only_when_the_job_asks_for_it():
+    """``spec.sidecar.ptrace``: SYS_PTRACE and nothing else, as root (an added capability reaches a root
+    container's effective set only); off by default, and the trainer is never given anything."""
+    plain = container(pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG), pod_spec.SIDECAR_CONTAINER)
+    assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert plain["securityContext"]["runAsNonRoot"] is True
+
+    pod = pod_spec.worker_pod(JOB, make_spec(sidecar=Sidecar(ptrace=True)), 0, CONFIG)
+    context = container(pod, pod_spec.SIDECAR_CONTAINER)["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert (context["runAsUser"], context["runAsNonRoot"], context["allowPrivilegeEscalation"]) == (0, False, False)
+    assert context["readOnlyRootFilesystem"] is True and context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["shareProcessNamespace"] is True, "py-spy must see the ranks' processes"
+    assert "securityContext" not in container(pod, "trainer")
+    assert container(pod, pod_spec.INIT_CONTAINER)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_job_asking_for_ptrace_where_the_admin_disallows_it_is_refused_naming_the_setting():
+    refusing = dataclasses.replace(CONFIG, allow_ptrace=False)
+    with pytest.raises(InvalidSpec, match=r"team-a/llama: spec\.sidecar\.ptrace is not allowed .*sidecar\.allowPtrace"):
+        pod_spec.worker_pod(JOB, make_spec(sidecar=Sidecar(ptrace=True)), 0, refusing)
+    assert pod_spec.worker_pod(JOB, make_spec(), 0, refusing), "a job that does not ask is built as always"
