@@ -23,6 +23,7 @@ from typing import Any
 
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
+from rankwatch.operator.remediation.node_marks import TAINT_EFFECT, TAINT_KEY
 from rankwatch.operator.spec import InvalidSpec, Tracing, TrainingJobSpec
 
 LIB_VOLUME = "rankwatch-lib"
@@ -368,6 +369,7 @@ def worker_pod(
             "use nodeSelector or affinity"
         )
 
+    _refuse_tolerating_the_suspect_taint(pod_spec, job_id)
     if spec.sidecar.ptrace and not config.allow_ptrace:
         raise InvalidSpec(
             f"TrainingJob {job_id}: spec.sidecar.ptrace is not allowed by this operator (its admin set the chart "
@@ -404,6 +406,7 @@ def worker_pod(
         **job_labels(name),
         api.REPLICA_INDEX_LABEL: str(index),
         api.ATTEMPT_LABEL: str(attempt),
+        **({api.TRACED_LABEL: "true"} if tracing else {}),
     }
     annotations = {**metadata.get("annotations", {}), api.TRACING_ANNOTATION: "enabled" if tracing else "disabled"}
     return {
@@ -418,6 +421,28 @@ def worker_pod(
         },
         "spec": pod_spec,
     }
+
+
+def tolerates_suspect_taint(toleration: dict[str, Any]) -> bool:
+    """Whether ``toleration`` lets a pod onto a node rankwatch cordoned (taint ``rankwatch.io/suspect=
+    <namespace>.<job>:NoSchedule``, any job's): every toleration naming the key, and a key-less ``Exists``."""
+    if toleration.get("effect") not in (None, "", TAINT_EFFECT):
+        return False
+    key = toleration.get("key") or ""
+    return key == TAINT_KEY or (not key and toleration.get("operator") == "Exists")
+
+
+def _refuse_tolerating_the_suspect_taint(pod_spec: dict[str, Any], job_id: str) -> None:
+    """A cordon alone does not keep out a pod that tolerates ``node.kubernetes.io/unschedulable`` (the
+    scheduler lets it past): rankwatch's taint does. A template tolerating that taint too would put the
+    job's workers back on its suspects, so it is refused, not silently changed."""
+    for index, toleration in enumerate(pod_spec.get("tolerations") or []):
+        if tolerates_suspect_taint(toleration):
+            raise InvalidSpec(
+                f"TrainingJob {job_id}: spec.template.spec.tolerations[{index}] tolerates rankwatch's taint "
+                f"{TAINT_KEY}:{TAINT_EFFECT}, which keeps workers off the nodes rankwatch took out of scheduling; "
+                "tolerate the taints you need by key"
+            )
 
 
 def headless_service(job: dict[str, Any], spec: TrainingJobSpec) -> dict[str, Any]:

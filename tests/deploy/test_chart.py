@@ -301,6 +301,8 @@ def _policies(objects: list[dict]) -> dict[str, dict]:
 SIDECARS = {"podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "rankwatch"}, "matchExpressions": [
     {"key": "rankwatch.io/job-name", "operator": "Exists"}]}}  # fmt: skip
 """The jobs' worker pods as a peer: labelled by rankwatch (a template's values for them are overwritten)."""
+INJECTED = {"podSelector": {"matchLabels": {"rankwatch.io/traced": "true"}}}
+"""Any pod carrying the sidecar, pods of other kinds included: the webhook labels those it injects."""
 
 
 def test_a_network_policy_limits_who_reaches_the_collector_and_who_reads_metrics(render):
@@ -354,7 +356,7 @@ def test_an_egress_policy_lets_the_operator_reach_only_what_it_needs(render):
         for rule in egress
         if {(sidecar_port, "TCP")} == {(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]}
     ]
-    assert sidecars["to"] == [{"namespaceSelector": {}, **SIDECARS}]
+    assert sidecars["to"] == [{"namespaceSelector": {}, **SIDECARS}, {"namespaceSelector": {}, **INJECTED}]
     assert len(_policies(render("--set", "networkPolicy.egress.enabled=false"))) == 1
 
 
@@ -412,3 +414,18 @@ def test_the_admin_may_refuse_jobs_sys_ptrace_for_their_sidecars(render):
 
     assert env()["RANKWATCH_SIDECAR_ALLOW_PTRACE"] == "true"
     assert env("--set", "sidecar.allowPtrace=false")["RANKWATCH_SIDECAR_ALLOW_PTRACE"] == "false"
+
+
+def test_pods_of_other_kinds_that_the_webhook_injected_reach_the_collector_and_are_reached(render):
+    """An Indexed Job's pod has no rankwatch.io/job-name: the webhook labels it rankwatch.io/traced, and both
+    policies take that label, within the listed namespaces when they are listed."""
+    from rankwatch.operator import api
+
+    for args, namespaces in ((), {}), (("--set", "operator.namespaces={team-a}"), {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}):  # fmt: skip
+        policies = _policies(render(*args))
+        peer = {"namespaceSelector": namespaces, "podSelector": {"matchLabels": {api.TRACED_LABEL: "true"}}}
+        [http] = [r for r in policies["Ingress"]["spec"]["ingress"] if r["ports"][0]["port"] == "http"]
+        assert peer in http["from"]
+        [sidecars] = [r for r in policies["Egress"]["spec"]["egress"] if r["ports"][0]["port"] == 9400]
+        assert peer in sidecars["to"]

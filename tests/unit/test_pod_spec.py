@@ -90,6 +90,7 @@ def test_pod_identity_labels_owner_and_dns():
         "rankwatch.io/job-name": "llama",
         "rankwatch.io/replica-index": "3",
         "rankwatch.io/attempt": "0",
+        "rankwatch.io/traced": "true",
         "app.kubernetes.io/managed-by": "rankwatch",
     }
     assert meta["annotations"]["note"] == "keep"
@@ -280,3 +281,33 @@ def test_a_job_asking_for_ptrace_where_the_admin_disallows_it_is_refused_naming_
     with pytest.raises(InvalidSpec, match=r"team-a/llama: spec\.sidecar\.ptrace is not allowed .*sidecar\.allowPtrace"):
         pod_spec.worker_pod(JOB, make_spec(sidecar=Sidecar(ptrace=True)), 0, refusing)
     assert pod_spec.worker_pod(JOB, make_spec(), 0, refusing), "a job that does not ask is built as always"
+
+
+def test_a_traced_worker_carries_the_label_the_network_policies_admit():
+    assert pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG)["metadata"]["labels"]["rankwatch.io/traced"] == "true"
+    untraced = pod_spec.worker_pod(JOB, make_spec(tracing=Tracing(enabled=False)), 0, CONFIG)
+    assert "rankwatch.io/traced" not in untraced["metadata"]["labels"], "no sidecar: nothing to admit"
+
+
+@pytest.mark.parametrize(
+    ("toleration", "refused"),
+    [
+        # The cordon's own taint: a cordoned node is kept from such a pod by rankwatch's taint, not the cordon.
+        ({"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}, False),
+        ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, False),
+        ({"operator": "Exists", "effect": "NoExecute"}, False),  # key-less, but not the effect of rankwatch's taint
+        ({"operator": "Exists"}, True),  # every taint
+        ({"operator": "Exists", "effect": "NoSchedule"}, True),
+        ({"key": "rankwatch.io/suspect", "operator": "Exists"}, True),
+        ({"key": "rankwatch.io/suspect", "operator": "Equal", "value": "team-a.llama", "effect": "NoSchedule"}, True),
+    ],
+)
+def test_a_template_tolerating_rankwatchs_suspect_taint_is_refused(toleration, refused):
+    spec = make_spec()
+    spec.template["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}, toleration]
+    if refused:
+        with pytest.raises(InvalidSpec, match=r"team-a/llama: spec\.template\.spec\.tolerations\[1\] tolerates "
+                           r"rankwatch's taint rankwatch\.io/suspect:NoSchedule"):  # fmt: skip
+            pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+    else:
+        assert pod_spec.worker_pod(JOB, spec, 0, CONFIG)["spec"]["tolerations"][1] == toleration
