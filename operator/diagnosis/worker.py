@@ -200,8 +200,11 @@ def run(directory: Path) -> dict[str, Any]:
             layout = Layout(request.tp, request.pp or 1, request.world_size or 0)
     trace.layout = layout
     for rank, source in list(trace.ranks.items()):
-        if source.node in ("", "unknown") and request.node_of_rank.get(rank):
-            trace.ranks[rank] = RankSource(rank, request.node_of_rank[rank], source.pid, source.path)
+        # A ring's node is what the rank's own process says (it may set RANKWATCH_NODE_NAME as it likes); the
+        # operator's is where the pod its job controls is bound: that one names the node.
+        node = request.node_of_rank.get(rank)
+        if node and node != source.node:
+            trace.ranks[rank] = RankSource(rank, node, source.pid, source.path)
     found = analyze_trace(trace, "all", request.stall_seconds, request.asked_at_ns)
     report = AnalysisReport(found.findings, problems + found.problems)
     return {

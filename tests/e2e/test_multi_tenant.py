@@ -2,9 +2,11 @@
 to a real S3-compatible server on loopback): one team's job is hostile, the other's has a real fault.
 
 The hostile team (its own nodes, gpu-node-2 and -3) binds bare pods carrying its job's labels (and the
-other team's job's) to the other team's node, runs a trainer whose Python function name is 40,000
-characters long and hangs in it, and names an archive endpoint of its own choosing. The normal team's
-job (gpu-node-0 and -1) has a rank that stops calling NCCL (the stand-in).
+other team's job's) to the other team's node and has its rings claim that node; its trainer hangs ten
+calls deep in functions with 4,000-character names, defined in a "file" whose name is Markdown, an
+escape sequence and a forged log line (80 KB of frame text through py-spy); and it names an archive
+endpoint of its own choosing. The normal team's job (gpu-node-0 and -1) has a rank that stops calling
+NCCL (the stand-in).
 
 The normal job is diagnosed, paged and archived as if it were alone; the hostile job gets its hang and
 a clear problem for its endpoint in its status; and no node is cordoned but each job's own suspect, a
@@ -62,6 +64,7 @@ HOSTILE_TRAINER = textwrap.dedent(f"""
     import os, sys
     from rankwatch.simulate import pod_rank_env
     env = pod_rank_env(dict(os.environ), 0)  # RANK, the stand-in's library path, the fault on its rank only
+    env["RANKWATCH_NODE_NAME"] = os.environ["CLAIMED_NODE"]  # its rings say it runs on the other team's node
     os.execve(sys.executable, [sys.executable, "-c", {HOSTILE_RANK!r}], env)
 """)
 
@@ -82,9 +85,9 @@ def normal_job(archive: dict) -> dict:
     return on_nodes(manifest, NORMAL_NODES)
 
 
-def hostile_job(archive: dict) -> dict:
+def hostile_job(archive: dict, claimed_node: str) -> dict:
     env = {"RANKWATCH_STANDIN_DEVICE": "async", "RANKWATCH_STANDIN_FAULT_RANK": "1",
-           "RANKWATCH_STANDIN_DATA_STALL_AT_STEP": "200"}  # fmt: skip
+           "RANKWATCH_STANDIN_DATA_STALL_AT_STEP": "200", "CLAIMED_NODE": claimed_node}  # fmt: skip
     manifest = standin_job("hostile", remediation={"cordon": True, "maxNodesPerJob": 2})
     spec = manifest["spec"]
     spec["nprocPerNode"], spec["parallelism"] = 1, {"tensor": 1, "pipeline": 1}
@@ -221,12 +224,13 @@ def test_a_hostile_team_costs_the_other_team_no_node_no_page_and_no_evidence(tea
     api, core = teams.api, kubernetes.client.CoreV1Api(teams.api)
     far = f"http://127.0.0.1:{teams.far.getsockname()[1]}"
     create_job(api, teams.normal, normal_job(archive_at(teams.s3.endpoint)))
-    create_job(api, teams.hostile, hostile_job(archive_at(far)))
     normal_pods = eventually(lambda: scheduled(api, teams.normal, "normal", 2), 60, what="the normal job's workers")
-    hostile_pods = eventually(lambda: scheduled(api, teams.hostile, "hostile", 2), 60, what="the hostile job's workers")
-    # The forgeries, on the normal team's node its hang is not on: a pod carrying the hostile job's labels
-    # (as its suspect worker 1), and one carrying the normal job's labels, in the hostile namespace.
+    # The forgeries, on the normal team's node its hang is not on: the hostile trainer's rings claim it, a
+    # pod carrying the hostile job's labels (as its suspect worker 1) is bound to it, and one carrying the
+    # normal job's labels, in the hostile namespace.
     bystander = normal_pods["normal-worker-1"]
+    create_job(api, teams.hostile, hostile_job(archive_at(far), bystander))
+    hostile_pods = eventually(lambda: scheduled(api, teams.hostile, "hostile", 2), 60, what="the hostile job's workers")
     for name, job in (("hostile-worker-1-forged", "hostile"), ("normal-worker-0-forged", "normal")):
         labels = {"rankwatch.io/job-name": job, "rankwatch.io/replica-index": "1" if job == "hostile" else "0",
                   "rankwatch.io/attempt": "0", "app.kubernetes.io/managed-by": "rankwatch"}  # fmt: skip
