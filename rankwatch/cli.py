@@ -291,6 +291,18 @@ def _nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(args: argparse.Namespace) -> int:
+    from rankwatch.describe import DescribeError, describe
+    from rankwatch.kube import api_client
+
+    try:
+        print(describe(api_client(args.kubeconfig), args.namespace, args.reference))
+    except DescribeError as error:
+        print(f"rankwatch describe: {error}", file=sys.stderr)
+        return 2 if "not found" not in str(error) else 1
+    return 0
+
+
 def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
     """The stand-in GPU model and Megatron's batch_p2p_sync, for the Megatron-shaped driver."""
     inherit = " (default: RANKWATCH_STANDIN_DEVICE, else async)" if default is None else f" (default {default})"
@@ -541,6 +553,19 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--output", "-o", choices=("table", "json"), default="table")
     nodes.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
     nodes.set_defaults(handler=_nodes)
+
+    describe = commands.add_parser(
+        "describe",
+        help="what rankwatch found about a job of any kind it watches: health, suspects, the diagnosis, Events",
+        description="As `kubectl describe trainingjob` for a TrainingJob; for an Indexed Job or a JobSet, read "
+        "from the annotations and Events rankwatch wrote on it. Also `kubectl rankwatch describe ...`.",
+    )
+    describe.add_argument(
+        "reference", metavar="KIND/NAME", help="trainingjob/llama, job/bert, jobset/gpt (or tj/, js/)"
+    )
+    describe.add_argument("--namespace", "-n", default="default")
+    describe.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
+    describe.set_defaults(handler=_describe)
 
     alerts = commands.add_parser(
         "alerts",

@@ -117,7 +117,7 @@ async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:
         log.warning("%s: token Secret not made now (%s); its sidecars wait for it", decision.group, error)
         return
     if made:
-        log.info("%s: made token Secret %s", decision.group, decision.adapter.token_secret_name(decision.group))
+        log.info("%s: made token Secret %s", decision.group, decision.adapter.token_secret_name(decision.group.name))
 
 
 def _pod_name(pod: dict[str, Any]) -> str:
