@@ -13,6 +13,10 @@ ATTEMPT_LABEL = "rankwatch.io/attempt"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rankwatch"
 TRACING_ANNOTATION = "rankwatch.io/tracing"
+TRACED_LABEL = "rankwatch.io/traced"
+"""On every pod that carries rankwatch's sidecar (a TrainingJob's with tracing on, or one the webhook
+injected), value ``true``: the chart's NetworkPolicies let such pods reach the collector, and the operator
+reach their sidecar's port, by it (a pod of another kind has no ``rankwatch.io/job-name``)."""
 
 TOKEN_KEY = "token"
 

@@ -98,4 +98,5 @@ def injected_pod(pod: Mapping[str, Any], injection: Injection, config: WorkerPod
     result = copy.deepcopy(dict(pod))
     inject_tracing(result["spec"], injection.target, config)
     result["metadata"].setdefault("annotations", {})[api.TRACING_ANNOTATION] = ENABLED
+    result["metadata"].setdefault("labels", {})[api.TRACED_LABEL] = "true"  # the NetworkPolicies' peer
     return result

@@ -84,6 +84,7 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
                     await _ensure_token(memo, decision)
                 patch.fns.append(lambda admitted: admitted.update(spec=changed["spec"]))
                 patch.metadata.annotations[api.TRACING_ANNOTATION] = injection.ENABLED
+                patch.metadata.labels[api.TRACED_LABEL] = "true"
                 return
         if decision.asked:
             log.warning("pod %s/%s not injected: %s", pod["metadata"].get("namespace"), _pod_name(pod), decision.reason)

@@ -199,6 +199,7 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
         for pod in both:
             assert injected(pod), f"{pod.metadata.name} was not injected"
             assert pod.metadata.annotations["rankwatch.io/tracing"] == "enabled"
+            assert pod.metadata.labels["rankwatch.io/traced"] == "true", "the NetworkPolicies' peer"
             sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
             env = {e.name: e for e in sidecar.env}
             assert env["RANKWATCH_JOB_NAME"].value == "Job:watched" and env["RANKWATCH_NPROC_PER_NODE"].value == "2"

@@ -86,6 +86,10 @@ def test_an_opted_in_indexed_job_pod_gets_the_library_the_sidecar_and_its_identi
     }
     assert sidecar_env["RANKWATCH_NPROC_PER_NODE"] == "4"
     assert sidecar_env["RANKWATCH_COLLECTOR_URL"] == "http://collector:8080"
+    # Its only rankwatch label, for the chart's NetworkPolicies (no job-name: it is not a TrainingJob's pod).
+    assert {k: v for k, v in pod["metadata"]["labels"].items() if k.startswith("rankwatch.io/")} == {
+        "rankwatch.io/traced": "true"
+    }
 
     trainer = spec["containers"][0]
     env = env_of(trainer)
