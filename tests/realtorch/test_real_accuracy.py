@@ -30,6 +30,8 @@ SLOW_CELLS = {
     # name: (world, tp, pp, slow rank, slowdown %, extra job arguments, flight-recorder ring)
     "tp2-pp2-30pct-json-wrapped": (8, 2, 2, 6, 30, ("--json", "--compute-ms", "4"), 150),
     "tp1-pp1-50pct-pickle": (8, 1, 1, 5, 50, ("--compute-ms", "3"), 2000),
+    # no TP peer waits with the pipeline stage after it: that rank waits in receives gloo does not record
+    "tp1-pp2-200pct-json": (8, 1, 2, 1, 200, ("--json", "--compute-ms", "2"), 2000),
 }
 
 
@@ -44,6 +46,7 @@ def test_slower_rank_is_named_first_and_alone(cell, torch_python, runs_dir):
     assert all(ranks == [culprit] for ranks in named), named
     evidence = document["findings"][0]["evidence"]
     assert evidence["slowdown"] >= evidence["noise_floor"] > 0  # the job's own spread decided
+    assert evidence["z"] >= evidence["z_needed"] and evidence["p_value"] <= evidence["p_needed"]
 
 
 @pytest.mark.xfail(
