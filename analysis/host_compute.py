@@ -5,20 +5,23 @@ GPU runs behind the host: a rank's call is made when its compute ended, and the 
 its last member calls. So the time from the end of a rank's previous collective (its instance's
 last call) to the rank's next call is what it computed, as GPU start and end times would say: the
 call times give each collective a start (the rank's call) and an end (the instance's last call),
-and the GPU-time analysis of compute_gaps.py runs on them unchanged: each gap of a step at its least
-over the steps (a busy CPU, the wake-up of a rank that waited, only ever add), summed, against the
-same sum of the rank's stage peers; the floor a rank must pass comes from the spread of every rank's
-excess in the same job (z-score of the tail a job of this many ranks reaches by chance, at least
-2.5%), and a named rank is at least ``MIN_HOST_SLOWDOWN`` slower. Where peers wait for a late rank
-their wait lies inside the collective, not in their gaps.
+and the GPU-time analysis of compute_gaps.py runs on them: each gap of a step at its least over the
+steps (a busy CPU, the wake-up of a rank that waited, only ever add), summed, against the same sum
+of the rank's stage peers (of a stage of two, the other one). Where peers wait for a late rank their
+wait lies inside the collective, not in their gaps.
 
-But a rank waiting inside a send/receive that gloo's recorder leaves out has that wait in its gap:
-the pipeline stage after a slow rank computes "longer" too. So a rank is named only when it alone
-stands out: flagged ranks whose most-often-called communicator holds another flagged rank (a TP
-group waiting on its receives together) are the lateness passed on, and of what is left exactly one
-must remain; otherwise the problems say the slowdown is not localisable, with the numbers. A
-slowdown that began mid-run hides under the least-over-steps of the steps before it, so the second
-half of the run is judged too when the whole names nobody.
+A rank is named only when it stands out of the whole job, by tests whose thresholds come from the
+job itself: its excess lies beyond the spread of every judged rank's excess (1.4826 x MAD) by
+Student's t for that many ranks (the spread is measured from the same few ranks; one false rank in
+about 500 healthy jobs), it computed longer than its peers in more steps than chance allows (sign
+test, 5% over the ranks: a co-tenant that slows a rank for a while is not every step), and it is at
+least ``MIN_HOST_SLOWDOWN`` slower. Every other rank beyond the spread must be its lateness passed
+on: a rank waiting in a send/receive that gloo's recorder leaves out has that wait in its gap, so
+the ranks of its own pipeline in other stages may stand out too, by less than it does. Otherwise
+the problems say "not localisable" with the numbers (effect, z, steps, p, and the slowdown this
+job's spread would let stand out), never "healthy". A slowdown that began mid-run hides under the
+least-over-steps of the steps before it, so the second half of the run is judged too when the
+whole names nobody.
 """
 
 from __future__ import annotations
