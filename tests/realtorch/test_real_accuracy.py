@@ -49,11 +49,6 @@ def test_slower_rank_is_named_first_and_alone(cell, torch_python, runs_dir):
     assert evidence["z"] >= evidence["z_needed"] and evidence["p_value"] <= evidence["p_needed"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 26): on 2 cores a CPU-bound neighbour slows the 8 ranks unevenly, and a rank it "
-    "slowed 15% in the second half was named in 2 of 5 bench runs and once in the suite (z 6.9)",
-)
 def test_healthy_job_beside_a_cpu_bound_neighbour_has_no_finding(torch_python, runs_dir):
     neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
