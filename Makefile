@@ -52,7 +52,7 @@ cluster-down: $(INSTALLED)
 cluster-status: $(INSTALLED)
 	$(BIN)/rankwatch cluster status
 
-demo: cluster-binaries monitoring
+demo: cluster-binaries tools monitoring
 	bash examples/demo.sh
 
 lint: $(INSTALLED)

@@ -6,8 +6,10 @@
 # and the suspect node cordoned and tainted, 6. the same diagnosis in the local Prometheus (which
 # scrapes the operator and the sidecars and evaluates the chart's rules), 7. apply
 # examples/hang-job.yaml (a rank hangs): the hang diagnosed, its node cordoned, the attempt ended and
-# the job running again on healthy nodes. 8. `rankwatch nodes`, then the demo's cordons are undone
-# (RANKWATCH_DEMO_KEEP_CORDONS=1 keeps them).
+# the job running again on healthy nodes. 8. on the local cluster, a job of another kind: a plain
+# Indexed Job (examples/indexed-job.yaml) opted in by annotation, injected by the operator's admission
+# webhook, its straggler diagnosed on the Job and shown by `rankwatch describe job/...`.
+# 9. `rankwatch nodes`, then the demo's cordons are undone (RANKWATCH_DEMO_KEEP_CORDONS=1 keeps them).
 # With RANKWATCH_USE_KUBECONFIG=1 it uses $KUBECONFIG's cluster instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,7 @@ MONITORING=0
 NAMESPACE=rankwatch-demo
 JOB=llama-straggler
 HANG_JOB=llama-hang
+KIND_JOB=bert-straggler
 
 KUBECTL=$("$BIN/python" -c 'from rankwatch.cluster.binaries import binary_path; print(binary_path("kubectl"))')
 if [ "${RANKWATCH_USE_KUBECONFIG:-0}" = 1 ] && [ -n "${KUBECONFIG:-}" ]; then
@@ -35,13 +38,27 @@ echo "==> CRD"
 k apply --server-side --force-conflicts -f crds/trainingjobs.rankwatch.io.yaml
 k wait --for=condition=Established --timeout=60s crd/trainingjobs.rankwatch.io
 
-PORT=$("$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { "$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+WEBHOOK_ENV=()
+if [ "$MONITORING" = 1 ]; then
+  # The admission webhook for jobs of other kinds, served by the operator on loopback (the local API
+  # server runs on this machine) with a certificate of a local CA; its configuration is the chart's.
+  WEBHOOK_PORT=$(free_port)
+  CERTS="$PWD/.demo-webhook-tls"
+  "$BIN/python" -c 'import sys; from pathlib import Path; from rankwatch.cluster import pki; pki.issue_serving(Path(sys.argv[1]), ["127.0.0.1"])' "$CERTS"
+  HELM=$("$BIN/python" -c 'from rankwatch.cluster.binaries import binary_path; print(binary_path("helm"))')
+  "$HELM" template rankwatch-demo helm/rankwatch --namespace rankwatch-system --set webhook.enabled=true \
+    --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT" --set "webhook.caBundle=$(base64 -w0 <"$CERTS/ca.crt")" \
+    --show-only templates/webhook.yaml >.demo-webhook.yaml
+  k apply -f .demo-webhook.yaml
+  WEBHOOK_ENV=("RANKWATCH_WEBHOOK_LISTEN=127.0.0.1:$WEBHOOK_PORT" "RANKWATCH_WEBHOOK_CERT_DIR=$CERTS")
+fi
 echo "==> operator (collector on 127.0.0.1:$PORT; log: $PWD/.demo-operator.log)"
 # The cooldown after an undo is off so that the demo can be run again at once; the circuit breaker
-# allows half of the 4 nodes (the default 10% would stop at the straggler's node and keep the hung
-# rank's node out by node anti-affinity only). The pod runner's sidecars listen on 127.0.0.1 (kwok pod
+# allows 3 of the 4 nodes, one per job (the default 10% would stop at the straggler's node). The pod runner's sidecars listen on 127.0.0.1 (kwok pod
 # IPs are not real): the operator trusts their endpoint annotation for that host only.
-RANKWATCH_SIDECAR_ENDPOINT_HOSTS=127.0.0.1 RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_BREAKER_MAX_SHARE=0.5 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
+env "${WEBHOOK_ENV[@]}" RANKWATCH_SIDECAR_ENDPOINT_HOSTS=127.0.0.1 RANKWATCH_CORDON_COOLDOWN_SECONDS=0 RANKWATCH_BREAKER_MAX_SHARE=0.75 RANKWATCH_COLLECTOR_LISTEN="127.0.0.1:$PORT" "$BIN/rankwatch" operator --standalone --namespace "$NAMESPACE" \
   >.demo-operator.log 2>&1 &
 OPERATOR=$!
 echo "==> pod runner: runs each worker pod's ranks and sidecar here (log: $PWD/.demo-pods/pod-runner.log)"
@@ -57,6 +74,8 @@ fi
 # again). RANKWATCH_DEMO_KEEP_CORDONS=1 keeps them to look at, and says so and how to undo it.
 cleanup() {
   k delete tj "$JOB" "$HANG_JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
+  k delete job "$KIND_JOB" -n "$NAMESPACE" --wait=false >/dev/null 2>&1 || true
+  if [ -f .demo-webhook.yaml ]; then k delete -f .demo-webhook.yaml --ignore-not-found >/dev/null 2>&1 || true; fi
   kill "$RUNNER" "$OPERATOR" 2>/dev/null
   wait "$RUNNER" "$OPERATOR" 2>/dev/null || true
   if [ "$MONITORING" = 1 ]; then "$BIN/rankwatch" cluster scrape --job rankwatch-operator >/dev/null 2>&1 || true; fi
@@ -64,11 +83,11 @@ cleanup() {
   if [ "${RANKWATCH_DEMO_KEEP_CORDONS:-0}" = 1 ]; then
     echo "==> LEFT CORDONED by the demo (RANKWATCH_DEMO_KEEP_CORDONS=1):"
     "$BIN/rankwatch" nodes || true
-    echo "    undo: $BIN/rankwatch uncordon --all-from-job $NAMESPACE/$JOB; $BIN/rankwatch uncordon --all-from-job $NAMESPACE/$HANG_JOB"
+    echo "    undo: for job in $JOB $HANG_JOB $KIND_JOB; do $BIN/rankwatch uncordon --all-from-job $NAMESPACE/\$job; done"
     return
   fi
   echo "==> leaving the cluster as the demo found it: uncordoning the nodes it cordoned"
-  for job in "$JOB" "$HANG_JOB"; do
+  for job in "$JOB" "$HANG_JOB" "$KIND_JOB"; do
     "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$job" | grep -v "^no node carries" || true
   done
   "$BIN/rankwatch" nodes || true
@@ -77,7 +96,11 @@ trap cleanup EXIT
 
 echo "==> kubectl apply -f examples/straggler-job.yaml  (rank 9 computes 30% slower)"
 k create namespace "$NAMESPACE" --dry-run=client -o yaml | k apply -f -
-for old in "$JOB" "$HANG_JOB"; do
+if [ "$MONITORING" = 1 ]; then
+  k label namespace "$NAMESPACE" rankwatch.io/inject=enabled --overwrite  # opts its pods in to the webhook
+  if k get job "$KIND_JOB" -n "$NAMESPACE" >/dev/null 2>&1; then k delete job "$KIND_JOB" -n "$NAMESPACE" --wait=true; fi
+fi
+for old in "$JOB" "$HANG_JOB" "$KIND_JOB"; do
   "$BIN/rankwatch" uncordon --all-from-job "$NAMESPACE/$old" >/dev/null 2>&1 || true  # a previous run's cordons
   if k get tj "$old" -n "$NAMESPACE" >/dev/null 2>&1; then
     k delete tj "$old" -n "$NAMESPACE" --wait=true
@@ -157,6 +180,29 @@ echo; echo "==> status.attempts (why attempt 0 ended, whom it blamed)"
 k get tj "$HANG_JOB" -n "$NAMESPACE" -o jsonpath='{.status.attempts}' | "$BIN/python" -m json.tool
 k get events -n "$NAMESPACE" --field-selector "involvedObject.name=$HANG_JOB" -o custom-columns='TYPE:.type,REASON:.reason,MESSAGE:.message' | cut -c1-220
 k get nodes -o custom-columns='NAME:.metadata.name,UNSCHEDULABLE:.spec.unschedulable,JOB:.metadata.annotations.rankwatch\.io/cordon-job'
+if [ "$MONITORING" = 1 ]; then
+  echo; echo "==> a job of another kind: kubectl apply -f examples/indexed-job.yaml  (an Indexed Job; rank 5 computes 30% slower)"
+  k delete tj "$HANG_JOB" -n "$NAMESPACE" --wait=false  # its GPUs for the Job; its node stays cordoned
+  k apply -n "$NAMESPACE" -f examples/indexed-job.yaml
+  echo "==> waiting for the diagnosis on the Job (annotation rankwatch.io/diagnosis)"
+  diagnosed=0
+  for _ in $(seq 1 120); do
+    if k get job "$KIND_JOB" -n "$NAMESPACE" -o jsonpath='{.metadata.annotations.rankwatch\.io/diagnosis}' 2>/dev/null |
+      "$BIN/python" -c 'import json, sys; text = sys.stdin.read(); sys.exit(0 if text and json.loads(text).get("active") else 1)'; then
+      diagnosed=1
+      break
+    fi
+    sleep 2
+  done
+  if [ "$diagnosed" != 1 ]; then
+    echo "no diagnosis on the Job; operator log:" >&2
+    tail -40 .demo-operator.log >&2
+    exit 1
+  fi
+  k get pods -n "$NAMESPACE" -l "batch.kubernetes.io/job-name=$KIND_JOB" -o wide
+  echo; echo "==> rankwatch describe job/$KIND_JOB -n $NAMESPACE  (also: kubectl rankwatch describe ...)"
+  "$BIN/rankwatch" describe "job/$KIND_JOB" -n "$NAMESPACE"
+fi
 echo; echo "==> rankwatch nodes: what rankwatch cordoned, for which job, since when"
 "$BIN/rankwatch" nodes
 echo
