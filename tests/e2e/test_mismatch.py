@@ -22,6 +22,11 @@ from test_diagnosis import create_job, diagnosed, events, node_marks, node_of_po
 pytestmark = pytest.mark.e2e
 
 ODD_RANK = 5  # pod 1, the second TP group
+ODD_CALLS = {  # what rank 5 calls where its TP peers all-reduce 4,096 x float32
+    "op": "Broadcast of 4,096 x float32",
+    "count": "Allreduce of 2,048 x float32",
+    "dtype": "Allreduce of 4,096 x bfloat16",
+}
 
 
 @pytest.fixture
@@ -70,7 +75,7 @@ def marked(api, node: str) -> bool:
     return unschedulable or any(t.startswith("rankwatch.io/") for t in taints) or "rankwatch.io/cordon-job" in marks
 
 
-@pytest.mark.parametrize("mismatch", ["op", "count"])
+@pytest.mark.parametrize("mismatch", sorted(ODD_CALLS))
 def test_a_rank_calling_another_collective_is_a_mismatch_that_pages_and_cordons_nothing(
     api, paging_operator, eventually, mismatch
 ):
@@ -78,7 +83,7 @@ def test_a_rank_calling_another_collective_is_a_mismatch_that_pages_and_cordons_
     name = f"mismatch-{mismatch}"
     faults = {
         "RANKWATCH_STANDIN_FAULT_RANK": str(ODD_RANK),
-        "RANKWATCH_STANDIN_MISMATCH_AT_CALL": "300",  # a broadcast (or half the elements) where its peers all-reduce
+        "RANKWATCH_STANDIN_MISMATCH_AT_CALL": "300",  # its first all-reduce from its 300th NCCL call on
         "RANKWATCH_STANDIN_MISMATCH": mismatch,
     }
     create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True}))
@@ -88,9 +93,8 @@ def test_a_rank_calling_another_collective_is_a_mismatch_that_pages_and_cordons_
     assert (diagnosis["kind"], diagnosis["ranks"], diagnosis["cause"]) == ("CollectiveMismatch", [ODD_RANK], "software")
     assert diagnosis["nodes"] == [node_of_pod(api, namespace, f"{name}-worker-1")], diagnosis
     finding = report(api, namespace, job)["findings"][0]
-    assert finding["evidence"]["mismatch"] == (["op"] if mismatch == "op" else ["count"]), finding["evidence"]
-    odd_call = finding["evidence"]["calls"][str(ODD_RANK)]
-    assert odd_call.startswith("Broadcast of 4,096" if mismatch == "op" else "Allreduce of 2,048"), odd_call
+    assert finding["evidence"]["mismatch"] == [mismatch], finding["evidence"]
+    assert finding["evidence"]["calls"][str(ODD_RANK)] == ODD_CALLS[mismatch], finding["evidence"]["calls"]
     assert not [f for f in report(api, namespace, job)["findings"] if f["kind"] == "hang"], "not also a hang"
 
     pages = eventually(lambda: feishu.pages("TrainingJobCollectiveMismatch"), 60, what="the page")
