@@ -7,6 +7,7 @@ and no node is cordoned although the job asks for cordons."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,18 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
-from test_diagnosis import create_job, diagnosed, events, node_marks, node_of_pod, report, standin_job, wait_running
+from test_diagnosis import (
+    SENSITIVITY,
+    WINDOW,
+    create_job,
+    diagnosed,
+    events,
+    node_marks,
+    node_of_pod,
+    report,
+    standin_job,
+    wait_running,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -105,4 +117,10 @@ def test_a_rank_calling_another_collective_is_a_mismatch_that_pages_and_cordons_
     assert "called different collectives: a fault of the job's code" in skipped[0], skipped
     nodes = [n.metadata.name for n in kubernetes.client.CoreV1Api(api).list_node().items]
     assert not [n for n in nodes if marked(api, n)], "a node cordoned for the job's own code"
+    if mismatch == "op":  # the job stays stalled: nothing is said twice, nothing cordoned later
+        time.sleep(4 * WINDOW + SENSITIVITY)
+        said = [e.reason for e in events(api, namespace, name) if e.reason in ("CollectiveMismatch", "CordonSkipped")]
+        assert sorted(said) == ["CollectiveMismatch", "CordonSkipped"], said
+        assert feishu.pages("TrainingJobCollectiveMismatch") == pages
+        assert not [n for n in nodes if marked(api, n)]
     print(f"{mismatch} mismatch: {diagnosis['summary']}; paged: {pages[0]}", file=sys.__stdout__)
