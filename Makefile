@@ -77,11 +77,14 @@ e2e-rbac: cluster-binaries tools
 	RANKWATCH_E2E_SERVICE_ACCOUNT=1 $(BIN)/pytest tests/e2e/test_trainingjob.py tests/e2e/test_diagnosis.py \
 		-k "not healthy and not restarted and not without_gpu_timing and not stuck"
 
+# Each bench prints its headline figures as FIGURE lines; bench/check_results.py compares them with
+# RESULTS.md ("Headline figures"): `make bench | tee bench.out; .venv/bin/python bench/check_results.py --from bench.out`.
 bench: native $(INSTALLED)
 	$(BIN)/python bench/interposer_overhead.py
 	$(BIN)/python bench/cluster_startup.py
 	$(BIN)/python bench/sidecar_cpu.py
 	$(BIN)/python bench/operator_cpu.py
+	$(BIN)/python bench/analysis_scale.py
 
 # The fuzzing of tests/fuzz run longer with fresh randomness (`make test` runs it bounded, a fixed seed,
 # ~15 s): 20,000 inputs per parser, some minutes; FUZZ_EXAMPLES=N to change.

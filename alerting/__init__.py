@@ -10,6 +10,7 @@ The operator uses:
 - ``add_routes(app, pipeline)`` on its aiohttp app for the Alertmanager webhook and silences.
 """
 
+from rankwatch.alerting.cluster_store import open_store
 from rankwatch.alerting.config import AlertingConfig, ConfigError, load_config
 from rankwatch.alerting.delivery import DeliveryError
 from rankwatch.alerting.findings import alert_from_finding
@@ -17,7 +18,6 @@ from rankwatch.alerting.intake import add_routes, alerts_from_alertmanager, serv
 from rankwatch.alerting.model import Alert, Level
 from rankwatch.alerting.pipeline import AlertPipeline
 from rankwatch.alerting.secrets import Secret, file_resolver, kubernetes_resolver, mapping_resolver
-from rankwatch.alerting.store import open_store
 
 __all__ = [
     "Alert",

@@ -30,14 +30,24 @@ import gzip
 import json
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.alerting.model import Alert, Level, job_of, node_of
 from rankwatch.alerting.silences import Silence
-from rankwatch.alerting.store import Episode, NotifyRecord, StoreError, silence_from_data, silence_to_data
+from rankwatch.alerting.store import (
+    AlertStore,
+    Episode,
+    NotifyRecord,
+    StoreError,
+    silence_from_data,
+    silence_to_data,
+)
+
+if TYPE_CHECKING:
+    from rankwatch.alerting.config import StoreConfig
 
 SCHEMA = 1
 STATE_KEY = "state.json.gz"
@@ -291,3 +301,13 @@ class ClusterAlertStore:
     def set_meta(self, key: str, value: str) -> None:
         with self._lock, self._change() as state:
             state["meta"][key] = value
+
+
+def open_store(config: StoreConfig, kube: Any = None, namespace: str = "") -> AlertStore | ClusterAlertStore:
+    """The store ``config`` names: a SQLite file (``path``), or ConfigMaps in ``namespace`` through
+    ``kube`` (``configMap``), which every operator replica reaches."""
+    if config.path:
+        return AlertStore(config.path)
+    if kube is None or not namespace:
+        raise StoreError(f"store.configMap {config.config_map!r} is read through the API: give a client and namespace")
+    return ClusterAlertStore(kube, namespace, config.config_map)

@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 
 from rankwatch.alerting import cards
+from rankwatch.alerting.cluster_store import open_store
 from rankwatch.alerting.config import AlertingConfig, ConfigError, load_config
 from rankwatch.alerting.delivery import DeliveryError
 from rankwatch.alerting.model import Level
 from rankwatch.alerting.pipeline import AlertPipeline
 from rankwatch.alerting.secrets import SecretResolver, file_resolver, kubernetes_resolver
-from rankwatch.alerting.store import AlertStore, StoreError, open_store
+from rankwatch.alerting.store import AlertStore, StoreError
 
 DEFAULT_CONFIG = "/etc/rankwatch/alerting/config.yaml"
 

@@ -20,11 +20,7 @@ import yaml
 from rankwatch.alerting.matchers import Matcher, MatcherError
 from rankwatch.alerting.model import Level, parse_rfc3339
 from rankwatch.alerting.secrets import Secret, SecretResolver
-
-
-class ConfigError(ValueError):
-    """The config cannot be used; the message starts with the path of the bad field."""
-
+from rankwatch.config_error import ConfigError
 
 DEFAULT_GROUP_BY = ("alertname", "namespace", "trainingjob")
 ALL_LABELS = "..."

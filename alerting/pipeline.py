@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from rankwatch.alerting.cluster_store import open_store
 from rankwatch.alerting.config import AlertingConfig
 from rankwatch.alerting.delivery import REASONS, DeliveryError, Receiver, deliver
 from rankwatch.alerting.inhibition import inhibited_by
@@ -32,7 +33,7 @@ from rankwatch.alerting.receivers import build_receivers
 from rankwatch.alerting.report import last_slot, weekly_report
 from rankwatch.alerting.routing import GroupKey, group_keys
 from rankwatch.alerting.silences import Silence, silenced_by
-from rankwatch.alerting.store import AlertStore, NotifyRecord, open_store
+from rankwatch.alerting.store import AlertStore, NotifyRecord
 from rankwatch.alerting.storm import StormGate
 
 log = logging.getLogger(__name__)
@@ -330,6 +331,8 @@ class AlertPipeline:
             if gate.is_held(group.id):
                 gate.held[group.id] = notification  # newer content for the summary
                 return
+            if gate.is_summarised(group.id):
+                return
             if not gate.admit(notification, self._clock()):
                 for alert in notification.alerts:
                     self.metrics.suppressed.labels(alert.level.value, "storm").inc()
@@ -342,8 +345,11 @@ class AlertPipeline:
 
     async def _send_summary(self, summary: StormSummary) -> None:
         alerts = tuple(a for n in summary.notifications for a in n.alerts)
-        if await self._deliver(summary.receiver, summary, alerts):
-            self._record(summary.notifications)
+        try:
+            if await self._deliver(summary.receiver, summary, alerts):
+                self._record(summary.notifications)
+        finally:
+            self._storm[summary.receiver].summary_sent(summary)
 
     def _record(self, notifications: Iterable[Notification]) -> None:
         """The receiver has them: log what it was told, retire the resolved alerts it was told about."""

@@ -25,15 +25,11 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rankwatch.alerting.matchers import Matcher
 from rankwatch.alerting.model import Alert, Level, job_of, node_of
 from rankwatch.alerting.silences import Silence
-
-if TYPE_CHECKING:
-    from rankwatch.alerting.cluster_store import ClusterAlertStore
-    from rankwatch.alerting.config import StoreConfig
 
 SCHEMA = 1
 
@@ -216,18 +212,6 @@ def silence_from_data(data: dict[str, Any]) -> Silence:
         comment=data.get("comment", ""),
         id=data["id"],
     )
-
-
-def open_store(config: StoreConfig, kube: Any = None, namespace: str = "") -> AlertStore | ClusterAlertStore:
-    """The store ``config`` names: a SQLite file (``path``), or ConfigMaps in ``namespace`` through
-    ``kube`` (``configMap``), which every operator replica reaches."""
-    if config.path:
-        return AlertStore(config.path)
-    if kube is None or not namespace:
-        raise StoreError(f"store.configMap {config.config_map!r} is read through the API: give a client and namespace")
-    from rankwatch.alerting.cluster_store import ClusterAlertStore
-
-    return ClusterAlertStore(kube, namespace, config.config_map)
 
 
 class _Transaction:

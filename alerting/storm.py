@@ -19,6 +19,7 @@ class StormGate:
         self.window_start: float | None = None
         self.count = 0
         self.held: dict[str, Notification] = {}
+        self.summarised: set[str] = set()  # groups of a summary still being delivered
 
     def admit(self, notification: Notification, now: float) -> bool:
         """True: send it now. False: held for the summary (a newer one for the same group replaces it)."""
@@ -34,10 +35,19 @@ class StormGate:
     def is_held(self, group_key: str) -> bool:
         return group_key in self.held
 
+    def is_summarised(self, group_key: str) -> bool:
+        """In a summary on its way: a flush of the group meanwhile would tell it twice (its delivery
+        records the group as told, and the group's next flush sees that)."""
+        return group_key in self.summarised
+
+    def summary_sent(self, summary: StormSummary) -> None:
+        self.summarised.difference_update(n.group_key for n in summary.notifications)
+
     def summary_due(self, now: float) -> StormSummary | None:
         """The summary once the window is over (and the gate reset), else None."""
         if not self.held or self.window_start is None or now < self.window_start + self.config.window:
             return None
         summary = StormSummary(self.receiver, self.window_start, now, tuple(self.held.values()))
+        self.summarised.update(self.held)
         self.held, self.window_start, self.count = {}, None, 0
         return summary

@@ -22,11 +22,12 @@ from rankwatch.analysis.hang import detect_hangs, short_ends
 from rankwatch.analysis.host_compute import detect_host_stragglers
 from rankwatch.analysis.html_report import html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.mismatch import detect_mismatches
 from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace, load_path
+from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 TEST_TYPES = ("all", "hang", "slow", "parallel")
 # Ranks are compared over at most this many of the most recent calls (hundreds per rank even at 16k

@@ -49,8 +49,14 @@ def describe(signature: Signature) -> str:
 def _instances(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The collectives sorted by (communicator, sequence, rank), the start of each instance in that
     order, and which instances are whole (no rank with two calls under one number)."""
-    calls = trace.calls[np.isin(trace.calls["op"], COLLECTIVE_OPS)]
-    calls = calls[np.lexsort((calls["rank"], calls["seq"], calls["comm"]))]
+    # Column by column, and only the six columns compared: copying whole records of millions of calls
+    # twice (select, then sort) took 2.7 s of CPU at 8 M calls.
+    collective = np.isin(trace.calls["op"], COLLECTIVE_OPS)
+    columns = {name: trace.calls[name][collective] for name in ("comm", "seq", "rank", *FIELDS)}
+    order = np.lexsort((columns["rank"], columns["seq"], columns["comm"]))
+    calls = np.empty(len(order), dtype=[(name, trace.calls.dtype[name]) for name in columns])
+    for name, column in columns.items():
+        calls[name] = column[order]
     # uneven all-to-alls, gathers and scatters take inputs of different sizes on different ranks by design
     # (fr_trace leaves them undecided): only their op and datatype are compared
     calls["count"][np.isin(calls["op"], UNEVEN_OPS)] = 0

@@ -7,9 +7,7 @@ cannot be read are listed in ``Trace.problems`` with the reason; the other ranks
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -176,45 +174,3 @@ def durations(calls: np.ndarray) -> np.ndarray:
     gpu_start, gpu_end = calls["gpu_start"], calls["gpu_end"]
     host = calls["t_return"] - calls["t_call"]
     return np.where((gpu_start > 0) & (gpu_end > 0), gpu_end - gpu_start, host)
-
-
-def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) -> Trace:
-    """A directory of rings (e.g. a trace directory or a `rankwatch simulate --out`), of Megatrace
-    logs (rank_<R>.log), of PyTorch flight-recorder dumps (<prefix>rank_<R>) or of MegaScan traces
-    (benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json, or their aggregated file); one ring file or
-    one MegaScan file.
-    ``workers``: processes reading rings in parallel (forked: only from a single-threaded program).
-    ``layout``: the job's Megatron layout, which readers use where their source leaves groups unnamed."""
-    path = Path(path)
-    if path.is_dir():
-        rings = sorted(path.glob("*.ring"))
-        if rings:
-            from rankwatch.analysis.ring_loader import load_rings
-
-            return load_rings(rings, workers)
-        from rankwatch.analysis.megatrace import log_files, read_logs
-
-        if log_files(path):
-            return read_logs(path, layout)
-        dumps = [p for p in path.iterdir() if p.is_file() and re.search(r"rank_\d+(\.\w+)?$", p.name)]
-        if dumps:
-            from rankwatch.analysis.flight_recorder import read_dumps
-
-            return read_dumps(dumps, layout)
-        from rankwatch.analysis.megascan import megascan_files, read_traces
-
-        if megascan_files(path):
-            return read_traces(path, layout)
-        raise FileNotFoundError(
-            f"{path}: no *.ring files, Megatrace rank_<R>.log files, flight-recorder *rank_<R> dumps or "
-            "MegaScan benchmark-*.json traces"
-        )
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file or directory")
-    if path.suffix == ".json":
-        from rankwatch.analysis.megascan import read_traces
-
-        return read_traces(path, layout)
-    from rankwatch.analysis.ring_loader import load_rings
-
-    return load_rings([path])

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankwatch.analysis.analyze import analyze
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 from rankwatch.simulate import MISMATCH_KINDS, Faults, Simulation, run
 
 SCENARIOS = [

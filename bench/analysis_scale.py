@@ -20,11 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import Figure, emit
+
 ANALYSE = """
 import json, resource, sys, time
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 started = time.perf_counter()
 trace = load_path(sys.argv[1], workers=int(sys.argv[5]))
 loaded = time.perf_counter()
@@ -91,6 +93,8 @@ def main() -> None:
         print(f"peak resident memory      {peak_gib:6.2f} GiB")
         print(f"cpu time (user+sys)       {cpu.ru_utime + cpu.ru_stime - before.ru_utime - before.ru_stime:6.2f} s")
         print(f"findings: {result['findings'][:3]}  problems: {result['problems']}")
+        emit(Figure("analysis.end_to_end", elapsed, "s", read_s, "reading the same bytes"))
+        emit(Figure("analysis.peak_resident", peak_gib, "GiB"))
     finally:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)

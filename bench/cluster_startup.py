@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import Figure, emit
+
 from rankwatch.cluster import binaries
 from rankwatch.cluster.local import LocalCluster
 
@@ -44,7 +46,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         cluster = LocalCluster(Path(root) / "cluster")
         try:
-            timed(f"fresh `cluster up` ({args.nodes} nodes, all Ready)", lambda: cluster.up(args.nodes, quiet))
+            up_s = timed(f"fresh `cluster up` ({args.nodes} nodes, all Ready)", lambda: cluster.up(args.nodes, quiet))
+            emit(Figure(f"cluster.fresh_up.{args.nodes}_nodes", up_s, "s"))
             timed("repeated `cluster up` (already running)", lambda: cluster.up(args.nodes, quiet))
         finally:
             timed("`cluster down` (all processes gone)", lambda: cluster.down(quiet))

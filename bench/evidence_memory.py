@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rankwatch.operator.diagnosis.diagnose import SidecarPod
 from rankwatch.operator.recovery import archive, evidence
+from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import S3Archive
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from analysis_accuracy import ASYNC_SCENARIOS, async_case, judge
 
 from rankwatch.analysis.analyze import analyze
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 from rankwatch.simulate import HostCost, run
 
 

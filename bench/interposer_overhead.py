@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from figures import Figure, emit
+
 from rankwatch.native import native_artifacts
 
 HERE = Path(__file__).parent
@@ -57,6 +59,8 @@ def main() -> None:
                 f"{r['added_p50_ns']:>9.0f}ns {r['added_p99_ns']:>9.0f}ns {ratio:>10.2f}x "
                 f"{r['allocations']:>6}/{r['mutex_locks']}"
             )
+            name = f"interposer.traced_p50.{device}.gpu_timing_{'on' if gpu == '1' else 'off'}"
+            emit(Figure(name, r["traced_p50_ns"], "ns", r["direct_p50_ns"], "the same call without the interposer"))
             for ring in Path(scratch).glob("*.ring"):
                 ring.unlink()
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 import aiohttp
+from figures import Figure, emit
 
 from rankwatch import protocol
 from rankwatch.operator.api import worker_pod_name
@@ -165,6 +166,7 @@ def main() -> None:
     print(f"{args.windows} windows in {elapsed:.1f} s; refused: {failures}")
     print(f"operator CPU: {cpu:.2f} s = {per_window * 1e3:.0f} ms per window ({per_window / len(windows[0]) * 1e3:.2f} "
           f"ms per summary); at 5 s windows: {100 * per_window / 5:.1f}% of one core")  # fmt: skip
+    emit(Figure(f"operator.cpu_per_window.{world}_ranks", per_window * 1e3, "ms"))
     if detections:
         worst = max(seconds for seconds, _ in detections)
         print(f"detector over the job: {1e3 * sum(s for s, _ in detections) / len(detections):.1f} ms mean, "

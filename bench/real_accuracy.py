@@ -38,8 +38,8 @@ import torch_env
 import torchrun
 
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import load_path
 
 SLOWDOWNS = (10, 20, 30, 50, 100, 200)
 MISMATCHES = ("op", "count", "dtype")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from figures import Figure, emit
 
 from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, Op, State
 
@@ -286,6 +287,8 @@ def main() -> None:
         f"{stacks['wall_seconds']:.2f} s, {stacks['py_spy_cpu_seconds']:.2f} s CPU of py-spy"
     )
     print(json.dumps({"per_million": million, "under_load": load, "stacks": stacks}))
+    emit(Figure("sidecar.cpu_share_at_8x5000", load["cpu_share_of_one_core"], "share of one core"))
+    emit(Figure("sidecar.cpu_per_million_records", million["cpu_seconds_per_million"], "s"))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ and data, so objects survive a restart of the machine's processes.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import ssl
@@ -19,15 +18,21 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rankwatch.cluster import binaries, kubeconfig, pki, ports, processes
+from rankwatch.cluster import binaries, kubeconfig, pki, processes
 from rankwatch.cluster.binaries import Log
 from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
 from rankwatch.cluster.nodes import KWOK_ANNOTATION, MANAGED_LABEL, fake_gpu_node, node_name
+from rankwatch.cluster.state import (
+    DEFAULT_NODES,
+    ClusterError,
+    ClusterState,
+    cluster_dir,
+    free_ports_by_name,
+    port_free,
+)
 
-DEFAULT_NODES = 4
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.1/16"
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -38,37 +43,6 @@ LISTENS_ON = {
     "kube-scheduler": ("kube-scheduler",),
     "kwok": ("kwok",),
 }
-
-
-class ClusterError(RuntimeError):
-    """The local cluster could not be brought to the requested state; the message says why."""
-
-
-def cluster_dir() -> Path:
-    return Path(os.environ.get("RANKWATCH_CLUSTER_DIR") or os.path.expanduser("~/.rankwatch/cluster"))
-
-
-@dataclass
-class ClusterState:
-    """What `up` decided once (ports) and what it started (pids); persisted as state.json."""
-
-    ports: dict[str, int] = field(default_factory=dict)
-    pids: dict[str, int] = field(default_factory=dict)
-    nodes: int = DEFAULT_NODES
-
-    @classmethod
-    def load(cls, path: Path) -> ClusterState | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError) as error:
-            raise ClusterError(f"{path} is not a cluster state file ({error}); run `rankwatch cluster down`") from error
-
-    def save(self, path: Path) -> None:
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(asdict(self), indent=2))
-        temporary.replace(path)
 
 
 class LocalCluster:
@@ -198,7 +172,7 @@ class LocalCluster:
         self.root.chmod(0o700)
         state = ClusterState.load(self.state_path)
         if state is None or not (self.pki / "ca.crt").exists():
-            state = ClusterState(ports=_free_ports(["etcd", "etcd-peer", *ORDER[1:]]))
+            state = ClusterState(ports=free_ports_by_name(["etcd", "etcd-peer", *ORDER[1:]]))
             pki.generate(self.pki)
         state.nodes = nodes
         server = self.server(state)
@@ -214,14 +188,16 @@ class LocalCluster:
             log(f"starting {name}")
             # A component killed a moment ago may still hold its port while it exits.
             for port_name in LISTENS_ON[name]:
-                self._wait(lambda p=state.ports[port_name]: _port_free(p), f"port {state.ports[port_name]}", deadline)
+                self.wait_until(
+                    lambda p=state.ports[port_name]: port_free(p), f"port {state.ports[port_name]}", deadline
+                )
             started[name] = processes.start(self._argv(name, state, paths), self.logs / f"{name}.log")
             state.pids[name] = started[name].pid
             state.save(self.state_path)  # recorded at once so `down` can always find it
             if name == "etcd":
-                self._wait(lambda: _tcp_open(state.ports["etcd"]), "etcd", deadline)
+                self.wait_until(lambda: _tcp_open(state.ports["etcd"]), "etcd", deadline)
             elif name == "kube-apiserver":
-                self._wait(lambda: self._healthy(state, "/readyz"), "kube-apiserver", deadline)
+                self.wait_until(lambda: self._healthy(state, "/readyz"), "kube-apiserver", deadline)
         for name in ORDER:
             # A child started here is checked through its Popen: right after the exec, /proc/<pid>/cmdline
             # reads empty for a moment (the kernel fills it in after closing the exec pipe Popen waits on).
@@ -234,8 +210,8 @@ class LocalCluster:
                 tail = processes.log_tail(self.logs / f"{name}.log")
                 raise ClusterError(f"{name} exited{how}:\n{tail}")
         self._reconcile_nodes(state, nodes, log, deadline)
-        self._wait(
-            lambda: self._request(state, "GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
+        self.wait_until(
+            lambda: self.api_request(state, "GET", "/api/v1/namespaces/default/serviceaccounts/default")[0] == 200,
             "kube-controller-manager (default ServiceAccount)",
             deadline,
         )
@@ -288,12 +264,14 @@ class LocalCluster:
         time.sleep(down_seconds)
         deadline = time.monotonic() + timeout
         for port_name in LISTENS_ON[name]:
-            self._wait(lambda p=state.ports[port_name]: _port_free(p), f"port {state.ports[port_name]}", deadline)
+            self.wait_until(lambda p=state.ports[port_name]: port_free(p), f"port {state.ports[port_name]}", deadline)
         log(f"starting {name}")
         started = time.monotonic()
         state.pids[name] = processes.start(self._argv(name, state, paths), self.logs / f"{name}.log").pid
         state.save(self.state_path)
-        self._wait(lambda: self._healthy(state, "/readyz"), f"kube-apiserver ready after restarting {name}", deadline)
+        self.wait_until(
+            lambda: self._healthy(state, "/readyz"), f"kube-apiserver ready after restarting {name}", deadline
+        )
         return time.monotonic() - started
 
     def status(self) -> dict[str, object]:
@@ -323,7 +301,7 @@ class LocalCluster:
         context.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
         return context
 
-    def _request(self, state: ClusterState, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    def api_request(self, state: ClusterState, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
         request = urllib.request.Request(
             self.server(state) + path,
             method=method,
@@ -338,27 +316,27 @@ class LocalCluster:
 
     def _healthy(self, state: ClusterState, path: str) -> bool:
         try:
-            return self._request(state, "GET", path)[0] == 200
+            return self.api_request(state, "GET", path)[0] == 200
         except (OSError, ssl.SSLError):
             return False
 
     def _reconcile_nodes(self, state: ClusterState, count: int, log: Log, deadline: float) -> None:
-        status, body = self._request(state, "GET", f"/api/v1/nodes?labelSelector={MANAGED_LABEL}%3Dtrue")
+        status, body = self.api_request(state, "GET", f"/api/v1/nodes?labelSelector={MANAGED_LABEL}%3Dtrue")
         if status != 200:
             raise ClusterError(f"listing nodes failed: HTTP {status}: {body[:300]!r}")
         existing = {item["metadata"]["name"] for item in json.loads(body)["items"]}
         wanted = {node_name(index) for index in range(count)}
         for index in range(count):
             if node_name(index) not in existing:
-                status, body = self._request(state, "POST", "/api/v1/nodes", fake_gpu_node(index))
+                status, body = self.api_request(state, "POST", "/api/v1/nodes", fake_gpu_node(index))
                 if status not in (201, 409):
                     raise ClusterError(f"creating node {node_name(index)} failed: HTTP {status}: {body[:300]!r}")
         for name in sorted(existing - wanted):
-            self._request(state, "DELETE", f"/api/v1/nodes/{name}")
+            self.api_request(state, "DELETE", f"/api/v1/nodes/{name}")
             log(f"removed node {name}")
 
         def all_ready() -> bool:
-            status, body = self._request(state, "GET", f"/api/v1/nodes?labelSelector={MANAGED_LABEL}%3Dtrue")
+            status, body = self.api_request(state, "GET", f"/api/v1/nodes?labelSelector={MANAGED_LABEL}%3Dtrue")
             ready = [
                 item
                 for item in json.loads(body)["items"]
@@ -368,9 +346,9 @@ class LocalCluster:
             ]
             return status == 200 and len(ready) == count
 
-        self._wait(all_ready, f"{count} kwok nodes Ready", deadline)
+        self.wait_until(all_ready, f"{count} kwok nodes Ready", deadline)
 
-    def _wait(self, condition: Callable[[], bool], what: str, deadline: float) -> None:
+    def wait_until(self, condition: Callable[[], bool], what: str, deadline: float) -> None:
         while time.monotonic() < deadline:
             if condition():
                 return
@@ -379,24 +357,6 @@ class LocalCluster:
             f"--- {name} log (last lines) ---\n{processes.log_tail(self.logs / f'{name}.log', 8)}" for name in ORDER
         )
         raise ClusterError(f"timed out waiting for {what}\n{tails}")
-
-
-def _free_ports(names: list[str], avoid: set[int] | None = None) -> dict[str, int]:
-    """Distinct free loopback ports by name, chosen once and kept in state.json (see ``ports``)."""
-    try:
-        return dict(zip(names, ports.free_ports(len(names), avoid or ()), strict=True))
-    except ports.NoFreePort as error:
-        raise ClusterError(str(error)) from None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the Go servers bind
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def _tcp_open(port: int) -> bool:

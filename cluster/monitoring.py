@@ -33,10 +33,11 @@ import yaml
 
 from rankwatch.cluster import binaries, kubeconfig, pki, processes
 from rankwatch.cluster.binaries import Log
+from rankwatch.cluster.state import ClusterState, free_ports_by_name, port_free
 from rankwatch.cluster.versions import MONITORING
 
 if TYPE_CHECKING:
-    from rankwatch.cluster.local import ClusterState, LocalCluster
+    from rankwatch.cluster.local import LocalCluster
 
 ORDER = ("alertmanager", "prometheus")
 CHART_RULES = Path(__file__).parents[1] / "helm" / "rankwatch" / "rules"
@@ -97,8 +98,6 @@ class LocalMonitoring:
 
     # ---- addresses --------------------------------------------------------------------------------
     def _state(self) -> ClusterState:
-        from rankwatch.cluster.local import ClusterState
-
         state = ClusterState.load(self.cluster.state_path)
         if state is None or "prometheus" not in state.ports:
             raise MonitoringError("no monitoring on this cluster: run `rankwatch cluster up --monitoring`")
@@ -230,13 +229,11 @@ class LocalMonitoring:
     # ---- lifecycle -----------------------------------------------------------------------------------
     def up(self, state: ClusterState, settings: MonitoringSettings | None, log: Log, deadline: float) -> None:
         """Start (or reconfigure and reload) both; ``state`` gains their ports and pids (caller saves it)."""
-        from rankwatch.cluster.local import _free_ports, _port_free
-
         settings = settings or self._settings()
         paths = binaries.ensure_all(log, MONITORING)
         missing = [name for name in ORDER if name not in state.ports]
         if missing:
-            state.ports.update(_free_ports(missing, avoid=set(state.ports.values())))
+            state.ports.update(free_ports_by_name(missing, avoid=set(state.ports.values())))
         self.root.mkdir(parents=True, exist_ok=True)
         self._identity(state)
         self._write(state, settings)
@@ -245,12 +242,12 @@ class LocalMonitoring:
                 self._reload(name, state)
                 continue
             log(f"starting {name}")
-            self.cluster._wait(lambda p=state.ports[name]: _port_free(p), f"port {state.ports[name]}", deadline)
+            self.cluster.wait_until(lambda p=state.ports[name]: port_free(p), f"port {state.ports[name]}", deadline)
             started = processes.start(self._argv(name, state, paths), self.cluster.logs / f"{name}.log")
             state.pids[name] = started.pid
             state.save(self.cluster.state_path)
             try:
-                self.cluster._wait(lambda n=name: self._ready(n, state), f"{name} /-/ready", deadline)
+                self.cluster.wait_until(lambda n=name: self._ready(n, state), f"{name} /-/ready", deadline)
             except Exception as error:
                 tail = processes.log_tail(self.cluster.logs / f"{name}.log")
                 raise MonitoringError(f"{name} did not become ready ({error}):\n{tail}") from None
@@ -264,7 +261,7 @@ class LocalMonitoring:
         if not (self.cluster.pki / f"{PROMETHEUS_IDENTITY.stem}.crt").exists():
             pki.issue_client(self.cluster.pki, PROMETHEUS_IDENTITY)
         for path, body in _rbac(PROMETHEUS_IDENTITY.user):
-            status, text = self.cluster._request(state, "POST", path, body)
+            status, text = self.cluster.api_request(state, "POST", path, body)
             if status not in (201, 409):
                 what = f"{body['kind']} {body['metadata']['name']}"
                 raise MonitoringError(f"creating {what}: HTTP {status}: {text[:300]!r}")

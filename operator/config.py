@@ -19,6 +19,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from rankwatch import __version__
+from rankwatch.config_error import ConfigError
 from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
 from rankwatch.operator.diagnosis.collector import CollectorSettings
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
@@ -28,14 +29,6 @@ from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon_decision import Safeguards
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """One or more settings are wrong; ``problems`` each name the variable and what is expected."""
-
-    def __init__(self, problems: list[str]) -> None:
-        super().__init__("bad configuration:\n  " + "\n  ".join(problems))
-        self.problems = problems
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ def _cluster(args: argparse.Namespace) -> int:
         log = lambda m: print(m, flush=True)  # noqa: E731
         return run_pods(args.collector_url, args.namespace, work_dir, log, args.collector_service)
     from rankwatch.cluster.binaries import BuildError
-    from rankwatch.cluster.local import ClusterError, LocalCluster
+    from rankwatch.cluster.local import LocalCluster
     from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringError
+    from rankwatch.cluster.state import ClusterError
 
     cluster = LocalCluster()
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
@@ -385,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     operator = commands.add_parser(
         "operator",
-        help="run the TrainingJob operator (settings: RANKWATCH_* environment, see the README)",
+        help="run the TrainingJob operator (settings: RANKWATCH_* environment, see docs/running-the-operator.md)",
         description="Replicas elect a leader through a coordination.k8s.io Lease (RANKWATCH_LEASE_NAME in "
         "RANKWATCH_LEASE_NAMESPACE, default $POD_NAMESPACE); only the leader acts and reports ready.",
     )

@@ -9,9 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the variable or flag."""
+from rankwatch.config_error import ConfigError
 
 
 @dataclass(frozen=True)

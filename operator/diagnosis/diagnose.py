@@ -14,32 +14,20 @@ the least thought. A larger one: the pods the summaries point at, at most :data:
   the ranks with the longest step times.
 Records per ring come from a byte budget derived from the worker's memory budget, so a bigger job
 gets fewer records per ring, never more memory.
-
-Where a sidecar is: ``http://<pod IP>:<sidecar metrics port>``, nothing else. Whoever may edit a pod
-may set annotations, so the pod annotation ``rankwatch.io/sidecar-endpoint`` (a base URL, for clusters
-whose pod IPs the operator cannot reach, such as the local kwok cluster where the pod runner sets it)
-is honoured only when its host is one the operator's own configuration trusts
-(``RANKWATCH_SIDECAR_ENDPOINT_HOSTS``; empty by default): the job's token is never sent anywhere else.
-Responses are streamed to files, never held in the operator's memory, and each is bounded.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime
 import logging
 import tempfile
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import aiohttp
-
-from rankwatch import protocol
 from rankwatch.analysis.cause import attribute
 from rankwatch.analysis.findings import AnalysisReport, Cause, Finding, FindingKind
 from rankwatch.analysis.topology import Layout
@@ -49,10 +37,10 @@ from rankwatch.operator.diagnosis.differential_profile import with_differential_
 from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
 from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.sidecar_client import CHUNK_BYTES, SidecarPod, fetch_dumps
 
 log = logging.getLogger(__name__)
 
-SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
 RECORD_BYTES = 128
 DUMP_SHARE_OF_WORKER_MEMORY = 0.25
 """Dump bytes per byte of worker memory. The worker's address space is about 110 MiB before any dump
@@ -66,58 +54,9 @@ EVERY_POD_UP_TO = 16
 MAX_PODS = 64
 WAITERS_PER_COMMUNICATOR = 2
 SPREAD_PODS = 16
-FETCH_TIMEOUT_S = 15.0
-FETCH_CONCURRENCY = 16
-CHUNK_BYTES = 1 << 20
 HOST_WINDOWS_FOR_CAUSE = 6
 STACKS_MAX_AGE_S = 120.0
 """Python stacks from stall reports older than this (or 4 sensitivities) belong to another episode."""
-
-
-@dataclass(frozen=True)
-class SidecarPod:
-    """A worker pod as the diagnosis needs it."""
-
-    name: str
-    node: str
-    endpoint: str | None  # base URL of its sidecar, None when it has no address yet
-
-    @classmethod
-    def from_pod(cls, pod: Mapping[str, Any], sidecar_port: int, trusted_hosts: Collection[str] = ()) -> SidecarPod:
-        """The pod's sidecar at its pod IP; the endpoint annotation only when its host is trusted."""
-        metadata, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-        endpoint = None
-        annotated = (metadata.get("annotations") or {}).get(SIDECAR_ENDPOINT_ANNOTATION)
-        if annotated:
-            endpoint = trusted_endpoint(annotated, trusted_hosts)
-            if endpoint is None:
-                log.warning(
-                    "pod %s/%s: annotation %s=%r ignored: its host is not in RANKWATCH_SIDECAR_ENDPOINT_HOSTS; "
-                    "the sidecar is asked at the pod IP",
-                    metadata.get("namespace", ""), metadata["name"], SIDECAR_ENDPOINT_ANNOTATION, annotated[:200],
-                )  # fmt: skip
-        if endpoint is None and status.get("podIP"):
-            endpoint = f"http://{_host_in_url(status['podIP'])}:{sidecar_port}"
-        return cls(metadata["name"], spec.get("nodeName") or "", endpoint)
-
-
-def trusted_endpoint(url: str, trusted_hosts: Collection[str]) -> str | None:
-    """``scheme://host:port`` of ``url`` when it is a plain http(s) base URL on a trusted host, else None.
-    Path, query, user info and fragment are dropped: only the host and port come from the pod."""
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port
-    except ValueError:
-        return None
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.username or parts.password:
-        return None
-    if parts.hostname not in trusted_hosts:
-        return None
-    return f"{parts.scheme}://{_host_in_url(parts.hostname)}{f':{port}' if port else ''}"
-
-
-def _host_in_url(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 @dataclass(frozen=True)
@@ -294,89 +233,6 @@ def records_limit(state: JobState, pod_names: list[str], window_s: float, dump_b
     # A ring image is padded to a power of two records: budget for twice the records asked.
     budget = dump_budget_bytes // (2 * RECORD_BYTES) // max(1, len(ranks))
     return max(MIN_RECORDS_PER_RING, min(wanted, MAX_RECORDS_PER_RING, budget))
-
-
-class ByteAllowance:
-    """Bytes that may still be written, over every pod and file of one archive: one total, so the
-    number of pods does not multiply what an archive may take (memory of the worker, the disk)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = self.left = total
-
-    def take(self, count: int) -> bool:
-        if count > self.left:
-            return False
-        self.left -= count
-        return True
-
-    def give_back(self, count: int) -> None:
-        self.left = min(self.total, self.left + count)
-
-    def refusal(self) -> str:
-        return f"the archive's budget of {self.total >> 20} MiB is spent"
-
-
-async def fetch_dumps(
-    pods: list[SidecarPod],
-    token: str,
-    limit: int,
-    directory: Path,
-    max_bytes_per_pod: int,
-    allowance: ByteAllowance | None = None,
-) -> tuple[int, list[str]]:
-    """Stream each pod's ``/dump`` into ``directory/<pod>.dump``; (pods answered, problems). With an
-    ``allowance``, a dump that would go past it is dropped (and named) as one too large is."""
-    problems: list[str] = []
-    answered = 0
-    semaphore = asyncio.Semaphore(FETCH_CONCURRENCY)
-    timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
-
-    async def one(session: aiohttp.ClientSession, pod: SidecarPod) -> None:
-        nonlocal answered
-        if not pod.endpoint:
-            problems.append(f"pod {pod.name}: no sidecar address (no pod IP and no {SIDECAR_ENDPOINT_ANNOTATION})")
-            return
-        path = directory / f"{pod.name}.dump"
-        async with semaphore:
-            try:
-                async with session.get(
-                    f"{pod.endpoint}{protocol.DUMP_PATH}",
-                    params={"limit": str(limit)},
-                    headers={"Authorization": protocol.bearer(token)},
-                ) as response:
-                    if response.status != 200:
-                        problems.append(f"pod {pod.name}: sidecar answered HTTP {response.status} to /dump")
-                        return
-                    written = 0
-                    with path.open("wb") as out:
-                        async for chunk in response.content.iter_chunked(CHUNK_BYTES):
-                            if written + len(chunk) > max_bytes_per_pod:
-                                raise _TooLarge(f"/dump sent more than {max_bytes_per_pod >> 20} MiB")
-                            if allowance is not None and not allowance.take(len(chunk)):
-                                raise _TooLarge(allowance.refusal())
-                            written += len(chunk)
-                            out.write(chunk)
-            except _TooLarge as error:
-                path.unlink(missing_ok=True)
-                if allowance is not None:
-                    allowance.give_back(written)
-                problems.append(f"pod {pod.name}: {error}; skipped")
-                return
-            except (aiohttp.ClientError, TimeoutError) as error:
-                path.unlink(missing_ok=True)
-                problems.append(
-                    f"pod {pod.name}: sidecar at {pod.endpoint} unreachable: {error or type(error).__name__}"
-                )
-                return
-        answered += 1
-
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        await asyncio.gather(*(one(session, pod) for pod in pods))
-    return answered, problems
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def host_starved_finding(suspicion: Suspicion, node_of_rank: dict[int, str], layout: Layout | None) -> Finding:

@@ -32,7 +32,7 @@ from rankwatch.operator.config import DiagnosisLimits
 from rankwatch.operator.diagnosis import metrics, telemetry_watch, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
-from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, SidecarPod, diagnose
+from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, diagnose
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics
 from rankwatch.operator.diagnosis.job_state import JobState, JobStore
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
@@ -41,6 +41,7 @@ from rankwatch.operator.diagnosis.worker import WorkerFailed
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon_decision import Safeguards
+from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 log = logging.getLogger(__name__)

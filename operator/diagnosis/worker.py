@@ -32,9 +32,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankwatch.analysis.findings import AnalysisReport
+
+if TYPE_CHECKING:
+    from rankwatch.analysis.topology import Layout
 
 OUT_OF_MEMORY = 3
 BAD_INPUT = 4
@@ -184,8 +187,9 @@ def _write_rings(directory: Path, pod: str, images: list[memoryview]) -> None:
 def run(directory: Path) -> dict[str, Any]:
     """The analysis itself (in the worker): the report document, its text, the peak RSS."""
     from rankwatch.analysis.analyze import analyze_trace, summary_text
+    from rankwatch.analysis.load import load_path
     from rankwatch.analysis.topology import Layout, LayoutError
-    from rankwatch.analysis.trace import RankSource, load_path
+    from rankwatch.analysis.trace import RankSource
 
     request = AnalysisRequest.from_json(json.loads((directory / "request.json").read_text()))
     problems = split_dumps(directory)
@@ -219,7 +223,6 @@ def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
     the worker's share are analysed by their newest calls only, and the report says so; the archive
     keeps them whole for ``rankwatch analyze``."""
     from rankwatch.analysis.topology import Layout, LayoutError
-    from rankwatch.operator.recovery.evidence import Manifest, render_reports
 
     request = json.loads((directory / "render.json").read_text())
     layout = None
@@ -228,7 +231,7 @@ def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
             layout = Layout(*(int(value) for value in request["layout"]))
     rings = directory / "rings"
     problems = split_dumps(rings) if rings.is_dir() else []
-    manifest = Manifest("", "", "", 0, "", "")
+    findings: list[dict[str, Any]] = []
     share = int(memory_bytes * RING_SHARE_OF_RENDER_MEMORY)
     ring_paths = sorted(rings.glob("*.ring")) if rings.is_dir() else []
     total = sum(path.stat().st_size for path in ring_paths)
@@ -241,16 +244,41 @@ def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
                 f"report.html analyses the newest {calls} calls of each rank: the rings' {total >> 20} MiB are more "
                 f"than the rendering's {share >> 20} MiB (rankwatch analyze on the archive reads them all)"
             )
-        render_reports(directory, layout, manifest, analysed)
+        findings = render_reports(directory, layout, analysed, problems)
     except ValueError as error:  # an unreadable ring: the rings are kept, the analysis is not
-        manifest.problems.append(f"the archived rings could not be analysed: {error}")
+        problems.append(f"the archived rings could not be analysed: {error}")
     finally:
         if analysed != rings:
             for path in analysed.glob("*.ring"):
                 path.unlink()
             with contextlib.suppress(OSError):
                 analysed.rmdir()
-    return {"findings": manifest.findings, "problems": problems + manifest.problems, "peak_rss_bytes": _peak_rss()}
+    return {"findings": findings, "problems": problems, "peak_rss_bytes": _peak_rss()}
+
+
+ARCHIVE_STALL_SECONDS = 1.0
+
+
+def render_reports(directory: Path, layout: Layout | None, rings: Path, problems: list[str]) -> list[dict[str, Any]]:
+    """Analyse the archived ``rings`` and write report.html, timeline.json and analysis.txt into
+    ``directory``; the findings (as ``--json`` writes them)."""
+    from rankwatch.analysis.analyze import analyze_trace, summary_text
+    from rankwatch.analysis.chrome_trace import write_chrome_trace
+    from rankwatch.analysis.html_report import write_html_report
+    from rankwatch.analysis.load import load_path
+
+    if not any(rings.glob("*.ring")):
+        problems.append("no ring was archived: no report.html or timeline.json")
+        return []
+    trace = load_path(rings)
+    if layout is not None and (not trace.ranks or max(trace.ranks) < layout.world_size):
+        trace.layout = layout
+    report = analyze_trace(trace, "all", ARCHIVE_STALL_SECONDS)
+    document = report.to_json()
+    write_html_report(trace, document, str(directory / "report.html"))
+    write_chrome_trace(trace, document["findings"], str(directory / "timeline.json"))
+    (directory / "analysis.txt").write_text(summary_text(report, trace) + "\n")
+    return document["findings"]
 
 
 MIN_ANALYSED_CALLS = 500

@@ -79,7 +79,7 @@ def plan(pod: Mapping[str, Any]) -> Injection | NotInjected:
         ]
         return NotInjected(
             f"no kind rankwatch supports owns this pod (owners: {', '.join(owners) or 'none'}); "
-            "see the README, 'Jobs of other kinds'",
+            "see docs/other-job-kinds.md",
             True,
         )
     adapter, group = claimed

@@ -30,19 +30,16 @@ from typing import Any
 import aiohttp
 
 from rankwatch import protocol
-from rankwatch.analysis.analyze import analyze_trace, summary_text
-from rankwatch.analysis.chrome_trace import write_chrome_trace
-from rankwatch.analysis.html_report import write_html_report
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import load_path
-from rankwatch.operator.diagnosis.diagnose import (
-    CHUNK_BYTES,
+from rankwatch.operator.diagnosis.worker import WorkerFailed, render_evidence
+from rankwatch.operator.sidecar_client import (
     FETCH_CONCURRENCY,
     ByteAllowance,
+    Refused,
     SidecarPod,
+    download,
     fetch_dumps,
 )
-from rankwatch.operator.diagnosis.worker import WorkerFailed, render_evidence
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
@@ -55,7 +52,6 @@ FETCH_TIMEOUT_S = 30.0
 MAX_EVIDENCE_BYTES = 272 << 20
 """Largest /evidence tar taken from one pod: a sidecar sends at most 256 MiB of files (sidecar/evidence.py)
 plus their tar headers."""
-STALL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -132,32 +128,13 @@ async def fetch_files(
         tar_path = directory / f".{pod.name}.evidence.tar"
         async with semaphore:
             try:
-                async with session.get(
-                    f"{pod.endpoint}{protocol.EVIDENCE_PATH}", headers={"Authorization": protocol.bearer(token)}
-                ) as response:
-                    if response.status != 200:
-                        problems.append(f"pod {pod.name}: sidecar answered HTTP {response.status} to /evidence")
-                        return
-                    written = 0
-                    over = ""
-                    with tar_path.open("wb") as out:
-                        async for chunk in response.content.iter_chunked(CHUNK_BYTES):
-                            if written + len(chunk) > max_bytes_per_pod:
-                                over = f"/evidence sent more than {max_bytes_per_pod >> 20} MiB"
-                                break
-                            if allowance is not None and not allowance.take(len(chunk)):
-                                over = f"/evidence: {allowance.refusal()}"
-                                break
-                            written += len(chunk)
-                            out.write(chunk)
-                if over:
-                    tar_path.unlink(missing_ok=True)
-                    if allowance is not None:
-                        allowance.give_back(written)
-                    problems.append(f"pod {pod.name}: {over}; skipped")
-                    return
+                written = await download(
+                    session, pod, protocol.EVIDENCE_PATH, token, tar_path, max_bytes_per_pod, allowance
+                )
+            except Refused as error:
+                problems.append(f"pod {pod.name}: {error}")
+                return
             except (aiohttp.ClientError, TimeoutError) as error:
-                tar_path.unlink(missing_ok=True)
                 problems.append(f"pod {pod.name}: /evidence unreachable: {error or type(error).__name__}")
                 return
 
@@ -185,24 +162,6 @@ async def fetch_files(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)) as session:
         await asyncio.gather(*(one(session, pod) for pod in pods))
     return files, problems
-
-
-def render_reports(directory: Path, layout: Layout | None, manifest: Manifest, rings: Path | None = None) -> None:
-    """Analyse the archived rings (or those in ``rings``) and write report.html and timeline.json
-    (blocking; run in the diagnosis worker, see ``worker.render_evidence``)."""
-    rings = rings or directory / "rings"
-    if not any(rings.glob("*.ring")):
-        manifest.problems.append("no ring was archived: no report.html or timeline.json")
-        return
-    trace = load_path(rings)
-    if layout is not None and (not trace.ranks or max(trace.ranks) < layout.world_size):
-        trace.layout = layout
-    report = analyze_trace(trace, "all", STALL_SECONDS)
-    document = report.to_json()
-    manifest.findings = document["findings"]
-    write_html_report(trace, document, str(directory / "report.html"))
-    write_chrome_trace(trace, document["findings"], str(directory / "timeline.json"))
-    (directory / "analysis.txt").write_text(summary_text(report, trace) + "\n")
 
 
 async def collect(

@@ -29,7 +29,6 @@ from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.operator import api, events
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
-from rankwatch.operator.diagnosis.diagnose import SidecarPod
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.recovery import archive, archive_endpoints, attempts, evidence
 from rankwatch.operator.recovery.decision import (
@@ -41,6 +40,7 @@ from rankwatch.operator.recovery.decision import (
     diagnosis_key,
     parse_time,
 )
+from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
 log = logging.getLogger(__name__)

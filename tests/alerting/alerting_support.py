@@ -119,5 +119,19 @@ def job_alert(
     )
 
 
+class SkewedClock:
+    """Wall-clock time that a test can move forward: a window that ends when the test says, not when a
+    loaded machine happens to get there."""
+
+    def __init__(self) -> None:
+        self.skew = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.skew
+
+    def advance(self, seconds: float) -> None:
+        self.skew += seconds
+
+
 def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,12 @@ async def pipelines(feishu, tmp_path):
     registry = CollectorRegistry()
     metrics = AlertMetrics(registry)
 
-    async def make(changes: dict[str, Any] | None = None, signing_secret: str = SIGNING_SECRET) -> AlertPipeline:
+    async def make(
+        changes: dict[str, Any] | None = None, signing_secret: str = SIGNING_SECRET, clock: Any = time.time
+    ) -> AlertPipeline:
         data = merge(config_data(feishu, str(tmp_path / "alerts.sqlite")), changes or {})
         config = load_config(yaml.safe_dump(data), secrets_for(feishu, signing_secret))
-        pipeline = AlertPipeline(config, metrics=metrics)
+        pipeline = AlertPipeline(config, metrics=metrics, clock=clock)
         await pipeline.start()
         made.append(pipeline)
         return pipeline

@@ -81,8 +81,8 @@ def test_a_world_size_the_ring_headers_contradict_is_refused(hang_run):
 
 
 def test_a_world_size_beyond_traces_that_do_not_record_it_flags_the_missing_ranks(hang_run, tmp_path):
+    from rankwatch.analysis.load import load_path
     from rankwatch.analysis.megatrace import write_logs
-    from rankwatch.analysis.trace import load_path
 
     write_logs(load_path(hang_run), tmp_path)  # Megatrace logs: no world size in them
     result = analyze(tmp_path, "--world-size", 16)
@@ -93,7 +93,7 @@ def test_a_world_size_beyond_traces_that_do_not_record_it_flags_the_missing_rank
 
 def test_a_flight_recorder_dump_missing_from_its_process_groups_is_inconclusive(hang_run, tmp_path):
     from rankwatch.analysis.flight_recorder import write_dumps
-    from rankwatch.analysis.trace import load_path
+    from rankwatch.analysis.load import load_path
 
     dumps = write_dumps(load_path(hang_run), tmp_path)
     assert analyze(tmp_path).returncode == 0, "every rank's dump"
@@ -158,8 +158,8 @@ def test_the_cause_is_in_every_format(hang_run, tmp_path):
 def test_megatrace_logs_that_end_are_a_hang_only_when_the_job_was_seen_hung_after_them(hang_run, tmp_path):
     """Logs alone end where they were cut (no hang); the user who saw the job hung says so, and rank 3,
     silent since its 30th call, is the hang's culprit."""
+    from rankwatch.analysis.load import load_path
     from rankwatch.analysis.megatrace import write_logs
-    from rankwatch.analysis.trace import load_path
 
     write_logs(load_path(hang_run), tmp_path)
     assert "HANG" not in analyze(tmp_path).stdout

@@ -10,7 +10,7 @@ import pytest
 from rankwatch.analysis.analyze import analyze_trace, summary_text
 from rankwatch.analysis.cause import HostLoads, RankHostLoad, attribute
 from rankwatch.analysis.findings import AnalysisReport, Cause, Finding
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 from rankwatch.simulate import Faults, Simulation, run
 
 

@@ -8,8 +8,8 @@ import time
 import numpy as np
 
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import HEADER_SIZE, RECORD_DTYPE, Flag, Op, RingReader, State, peek_header
-from rankwatch.analysis.trace import load_path
 from rankwatch.sidecar.ring_tail import RingTail
 from rankwatch.simulate import Faults, Simulation, run
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.analyze import analyze
-from rankwatch.analysis.trace import CALL_DTYPE, Trace, load_path
+from rankwatch.analysis.load import load_path
+from rankwatch.analysis.trace import CALL_DTYPE, Trace
 from rankwatch.simulate import Faults, Simulation, run
 
 SYNC = {"device": "sync", "gpu_timing": False}

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.megascan import MegaScanError, write_traces
 from rankwatch.analysis.scenario import Scenario, generate
-from rankwatch.analysis.trace import BACKWARD, FORWARD, load_path
+from rankwatch.analysis.trace import BACKWARD, FORWARD
 
 PUBLISHED = Path(__file__).parent / "megascan" / "megatronapp-published-runs.tar.gz"
 PP_RUN = "data-1-pipeline-4-tensor-1-pp"

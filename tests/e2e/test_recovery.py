@@ -172,7 +172,7 @@ def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
 
     # the archive holds every rank's trace, and `rankwatch analyze` on it names the same culprit
     from rankwatch.analysis.archive import download, s3_client
-    from rankwatch.analysis.trace import load_path
+    from rankwatch.analysis.load import load_path
 
     client = s3_client(s3.endpoint, "us-east-1", s3.access_key, s3.secret_key)
     local = download(ended["archive"], tmp_path / "archive", client)

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.analyze import analyze_trace
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import Flag, Op, State, read_ring
-from rankwatch.analysis.trace import load_path
 from rankwatch.simulate import Faults, HostCost, PodRun, Simulation, SimulationError, run, run_pod
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}

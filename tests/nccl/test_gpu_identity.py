@@ -11,9 +11,9 @@ import re
 import subprocess
 import sys
 
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import RingReader
 from rankwatch.analysis.ring_writer import write_rings
-from rankwatch.analysis.trace import load_path
 from rankwatch.simulate import Faults, Simulation, run
 
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

@@ -22,8 +22,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # nccl_wheels (pytest runs in importlib mode)
 from nccl_wheels import WHEELS, nccl_home
 
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import Op, State, read_ring
-from rankwatch.analysis.trace import load_path
 
 HERE = Path(__file__).parent
 ABI = HERE.parents[1] / "nccl_patch" / "include"

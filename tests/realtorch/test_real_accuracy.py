@@ -16,8 +16,8 @@ import pytest
 import torchrun
 
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import load_path
 
 
 def findings_of(directory: Path, layout: Layout) -> dict:

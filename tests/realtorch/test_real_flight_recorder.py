@@ -17,8 +17,8 @@ from conftest import LAYOUT, MISMATCH_RANK, SLOW_RANK, STOPPED_RANK
 from nccl_style import derive
 
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.topology import Layout
-from rankwatch.analysis.trace import load_path
 
 MEGATRON = Layout(LAYOUT["tp"], LAYOUT["pp"], LAYOUT["world"])
 

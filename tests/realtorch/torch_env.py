@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-TORCH_VERSION = "2.15.0"  # pins nvidia-nccl-cu13 2.30.7; the README names both
+TORCH_VERSION = "2.15.0"  # pins nvidia-nccl-cu13 2.30.7; docs/tests.md names both
 
 
 def cache_root() -> Path:

@@ -61,8 +61,10 @@ def test_a_rank_starved_by_a_busy_neighbour_on_its_cpu_waits_on_the_run_queue(st
     starved_window, healthy_window = sampler.rank(victim.pid, 1), sampler.rank(healthy.pid, 1)
     assert starved_window is not None and healthy_window is not None
     print(f"starved: {starved_window}; healthy: {healthy_window}")
+    # Load only adds waiting: a lower bound holds on a busy machine (a ratio to the healthy rank would
+    # not: there the healthy rank waits on the run queue too).
     assert starved_window.run_delay_s > 0.2, "waited a tenth of the window or more for its CPU"
-    assert starved_window.run_delay_s > 3 * healthy_window.run_delay_s
+    assert starved_window.cpu_s < starved_window.run_delay_s, "behind its neighbour it waited longer than it ran"
     assert starved_window.cpu_s > 0 and starved_window.involuntary_switches >= 0
     assert sampler.rank(victim.pid, 2) is None, "another process start (a reused pid) begins a new baseline"
 

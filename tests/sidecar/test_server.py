@@ -11,8 +11,8 @@ import aiohttp
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import Op, read_ring
-from rankwatch.analysis.trace import load_path
 from rankwatch.sidecar.dump import split_dump
 
 

@@ -10,7 +10,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from rankwatch.cluster import kubeconfig, pki
-from rankwatch.cluster.local import ClusterError, ClusterState
+from rankwatch.cluster.state import ClusterError, ClusterState
 
 
 @pytest.fixture(scope="module")

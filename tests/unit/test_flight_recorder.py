@@ -10,7 +10,7 @@ import zlib
 import pytest
 
 from rankwatch.analysis.analyze import analyze
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 
 T0 = 1_700_000_000_000_000_000
 

@@ -8,9 +8,9 @@ import pytest
 
 from rankwatch.analysis import megatrace
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.megatrace import MegatraceError, read_logs
 from rankwatch.analysis.ring import Op
-from rankwatch.analysis.trace import load_path
 
 NATIVE = megatrace._native
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
 from rankwatch.analysis.topology import load_config
-from rankwatch.analysis.trace import load_path
 
 SAMPLE = os.environ.get("RANKWATCH_MEGATRACE_SAMPLE")
 pytestmark = pytest.mark.skipif(

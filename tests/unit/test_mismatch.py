@@ -7,7 +7,7 @@ import json
 import os
 
 from rankwatch.analysis.analyze import analyze
-from rankwatch.analysis.trace import load_path
+from rankwatch.analysis.load import load_path
 
 T0 = 1_700_000_000_000_000_000
 FRAME = {"filename": "/job/train.py", "line": 0, "name": "train"}
@@ -156,9 +156,9 @@ def test_rings_carry_op_count_and_datatype_a_mismatch_shows_in_them(tmp_path):
     another datatype (a code path of its own) is a mismatch naming it, and nobody else."""
     import numpy as np
 
+    from rankwatch.analysis.load import load_path as load
     from rankwatch.analysis.ring_writer import write_rings
     from rankwatch.analysis.scenario import Scenario, generate
-    from rankwatch.analysis.trace import load_path as load
 
     run = generate(Scenario(16, tp=4, pp=2, steps=6))
     calls = run.trace.calls

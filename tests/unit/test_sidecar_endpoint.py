@@ -13,8 +13,8 @@ from aiohttp import web
 
 from rankwatch import protocol
 from rankwatch.operator.config import ConfigError, OperatorConfig
-from rankwatch.operator.diagnosis.diagnose import SIDECAR_ENDPOINT_ANNOTATION, ByteAllowance, SidecarPod, fetch_dumps
 from rankwatch.operator.recovery.evidence import fetch_files
+from rankwatch.operator.sidecar_client import SIDECAR_ENDPOINT_ANNOTATION, ByteAllowance, SidecarPod, fetch_dumps
 
 TOKEN = "job-token-secret"
 

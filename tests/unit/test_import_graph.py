@@ -1,0 +1,112 @@
+"""The package's imports form layers: no module reaches, however lazily, a module that imports it back,
+and the analysis (the bottom layer, also run alone by `rankwatch analyze`) imports nothing of the
+operator or the alerting. Read from the source, so an import hidden in a function counts too; only
+imports for type checking (never executed) are left out."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the installed packages, by dotted name (as pyproject maps the folders)."""
+    package_dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found: dict[str, Path] = {}
+    for package, folder in package_dirs.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = [part for part in path.relative_to(ROOT / folder).with_suffix("").parts if part != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    skipped: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                skipped.update(ast.walk(child))
+    return skipped
+
+
+def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports (``from package import submodule`` is the submodule)."""
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            submodules = {f"{module}.{alias.name}" for alias in node.names} & known.keys()
+            found.update(submodules or {module})
+    return {module for module in found if module in known and module != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert cycles(graph()) == []
+
+
+def test_the_analysis_imports_nothing_of_the_operator_or_the_alerting():
+    upward = {
+        name: sorted(target for target in targets if target.startswith(("rankwatch.operator", "rankwatch.alerting")))
+        for name, targets in graph().items()
+        if name.startswith("rankwatch.analysis")
+    }
+    assert {name: targets for name, targets in upward.items() if targets} == {}
+
+
+def test_the_walk_sees_a_cycle_hidden_in_a_function(tmp_path):
+    """The check itself: a lazy import back is a cycle, a type-checking import is not."""
+    (tmp_path / "a.py").write_text("def f():\n    from pkg import b\n")
+    (tmp_path / "b.py").write_text("from pkg.a import f\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    known = {f"pkg.{name}": tmp_path / f"{name}.py" for name in "abc"}
+    found = {name: imports_of(name, path, known) for name, path in known.items()}
+    assert found == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": set()}
+    assert cycles(found) == [["pkg.a", "pkg.b"]]
