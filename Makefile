@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install native demo test lint format unit e2e e2e-rbac bench bench-fuzz image-rootfs cluster-binaries tools monitoring torch-env cluster-up cluster-down cluster-status clean
+.PHONY: install native demo test lint format unit e2e e2e-rbac bench bench-fuzz image-rootfs cluster-binaries tools monitoring kueue torch-env cluster-up cluster-down cluster-status clean
 
 $(INSTALLED): pyproject.toml analysis/_megatrace_tokenizer.c
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ tools: $(INSTALLED)
 # tests/e2e/test_monitoring.py); cached like the cluster binaries.
 monitoring: $(INSTALLED)
 	$(BIN)/rankwatch cluster build --monitoring
+
+# The Kueue controller (gang admission) for the queued-TrainingJob tests (`rankwatch cluster up --kueue`,
+# tests/e2e/test_gang_admission.py); cached like the cluster binaries.
+kueue: $(INSTALLED)
+	$(BIN)/rankwatch cluster build --kueue
 
 # PyTorch from PyPI for the real-PyTorch tests (tests/realtorch): cached by version outside the repository.
 torch-env: $(INSTALLED)
@@ -65,7 +70,7 @@ e2e: cluster-binaries
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") collects nothing: not a failure.
-test: lint native cluster-binaries tools monitoring torch-env
+test: lint native cluster-binaries tools monitoring kueue torch-env
 	$(BIN)/pytest tests --durations=30 $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest: no tests collected"; status=0; fi; \
 	if [ $$status -eq 0 ] && [ -z "$(PYTEST_ARGS)" ]; then $(MAKE) --no-print-directory e2e-rbac || status=$$?; fi; \

@@ -54,8 +54,10 @@ def alert_from_finding(
     alerting: Alerting | None = None,
     now: float | None = None,
     report_url: str = "",
+    job_kind: str = "TrainingJob",
 ) -> Alert:
-    """The alert for one finding of job ``namespace/job``, levelled by the job's ``spec.alerting``."""
+    """The alert for one finding of job ``namespace/job``, levelled by the job's ``spec.alerting``; a job
+    of another kind (``job_kind``: Job, JobSet...) carries its kind as label ``jobkind``."""
     alerting = alerting or Alerting()
     ranks = sorted(finding.ranks)
     rank_label = ",".join(map(str, ranks[:MAX_RANKS_IN_LABEL]))
@@ -70,6 +72,8 @@ def alert_from_finding(
         "node": tenant_text.bounded(",".join(sorted(finding.nodes)), MAX_LABEL),
         "rank": rank_label,
     }
+    if job_kind != "TrainingJob":
+        labels["jobkind"] = job_kind
     if finding.communicator:
         labels["communicator"] = finding.communicator
     annotations = {

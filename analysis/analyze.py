@@ -130,7 +130,7 @@ def analyze_trace(
             if not slower and trace.iterations is not None:  # MegaScan: the iterations' own times
                 slower, notes = detect_iteration_slowdown(trace)
                 problems += notes
-            findings += slower
+            findings += slower if not host_call_times_only(trace) else _host_bound_rise(slower, problems)
     findings = windowed_stragglers(trace, findings, problems)
     add_frames(trace, findings)
     add_gpus(trace, findings)
@@ -152,6 +152,18 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
         return sorted({rank for finding in later for rank in finding.ranks})
 
     return detect_fail_slow(trace, stragglers_after)
+
+
+def _host_bound_rise(slower: list[Finding], problems: list[str]) -> list[Finding]:
+    """A step-time rise of a job whose compute runs on its hosts' CPUs (gloo), with no rank behind it:
+    every rank slowed together, as the machine's load does; told, not reported as the job's fault."""
+    for finding in slower:
+        if not finding.ranks:
+            problems.append(
+                f"{finding.summary}: every rank slowed together, on a backend that computes on the hosts' CPUs (their "
+                "load does this): a slowdown is not localisable"
+            )
+    return [finding for finding in slower if finding.ranks]
 
 
 def summary_text(report: AnalysisReport, trace: Trace) -> str:

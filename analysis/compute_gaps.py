@@ -48,25 +48,38 @@ def _timed_calls(trace: Trace) -> dict[int, np.ndarray]:
     return out
 
 
-def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> tuple[float, int]:
-    """(GPU compute of one step, steps it was read from) for ``own``'s rank: the least of each of its
-    step's gaps between NCCL operations over the steps between ``edges`` that have the usual number of
-    gaps, summed. A host starved of CPU leaves its GPU idle inside some gaps; idle time only ever adds,
-    and it rarely hits the same gap in every step."""
+@dataclass(frozen=True)
+class QuietCompute:
+    """One rank's GPU compute of one step (each gap at its least over the steps, summed), the steps
+    it was read from, and each step's own compute (NaN where the step had another number of gaps)."""
+
+    total: float
+    steps: int
+    per_step: np.ndarray
+
+
+def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> QuietCompute:
+    """``own``'s rank's compute of one step: the least of each of its step's gaps between NCCL
+    operations over the steps between ``edges`` that have the usual number of gaps, summed. A host
+    starved of CPU leaves its GPU idle inside some gaps; idle time only ever adds, and it rarely hits
+    the same gap in every step."""
+    per_step = np.full(max(len(edges) - 1, 0), np.nan)
     if len(edges) <= MIN_STEPS:  # no shared boundaries (a wrapped ring), or too few steps
-        return 0.0, max(len(edges) - 1, 0)
+        return QuietCompute(0.0, max(len(edges) - 1, 0), per_step)
     busy_until = np.maximum.accumulate(own["gpu_end"][:-1].astype(np.int64))  # streams may overlap
     next_start = own["gpu_start"][1:].astype(np.int64)
     gap = np.maximum(next_start - busy_until, 0)
     step = np.searchsorted(edges, busy_until, "right") - 1  # an edge is an operation's end: gaps start after it
     inside = (step >= 0) & (step < len(edges) - 1)
     inside &= next_start <= edges[np.minimum(step + 1, len(edges) - 1)]
-    per_step = [gap[inside & (step == k)] for k in range(len(edges) - 1)]
-    usual = int(np.bincount([len(gaps) for gaps in per_step]).argmax()) if per_step else 0
-    alike = [gaps for gaps in per_step if len(gaps) == usual]
+    gaps_of = [gap[inside & (step == k)] for k in range(len(edges) - 1)]
+    usual = int(np.bincount([len(gaps) for gaps in gaps_of]).argmax()) if gaps_of else 0
+    alike = [k for k, gaps in enumerate(gaps_of) if len(gaps) == usual]
     if not usual or len(alike) < MIN_STEPS:
-        return 0.0, len(alike)
-    return float(np.stack(alike).min(axis=0).sum()), len(alike)
+        return QuietCompute(0.0, len(alike), per_step)
+    stacked = np.stack([gaps_of[k] for k in alike])
+    per_step[alike] = stacked.sum(axis=1)
+    return QuietCompute(float(stacked.min(axis=0).sum()), len(alike), per_step)
 
 
 def _step_comms(trace: Trace) -> list[tuple[float, int, int, frozenset[int]]]:
@@ -89,7 +102,7 @@ class _StepCompute:
     def __init__(self, trace: Trace, timed: dict[int, np.ndarray]) -> None:
         self.timed, self.comms = timed, _step_comms(trace)
         self.ends: dict[tuple[int, int], dict[int, int]] = {}
-        self.read: dict[tuple[int, int, tuple[int, ...]], tuple[float, int]] = {}
+        self.read: dict[tuple[int, int, tuple[int, ...]], QuietCompute] = {}
 
     def _ends(self, rank: int, comm_id: int) -> dict[int, int]:
         """sequence number -> GPU end of ``rank``'s operations on ``comm_id``"""
@@ -99,11 +112,11 @@ class _StepCompute:
             self.ends[rank, comm_id] = dict(zip(mine["seq"].tolist(), mine["gpu_end"].tolist(), strict=True))
         return self.ends[rank, comm_id]
 
-    def of(self, group: list[int]) -> np.ndarray | None:
-        """[group, 2]: each member's compute of one step and the steps it was read from, between
-        consecutive operations of the least often called communicator holding the whole group that
-        every member's GPU ended (matched by sequence number). None when there is no such
-        communicator or a member has fewer than MIN_STEPS steps."""
+    def of(self, group: list[int]) -> list[QuietCompute] | None:
+        """Each member's compute of one step, between consecutive operations of the least often called
+        communicator holding the whole group that every member's GPU ended (matched by sequence
+        number: the members' per-step series line up). None when there is no such communicator or a
+        member has fewer than MIN_STEPS steps."""
         members = set(group)
         comm_id = next((comm_id for *_, comm_id, held in self.comms if members <= held), None)
         if comm_id is None:
@@ -114,8 +127,8 @@ class _StepCompute:
             if (rank, comm_id, shared) not in self.read:
                 edges = np.array([own_ends[seq] for seq in shared], np.int64)
                 self.read[rank, comm_id, shared] = _quiet_step_compute(self.timed[rank], edges)
-        compute = np.array([self.read[rank, comm_id, shared] for rank in group])
-        return compute if len(compute) and (compute[:, 1] >= MIN_STEPS).all() else None
+        compute = [self.read[rank, comm_id, shared] for rank in group]
+        return compute if compute and all(c.steps >= MIN_STEPS for c in compute) else None
 
 
 def stage_peers(trace: Trace) -> dict[int, set[int]]:
@@ -146,11 +159,15 @@ class StepExcess:
     reference_ms: np.ndarray
     floor: float  # the excess a rank needs to stand out: the run's spread, at least MIN_EXCESS
     peers: dict[int, set[int]]
+    longer_steps: np.ndarray  # steps in which the rank computed longer than its peers' median ...
+    compared_steps: np.ndarray  # ... of the steps all of them had with the usual gaps (a sign test)
 
 
-def step_excess(trace: Trace) -> StepExcess | None:
-    """Per rank, how much longer it computes a step than its stage's peers (see the module); None
-    when fewer than three ranks can be judged."""
+def step_excess(trace: Trace, min_stage: int = 3) -> StepExcess | None:
+    """Per rank, how much longer it computes a step than its stage's peers (see the module); a stage
+    of fewer than ``min_stage`` ranks is compared with every rank. None when fewer than three ranks
+    can be judged. (Of two stage peers each is compared with the other: only the longer can stand
+    out; where stages differ in their work, as a pipeline's do, that beats comparing across stages.)"""
     timed = _timed_calls(trace)
     if len(timed) < 3:
         return None
@@ -159,18 +176,26 @@ def step_excess(trace: Trace) -> StepExcess | None:
     excess = np.full(len(ranks), np.nan)
     steps = np.zeros(len(ranks), int)
     total, reference = np.zeros(len(ranks)), np.zeros(len(ranks))
+    longer, compared = np.zeros(len(ranks), int), np.zeros(len(ranks), int)
     step_compute = _StepCompute(trace, timed)
     for i, rank in enumerate(ranks):
         group = [r for r in sorted(peers.get(rank, {rank})) if r in timed]
-        group = group if len(group) >= 3 else ranks
+        group = group if len(group) >= min_stage else ranks
         compute = step_compute.of(group)
         if compute is None:
             continue
-        own, typical = compute[group.index(rank), 0], float(np.median(compute[:, 0]))
+        mine = compute[group.index(rank)]
+        # of two, the peer is the reference (the median of both would halve the difference)
+        compared_with = compute if len(compute) > 2 else [c for c in compute if c is not mine]
+        own, typical = mine.total, float(np.median([c.total for c in compared_with]))
         if typical <= 0:
             continue
         excess[i] = own / typical - 1
-        steps[i], total[i], reference[i] = compute[group.index(rank), 1], own / 1e6, typical / 1e6
+        steps[i], total[i], reference[i] = mine.steps, own / 1e6, typical / 1e6
+        others = np.stack([c.per_step for c in compute if c is not mine])
+        both = ~np.isnan(mine.per_step) & ~np.isnan(others).any(axis=0)
+        longer[i] = int((mine.per_step[both] > np.median(others[:, both], axis=0)).sum())
+        compared[i] = int(both.sum())
     judged = ~np.isnan(excess)
     if judged.sum() < 3:
         return None
@@ -179,7 +204,7 @@ def step_excess(trace: Trace) -> StepExcess | None:
     # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~0.2%
     tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.002 / len(ranks)))
     floor = max(MIN_EXCESS, tail * noise)
-    return StepExcess(ranks, excess, steps, total, reference, floor, peers)
+    return StepExcess(ranks, excess, steps, total, reference, floor, peers, longer, compared)
 
 
 def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:

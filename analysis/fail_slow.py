@@ -103,7 +103,7 @@ def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | 
     onset, rise, baseline, after, high = found
     ranks = sorted(culprits_after(int(starts[onset]))) if culprits_after else []
     who = f"; ranks behind it: {', '.join(trace.label(r) for r in ranks)}" if ranks else ""
-    if not ranks and culprits_after and not trace.has_returns:
+    if not ranks and culprits_after and not trace.has_returns and not trace.calls_block_on_host:
         who = f"; the ranks behind it are {NOT_LOCALISABLE_FROM_CALLS}"
     return [
         Finding(

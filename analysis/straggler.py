@@ -51,7 +51,7 @@ def _waits(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return durations(trace.calls)[rows].astype(np.float64)
 
 
-def _sign_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
+def sign_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
     """P(X >= successes) for X ~ Binomial(trials, 1/2), via the normal approximation above 60 trials."""
     out = np.ones(len(successes))
     for i, (k, n) in enumerate(zip(successes.tolist(), trials.tolist(), strict=True)):
@@ -138,7 +138,7 @@ def detect_stragglers(
         maybe = (trials >= MIN_INSTANCES) & (below >= 0.5 * trials)
         consistent = np.zeros_like(maybe)
         where = np.nonzero(maybe)
-        consistent[where] = _sign_tail(below[where], trials[where]) <= max_p_value
+        consistent[where] = sign_tail(below[where], trials[where]) <= max_p_value
         # many members mostly early together is the job's structure (a pipeline stage), not a fault
         mostly = (trials >= MIN_INSTANCES) & (below >= 0.7 * trials)
         structural = (consistent | mostly).sum(axis=1) > max(1, size // 4)

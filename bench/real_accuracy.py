@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/real_accuracy.py [--seeds 5] [--cells healthy slow-20 ...] [--torch 2.15.0]
         [--results runs.jsonl] [--keep DIR]
+    .venv/bin/python bench/real_accuracy.py --reanalyse DIR   # the runs kept in DIR, judged again
 
 Each run is tests/realtorch/megatron_job.py in PyTorch from PyPI (the cached environment of
 tests/realtorch/torch_env.py), drawn per seed: world 8 or 16, a Megatron layout of it (TP and PP 1, 2,
@@ -144,42 +145,65 @@ def measure(run: Run, python: Path, keep: Path | None) -> dict:
         return {**record, "failed": str(error)[-300:]}
     finally:
         record["job_s"] = round(time.monotonic() - started, 1)
-    trace = load_path(out, layout=Layout(run.tp, run.pp, run.world))
-    trace.layout = Layout(run.tp, run.pp, run.world)
-    document = analyze(trace)
-    record["findings"] = [
-        {"kind": f["kind"], "ranks": f["ranks"], "summary": f["summary"]} for f in document["findings"]
-    ]
-    record["problems"] = document["problems"]
-    record.update(score(run, document))
+    record.update(judged(run, out))
     if keep is None:
         subprocess.run(["rm", "-rf", str(out)], check=False)
     return record
 
 
+def judged(run: Run, out: Path) -> dict:
+    """The analysis of a run's dumps, and its score."""
+    trace = load_path(out, layout=Layout(run.tp, run.pp, run.world))
+    trace.layout = Layout(run.tp, run.pp, run.world)
+    document = analyze(trace)
+    findings = [{"kind": f["kind"], "ranks": f["ranks"], "summary": f["summary"]} for f in document["findings"]]
+    return {"findings": findings, "problems": document["problems"], **score(run, document)}
+
+
+def reanalysed(kept: Path) -> list[dict]:
+    """The runs kept under ``kept`` (``--keep`` of an earlier bench: ``<cell>-<seed>`` folders) judged
+    again by this checkout's analysis: decisions compared on the same dumps."""
+    records = []
+    for out in sorted(kept.iterdir()):
+        cell, _, seed = out.name.rpartition("-")
+        if cell not in CELLS or not seed.isdigit() or not any(out.glob("nccl_trace_rank_*")):
+            continue
+        run = draw(cell, int(seed))
+        records.append({**asdict(run), "load": float("nan"), **judged(run, out)})
+    return records
+
+
 def table(records: list[dict]) -> str:
+    """One row per cell, then per cell and way of computing: a sleep, or CPU-bound work (a loop, tensor
+    products) that 8-16 ranks on a few shared cores stretch unevenly."""
     lines = [
-        "| cell | runs | culprit first | other rank named | not localisable | false findings | job failed |",
-        "|---|---|---|---|---|---|---|",
+        "| cell | compute | runs | culprit first | other rank named | not localisable | false findings | job failed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cell in CELLS:
-        mine = [r for r in records if r["cell"] == cell]
-        if not mine:
-            continue
-        done = [r for r in mine if "failed" not in r]
-        failed = len(mine) - len(done)
-        if cell in ("healthy", "noisy"):
-            false = sum(r["false"] for r in done)
-            lines.append(f"| {cell} | {len(done)} | - | - | - | {false} | {failed} |")
-        else:
-            first = sum(r["first"] for r in done)
-            other = sum(r["other"] for r in done)
-            unloc = sum(r["not_localisable"] for r in done)
-            lines.append(f"| {cell} | {len(done)} | {first} | {other} | {unloc} | - | {failed} |")
-    loads = [r["load"] for r in records]
+        for compute in ("all", "sleep", "CPU-bound"):
+            mine = [r for r in records if r["cell"] == cell and compute in ("all", _compute_of(r))]
+            if mine:
+                lines.append(_row(cell, compute, mine))
+    loads = [r["load"] for r in records if r["load"] == r["load"]]  # NaN: reanalysed, no load of its own
     if loads:
         lines.append(f"\nload average (1 min) during the runs: {min(loads):.1f} to {max(loads):.1f}")
     return "\n".join(lines)
+
+
+def _compute_of(record: dict) -> str:
+    return "sleep" if record["kind"] == "sleep" else "CPU-bound"
+
+
+def _row(cell: str, compute: str, mine: list[dict]) -> str:
+    done = [r for r in mine if "failed" not in r]
+    failed = len(mine) - len(done)
+    if cell in ("healthy", "noisy"):
+        return f"| {cell} | {compute} | {len(done)} | - | - | - | {sum(r['false'] for r in done)} | {failed} |"
+    first = sum(r["first"] for r in done)
+    other = sum(r["other"] for r in done)
+    unloc = sum(r["not_localisable"] for r in done)
+    return f"| {cell} | {compute} | {len(done)} | {first} | {other} | {unloc} | - | {failed} |"
 
 
 def main() -> int:
@@ -191,7 +215,11 @@ def main() -> int:
     parser.add_argument("--results", type=Path, help="append each run as a JSON line; the table counts them all")
     parser.add_argument("--keep", type=Path, help="keep the runs' dumps under this directory")
     parser.add_argument("--table-only", action="store_true", help="print the table of --results and exit")
+    parser.add_argument("--reanalyse", type=Path, help="judge the runs an earlier --keep kept again, and exit")
     args = parser.parse_args()
+    if args.reanalyse:
+        print(table(reanalysed(args.reanalyse)))
+        return 0
     records = []
     if args.results and args.results.exists():
         records = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rankwatch.cluster.versions import COMPONENTS, MONITORING, TOOLS, Component
+from rankwatch.cluster.versions import ADMISSION, COMPONENTS, MONITORING, TOOLS, Component
 
 Log = Callable[[str], None]
 
@@ -37,7 +37,7 @@ def component_dir(component: Component) -> Path:
 
 def binary_path(name: str) -> Path:
     """Where the cached binary ``name`` is (built or not)."""
-    for component in (*COMPONENTS, *TOOLS, *MONITORING):
+    for component in (*COMPONENTS, *TOOLS, *MONITORING, *ADMISSION):
         if name in component.packages:
             return component_dir(component) / name
     raise KeyError(f"no cluster component or tool provides a binary named {name!r}")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rankwatch.cluster import binaries, kubeconfig, pki, processes
 from rankwatch.cluster.binaries import Log
+from rankwatch.cluster.kueue import LocalKueue
 from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringSettings
 from rankwatch.cluster.nodes import KWOK_ANNOTATION, MANAGED_LABEL, fake_gpu_node, node_name
 from rankwatch.cluster.state import (
@@ -162,9 +163,11 @@ class LocalCluster:
         log: Log = print,
         timeout: float = 180.0,
         monitoring: MonitoringSettings | bool = False,
+        kueue: bool = False,
     ) -> ClusterState:
         """Bring every component up (building binaries on first use); wait until usable. With
-        ``monitoring`` also Prometheus and Alertmanager (``True``: the settings of the last time)."""
+        ``monitoring`` also Prometheus and Alertmanager (``True``: the settings of the last time); with
+        ``kueue`` also the Kueue controller and its CRDs and webhooks."""
         if nodes < 1:
             raise ClusterError(f"--nodes must be at least 1, got {nodes}")
         paths = binaries.ensure_all(log)
@@ -221,6 +224,11 @@ class LocalCluster:
                 LocalMonitoring(self).up(state, settings, log, deadline)
             finally:
                 state.save(self.state_path)
+        if kueue:
+            try:
+                LocalKueue(self).up(state, log, deadline)
+            finally:
+                state.save(self.state_path)
         log(f"cluster ready: {nodes} GPU nodes; export KUBECONFIG={self.kubeconfig}")
         return state
 
@@ -229,6 +237,8 @@ class LocalCluster:
         state = ClusterState.load(self.state_path)
         if state is not None:
             LocalMonitoring(self).stop(state, log)
+            if "kueue" in state.pids:
+                LocalKueue(self).stop(state, log)
             for name in reversed(ORDER):
                 pid = state.pids.get(name)
                 if pid:
@@ -282,6 +292,8 @@ class LocalCluster:
         components = {name: processes.is_running(state.pids.get(name), binaries.binary_path(name)) for name in ORDER}
         ready = components["kube-apiserver"] and self._healthy(state, "/readyz")
         components.update(LocalMonitoring(self).status(state))
+        if "kueue" in state.pids:  # started by `up --kueue` and not stopped since
+            components["kueue"] = LocalKueue(self).running(state)
         status: dict[str, object] = {
             "exists": True,
             "components": components,

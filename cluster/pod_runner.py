@@ -2,7 +2,9 @@
 
 kwok marks pods Running but runs nothing. For tests and the demo this runner does it for real, from
 the pod spec the operator built (so the injection is proven, not assumed): for every worker pod
-(label ``rankwatch.io/job-name``) bound to a node and Running, it
+(label ``rankwatch.io/job-name``; in the namespaces named, also every pod the admission webhook
+injected, annotation ``rankwatch.io/tracing: enabled``: an Indexed Job's, a JobSet's...) bound to a
+node and Running, it
 
 - makes each volume a directory (emptyDir; Secret volumes with the Secret's keys as files),
 - runs the ``rankwatch-init`` container's copy of the tracing library into the library volume,
@@ -17,8 +19,8 @@ the pod spec the operator built (so the injection is proven, not assumed): for e
 
 Pods of one job meet through the stand-in NCCL on this machine: the runner gives every pod of a job
 the same ``RANKWATCH_STANDIN_RENDEZVOUS`` directory and ``RANKWATCH_STANDIN_SESSION`` (from the job's
-uid and the pod's ``rankwatch.io/attempt``), the local stand-ins for MASTER_ADDR:MASTER_PORT. A deleted
-pod's processes are killed.
+uid, a JobSet's for its child Jobs' pods, and the pod's ``rankwatch.io/attempt``), the local
+stand-ins for MASTER_ADDR:MASTER_PORT. A deleted pod's processes are killed.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ from rankwatch.cluster import ports
 JOB_NAME_LABEL = "rankwatch.io/job-name"
 ATTEMPT_LABEL = "rankwatch.io/attempt"
 SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
+TRACING_ANNOTATION = "rankwatch.io/tracing"
+"""On a pod the admission webhook injected (an Indexed Job's, a JobSet's...): run it too."""
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 EXIT_CODE_ANNOTATION = "kwok.rankwatch.io/exit-code"
 LIBRARY_IN_IMAGE = "/opt/rankwatch/lib/librankwatch-nccl.so"
 SIDECAR_FLUSH_S = 8.0
@@ -55,10 +60,30 @@ Log = Callable[[str], None]
 
 
 def _field(pod: dict[str, Any], path: str) -> str:
+    """A fieldRef's value: ``spec.nodeName``, or one key of a map, ``metadata.annotations['a/b']``."""
+    key = None
+    if path.endswith("']") and "['" in path:
+        path, _, key = path[:-2].partition("['")
     value: Any = pod
     for part in path.split("."):
         value = (value or {}).get(part)
+    if key is not None:
+        value = (value or {}).get(key)
     return "" if value is None else str(value)
+
+
+def _runs_here(pod: dict[str, Any]) -> bool:
+    metadata = pod["metadata"]
+    return (
+        JOB_NAME_LABEL in (metadata.get("labels") or {})
+        or (metadata.get("annotations") or {}).get(TRACING_ANNOTATION) == "enabled"
+    )
+
+
+def _group_uid(metadata: dict[str, Any]) -> str:
+    """What a pod's group meets under: a JobSet's uid (its pods belong to several child Jobs), else its owner's."""
+    jobset = (metadata.get("labels") or {}).get(JOBSET_UID_LABEL)
+    return jobset or next((o["uid"] for o in metadata.get("ownerReferences") or []), metadata["uid"])
 
 
 @dataclass
@@ -124,15 +149,14 @@ class PodRunner:
                 self.also.stop()
 
     def _list(self) -> list[dict[str, Any]]:
+        """TrainingJob pods (by label) and pods of other kinds the webhook injected (by annotation, which no
+        selector reaches: only in the namespaces named)."""
         if self.namespaces:
-            items = [
-                pod
-                for namespace in self.namespaces
-                for pod in self.core.list_namespaced_pod(namespace, label_selector=JOB_NAME_LABEL).items
-            ]
+            items = [pod for namespace in self.namespaces for pod in self.core.list_namespaced_pod(namespace).items]
         else:
             items = self.core.list_pod_for_all_namespaces(label_selector=JOB_NAME_LABEL).items
-        return [self.serializer.sanitize_for_serialization(pod) for pod in items]
+        pods = [self.serializer.sanitize_for_serialization(pod) for pod in items]
+        return [pod for pod in pods if _runs_here(pod)]
 
     def step(self) -> None:
         seen = set()
@@ -180,7 +204,7 @@ class PodRunner:
         root.mkdir(parents=True, exist_ok=True)
         running = RunningPod(metadata["uid"], namespace, name, root)
         volumes = self._volumes(pod, root / "volumes")
-        job_uid = next((o["uid"] for o in metadata.get("ownerReferences") or []), metadata["uid"])
+        job_uid = _group_uid(metadata)
         # Each attempt of a job meets afresh, as torchrun does at a new worker 0 after a restart.
         attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL, "0")
         rendezvous = self.work_dir / "rendezvous" / job_uid / attempt

@@ -23,6 +23,16 @@ ALERTMANAGER_VERSION = "v0.31.1"
 # MinIO tags releases RELEASE.<date> (not semantic versions), so the module proxy serves it by
 # pseudo-version only: this is the commit of 2026-02-12. The S3-compatible server of the archive tests.
 MINIO_MODULE_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+# Kueue, the gang admission component of the queued-TrainingJob tests (`rankwatch cluster up --kueue`).
+# v0.17.0 builds with Go 1.26 against Kubernetes 0.35 libraries (its own go.mod; no replace directives).
+KUEUE_VERSION = "v0.17.0"
+# The JobSet controller (its module root is `package main`), for the e2e tests of JobSet groups; v0.12
+# builds against Kubernetes 0.36 libraries like the local cluster.
+JOBSET_VERSION = "v0.12.0"
+# Volcano's Job CRD (from its module's manifests) for the tests of Volcano groups; its controller is not
+# run (it needs Volcano's scheduler, queues and PodGroups): the tests make the pods as it would. v1.10.0 is
+# the newest tag the module proxy serves (v1.11 and later: 403).
+VOLCANO_MODULE_VERSION = "v1.10.0"
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,16 @@ ALERTMANAGER = Component(
 )
 
 MINIO = Component(name="minio", version=MINIO_MODULE_VERSION, packages={"minio": "github.com/minio/minio"})
+JOBSET = Component(name="jobset", version=JOBSET_VERSION, packages={"jobset-controller": "sigs.k8s.io/jobset"})
+
+KUEUE = Component(
+    name="kueue",
+    version=KUEUE_VERSION,
+    packages={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+    ldflags=(f"-X sigs.k8s.io/kueue/pkg/version.GitVersion={KUEUE_VERSION}",),
+)
 
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
-TOOLS = (HELM, PROMTOOL, MINIO)  # built by `rankwatch cluster build --tools` / `make tools`
+TOOLS = (HELM, PROMTOOL, MINIO, JOBSET)  # built by `rankwatch cluster build --tools` / `make tools`
 MONITORING = (PROMETHEUS, ALERTMANAGER)  # built by `rankwatch cluster build --monitoring` / `make monitoring`
+ADMISSION = (KUEUE,)  # built by `rankwatch cluster build --kueue` / `make kueue`

@@ -13,6 +13,10 @@ ATTEMPT_LABEL = "rankwatch.io/attempt"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "rankwatch"
 TRACING_ANNOTATION = "rankwatch.io/tracing"
+TRACED_LABEL = "rankwatch.io/traced"
+"""On every pod that carries rankwatch's sidecar (a TrainingJob's with tracing on, or one the webhook
+injected), value ``true``: the chart's NetworkPolicies let such pods reach the collector, and the operator
+reach their sidecar's port, by it (a pod of another kind has no ``rankwatch.io/job-name``)."""
 
 TOKEN_KEY = "token"
 
@@ -32,6 +36,29 @@ def token_secret_name(job_name: str) -> str:
     return f"{job_name}-rankwatch-token"
 
 
+def group_collector_name(kind: str, name: str) -> str:
+    """How the sidecars of a group of another kind and the collector name it (``RANKWATCH_JOB_NAME``):
+    ``<Kind>:<name>``, never a TrainingJob's name (object names have no capitals and no colon)."""
+    return f"{kind}:{name}"
+
+
+GROUP_TOKEN_SUFFIXES = {"Job": "job", "JobSet": "jobset", "VolcanoJob": "vcjob"}
+"""The kinds of groups rankwatch follows (as it names them) and their token Secrets' suffixes."""
+
+
+def group_token_secret_name(kind_key: str, name: str) -> str | None:
+    """``<name>-rankwatch-<suffix>-token``: the token Secret of a group of another kind, never a
+    TrainingJob's (``<name>-rankwatch-token``) nor another kind's; None for a kind rankwatch does not follow."""
+    suffix = GROUP_TOKEN_SUFFIXES.get(kind_key)
+    return f"{name}-rankwatch-{suffix}-token" if suffix else None
+
+
+def split_collector_name(name: str) -> tuple[str, str] | None:
+    """(kind, object name) of a group's collector name; None for a TrainingJob's (a plain object name)."""
+    kind, separator, object_name = name.partition(":")
+    return (kind, object_name) if separator and kind and object_name else None
+
+
 # Pods of other kinds (a plain Indexed Job, ...) opt in to the admission webhook's injection (``kinds/``).
 INJECT_NAMESPACE_LABEL = "rankwatch.io/inject"
 """On a namespace, value ``enabled``: the webhook looks at its pods (the chart's namespaceSelector)."""
@@ -46,3 +73,14 @@ NOT_INJECTED_ANNOTATION = "rankwatch.io/not-injected"
 """Set by the webhook on an opted-in pod it could not inject: why (reported on the pod's group)."""
 UNWATCHED_ANNOTATION = "rankwatch.io/unwatched-pods"
 """On the object owning a group: how many of its opted-in pods run without the injection."""
+SENSITIVITY_ANNOTATION = "rankwatch.io/sensitivity-seconds"
+"""On a pod, optional: as a TrainingJob's ``spec.tracing.sensitivitySeconds`` (a rank stalled this long is hung)."""
+WINDOW_ANNOTATION = "rankwatch.io/window-seconds"
+"""On a pod, optional: as ``spec.tracing.windowSeconds`` (how often the sidecar summarises)."""
+TENSOR_ANNOTATION = "rankwatch.io/tensor-parallel"
+PIPELINE_ANNOTATION = "rankwatch.io/pipeline-parallel"
+"""On a pod, optional: the job's layout, as ``spec.parallelism`` (default: data parallel only)."""
+REMEDIATION_ANNOTATION = "rankwatch.io/remediation"
+"""On a pod, optional: ``cordon`` (the default), ``dry-run`` or ``off``, as ``spec.remediation``."""
+DIAGNOSIS_ANNOTATION = "rankwatch.io/diagnosis"
+"""On the object owning a group: its diagnosis as JSON (what a TrainingJob keeps in ``status.diagnosis``)."""

@@ -47,6 +47,9 @@ class WorkerPodSettings:
     image_pull_secrets: tuple[str, ...] = ()
     """Secrets (by name, in each job's namespace) for pulling ``image`` into a traced worker pod's init
     container and sidecar; added to the pod's imagePullSecrets."""
+    allow_ptrace: bool = True
+    """Whether a job may ask for ``spec.sidecar.ptrace`` (SYS_PTRACE on its sidecar); False: such a job
+    fails with InvalidSpec naming the setting (chart value ``sidecar.allowPtrace``)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class OperatorConfig:
             sidecar_metrics_port=env.get("RANKWATCH_SIDECAR_METRICS_PORT", 9400, _port),
             sidecar_endpoint_hosts=env.get("RANKWATCH_SIDECAR_ENDPOINT_HOSTS", (), _host_list),
             image_pull_secrets=env.get("RANKWATCH_IMAGE_PULL_SECRETS", (), _secret_names),
+            allow_ptrace=env.get("RANKWATCH_SIDECAR_ALLOW_PTRACE", True, _boolean),
         )
         rate = env.get("RANKWATCH_COLLECTOR_RATE_PER_JOB", CollectorSettings.rate_per_job, _positive)
         host, port = env.get("RANKWATCH_COLLECTOR_LISTEN", ("0.0.0.0", 8080), _listen)
@@ -290,6 +294,12 @@ def _non_empty(value: str) -> str:
     if not value:
         raise ValueError("must not be empty")
     return value
+
+
+def _boolean(value: str) -> bool:
+    if value.lower() not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return value.lower() == "true"
 
 
 def _number(value: str) -> float:

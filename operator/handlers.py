@@ -6,7 +6,8 @@ pod/job events -> derive the status from the worker pods (kept in a kopf index, 
                   Events on transitions, recreate pods lost before the job started; job events tell
                   the monitor which jobs run and recovery which jobs to look at
 pod admission  -> the webhook injects opted-in pods of other kinds (``kinds/webhook.py``); those that
-                  start without it are reported on their group (``kinds/unwatched.py``)
+                  start without it are reported on their group (``kinds/unwatched.py``); injected ones
+                  enter the monitor's loop (``kinds/group_watch.py``)
 node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``); the
                   per-job series of /metrics (``diagnosis/job_metrics.py``) follow the jobs' status,
                   their pods and rankwatch's cordons; a deleted job's series go
@@ -28,7 +29,7 @@ from rankwatch import tenant_text
 from rankwatch.kube import api_client
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.kinds import unwatched, webhook
+from rankwatch.operator.kinds import group_watch, unwatched, webhook
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
 from rankwatch.operator.remediation import node_marks
@@ -62,6 +63,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
     memo.unwatched = unwatched.UnwatchedPods(memo.kube)
+    memo.group_pods = group_watch.GroupPods(memo.kube)
     memo.groups_with_token = webhook.GroupsWithToken()
     memo.watch = Watch(memo.config, memo.kube, memo.leading)
     await memo.watch.start()
@@ -123,7 +125,7 @@ def create_workers(
         kopf.event(body, type="Normal", reason="Created", message=tenant_text.one_line(f"created {', '.join(created)}"))
     if not status.get("conditions"):
         patch.status.update(
-            phase=job_status.PENDING,
+            phase=job_status.SUSPENDED if job_spec.suspend else job_status.PENDING,
             health="Unknown",
             workers=f"0/{job_spec.replicas}",
             conditions=job_status.initial_conditions(job_spec, now(), generation),

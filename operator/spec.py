@@ -59,6 +59,13 @@ class Tracing:
 
 
 @dataclass(frozen=True)
+class Sidecar:
+    ptrace: bool = False
+    """A privilege the job asks for: SYS_PTRACE (as root, no other capability) on the sidecar, so py-spy
+    reads the trainer's Python stacks and profiles; refused where the operator's admin disallows it."""
+
+
+@dataclass(frozen=True)
 class Remediation:
     cordon: bool = True
     dryRun: bool = False
@@ -126,8 +133,11 @@ class TrainingJobSpec:
     replicas: int = 1
     nprocPerNode: int = 8
     masterPort: int = 29500
+    suspend: bool = False
+    """No worker pods while true (a running job's are deleted); Kueue-style suspension."""
     parallelism: Parallelism = field(default_factory=Parallelism)
     tracing: Tracing = field(default_factory=Tracing)
+    sidecar: Sidecar = field(default_factory=Sidecar)
     remediation: Remediation = field(default_factory=Remediation)
     alerting: Alerting = field(default_factory=Alerting)
     recovery: Recovery = field(default_factory=Recovery)
@@ -149,8 +159,10 @@ class TrainingJobSpec:
                 replicas=spec.get("replicas", 1),
                 nprocPerNode=spec.get("nprocPerNode", 8),
                 masterPort=spec.get("masterPort", 29500),
+                suspend=bool(spec.get("suspend", False)),
                 parallelism=Parallelism(**spec.get("parallelism", {})),
                 tracing=_tracing(spec.get("tracing", {})),
+                sidecar=_sidecar(spec.get("sidecar", {})),
                 remediation=Remediation(**spec.get("remediation", {})),
                 alerting=_alerting(spec.get("alerting", {})),
                 recovery=_recovery(spec.get("recovery", {})),
@@ -168,6 +180,13 @@ def _alerting(alerting: dict[str, Any]) -> Alerting:
         return Alerting(levels=AlertLevels(**levels), **alerting)
     except TypeError as error:
         raise InvalidSpec(f"spec.alerting: {error}") from error
+
+
+def _sidecar(sidecar: dict[str, Any]) -> Sidecar:
+    try:
+        return Sidecar(**sidecar)
+    except TypeError as error:
+        raise InvalidSpec(f"spec.sidecar: {error}") from error
 
 
 def _tracing(tracing: dict[str, Any]) -> Tracing:

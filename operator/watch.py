@@ -81,9 +81,7 @@ class Watch:
         """How much state a followed job may hold; None for a job the monitor does not follow (no such
         job, tracing off, or ended): the collector keeps nothing for it."""
         job = self.monitor.jobs.get((namespace, name)) if self.monitor else None
-        if job is None:
-            return None
-        return StateLimits.for_job(job.spec.world_size, job.spec.replicas)
+        return None if job is None else job.limits
 
     async def stop(self) -> None:
         if self.cordon_expiry:

@@ -25,6 +25,7 @@ def _cluster(args: argparse.Namespace) -> int:
         log = lambda m: print(m, flush=True)  # noqa: E731
         return run_pods(args.collector_url, args.namespace, work_dir, log, args.collector_service)
     from rankwatch.cluster.binaries import BuildError
+    from rankwatch.cluster.kueue import KueueError
     from rankwatch.cluster.local import LocalCluster
     from rankwatch.cluster.monitoring import LocalMonitoring, MonitoringError
     from rankwatch.cluster.state import ClusterError
@@ -33,7 +34,7 @@ def _cluster(args: argparse.Namespace) -> int:
     log = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     try:
         if args.action == "up":
-            cluster.up(nodes=args.nodes, log=log, timeout=args.timeout, monitoring=args.monitoring)
+            cluster.up(nodes=args.nodes, log=log, timeout=args.timeout, monitoring=args.monitoring, kueue=args.kueue)
         elif args.action == "scrape":
             if not args.job:
                 print(
@@ -54,12 +55,12 @@ def _cluster(args: argparse.Namespace) -> int:
             print(cluster.kubeconfig)
         elif args.action == "build":
             from rankwatch.cluster.binaries import ensure_all
-            from rankwatch.cluster.versions import COMPONENTS, MONITORING, TOOLS
+            from rankwatch.cluster.versions import ADMISSION, COMPONENTS, MONITORING, TOOLS
 
-            which = TOOLS if args.tools else MONITORING if args.monitoring else COMPONENTS
+            which = TOOLS if args.tools else MONITORING if args.monitoring else ADMISSION if args.kueue else COMPONENTS
             for name, path in ensure_all(log, which).items():
                 print(f"{name}\t{path}")
-    except (ClusterError, BuildError, MonitoringError) as error:
+    except (ClusterError, BuildError, MonitoringError, KueueError) as error:
         print(f"rankwatch cluster {args.action}: {error}", file=sys.stderr)
         return 1
     return 0
@@ -294,6 +295,18 @@ def _nodes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(args: argparse.Namespace) -> int:
+    from rankwatch.describe import DescribeError, describe
+    from rankwatch.kube import api_client
+
+    try:
+        print(describe(api_client(args.kubeconfig), args.namespace, args.reference))
+    except DescribeError as error:
+        print(f"rankwatch describe: {error}", file=sys.stderr)
+        return 2 if "not found" not in str(error) else 1
+    return 0
+
+
 def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
     """The stand-in GPU model and Megatron's batch_p2p_sync, for the Megatron-shaped driver."""
     inherit = " (default: RANKWATCH_STANDIN_DEVICE, else async)" if default is None else f" (default {default})"
@@ -359,6 +372,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--monitoring",
         action="store_true",
         help="`up`: also Prometheus and Alertmanager (loading the chart's rules); `build`: only those two",
+    )
+    cluster.add_argument(
+        "--kueue",
+        action="store_true",
+        help="`up`: also the Kueue controller (gang admission; its CRDs and webhooks); `build`: only Kueue",
     )
     cluster.add_argument("--job", help="`scrape`: the job label of the targets (e.g. rankwatch-operator)")
     cluster.add_argument(
@@ -558,6 +576,19 @@ def build_parser() -> argparse.ArgumentParser:
     nodes.add_argument("--output", "-o", choices=("table", "json"), default="table")
     nodes.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
     nodes.set_defaults(handler=_nodes)
+
+    describe = commands.add_parser(
+        "describe",
+        help="what rankwatch found about a job of any kind it watches: health, suspects, the diagnosis, Events",
+        description="As `kubectl describe trainingjob` for a TrainingJob; for an Indexed Job or a JobSet, read "
+        "from the annotations and Events rankwatch wrote on it. Also `kubectl rankwatch describe ...`.",
+    )
+    describe.add_argument(
+        "reference", metavar="KIND/NAME", help="trainingjob/llama, job/bert, jobset/gpt (or tj/, js/)"
+    )
+    describe.add_argument("--namespace", "-n", default="default")
+    describe.add_argument("--kubeconfig", help="default: in-cluster ServiceAccount, else $KUBECONFIG")
+    describe.set_defaults(handler=_describe)
 
     alerts = commands.add_parser(
         "alerts",

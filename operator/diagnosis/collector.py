@@ -79,19 +79,25 @@ class SecretTokens:
         self._locks.pop((namespace, name), None)
 
     def _read(self, namespace: str, name: str) -> str | None:
+        secret_name = token_secret_of(name)
+        if secret_name is None:
+            return None
         try:
-            secret = kubernetes.client.CoreV1Api(self.kube).read_namespaced_secret(
-                api.token_secret_name(name), namespace
-            )
+            secret = kubernetes.client.CoreV1Api(self.kube).read_namespaced_secret(secret_name, namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
-            raise TokenUnavailable(
-                f"reading Secret {namespace}/{api.token_secret_name(name)}: HTTP {error.status}"
-            ) from None
+            raise TokenUnavailable(f"reading Secret {namespace}/{secret_name}: HTTP {error.status}") from None
         except Exception as error:  # connection trouble: retry later, never a 500 with a traceback
-            raise TokenUnavailable(f"reading Secret {namespace}/{api.token_secret_name(name)}: {error}") from error
+            raise TokenUnavailable(f"reading Secret {namespace}/{secret_name}: {error}") from error
         return secret_token(secret)
+
+
+def token_secret_of(name: str) -> str | None:
+    """The token Secret of the job the collector knows as ``name``: a TrainingJob's, or a group's of
+    another kind (``<Kind>:<name>``); None for a kind rankwatch does not know."""
+    split = api.split_collector_name(name)
+    return api.token_secret_name(name) if split is None else api.group_token_secret_name(*split)
 
 
 def secret_token(secret: kubernetes.client.V1Secret) -> str | None:
@@ -276,7 +282,8 @@ class Collector:
         """Checks in an order that keeps nothing for a stranger: a token at all, a job rankwatch follows,
         the job's token; only then the job's rate, the body and the message."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        job = f"TrainingJob {namespace}/{name}"
+        split = api.split_collector_name(name)
+        job = f"{split[0]} {namespace}/{split[1]}" if split else f"TrainingJob {namespace}/{name}"
         # One answer for "no such job", "no token" and "wrong token": an outsider cannot tell which jobs exist.
         unauthorized = _error(401, f"{job}: send Authorization: Bearer <the job's rankwatch token>")
         given = protocol.token_of(request.headers.get("Authorization"))

@@ -295,7 +295,9 @@ async def diagnose(
     names = pods_to_ask(state, suspicion, layout, pods)
     chosen = [pod for pod in pods if pod.name in names]
     limit = records_limit(state, names, window_s, budget.dump_bytes)
-    node_of_rank = {rank: state.node_of_pod(r.pod) or r.node for rank, r in state.ranks.items()}
+    # Where each rank's pod is bound, as the API server says (the job's own pods), else as its sidecar says.
+    bound = {pod.name: pod.node for pod in pods}
+    node_of_rank = {rank: bound.get(r.pod) or state.node_of_pod(r.pod) or r.node for rank, r in state.ranks.items()}
     pod_of_rank = {rank: r.pod for rank, r in state.ranks.items()}
     request = worker.AnalysisRequest(
         layout.tp if layout else None,

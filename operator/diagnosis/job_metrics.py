@@ -37,7 +37,7 @@ from rankwatch.analysis.findings import FindingKind
 from rankwatch.operator.diagnosis.job_state import JobState, JobStore
 from rankwatch.operator.lifecycle import job_status
 
-PHASES = (job_status.PENDING, job_status.RUNNING, job_status.SUCCEEDED, job_status.FAILED)
+PHASES = (job_status.PENDING, job_status.SUSPENDED, job_status.RUNNING, job_status.SUCCEEDED, job_status.FAILED)
 HEALTHS = ("Unknown", "Healthy", "Degraded", "Hung")
 DETECTION_KINDS = tuple(kind.value for kind in FindingKind)
 """The finding kinds of rankwatch.analysis (``Finding.kind``)."""

@@ -27,14 +27,14 @@ import kubernetes
 
 from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.analysis.topology import Layout, LayoutError
-from rankwatch.operator import api, ownership
 from rankwatch.operator.config import DiagnosisLimits
 from rankwatch.operator.diagnosis import metrics, telemetry_watch, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
 from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, diagnose
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics
-from rankwatch.operator.diagnosis.job_state import JobState, JobStore
+from rankwatch.operator.diagnosis.job_record import JobRecord, TrainingJobRecord
+from rankwatch.operator.diagnosis.job_state import JobState, JobStore, StateLimits
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.diagnosis.slots import DiagnosisSlots
 from rankwatch.operator.diagnosis.worker import WorkerFailed
@@ -65,8 +65,13 @@ def _format_step(seconds: float) -> str:
 class WatchedJob:
     namespace: str
     name: str
+    """The name the collector knows it by: a TrainingJob's own, ``<Kind>:<name>`` for a group of another kind."""
     spec: TrainingJobSpec
     layout: Layout | None
+    record: JobRecord
+    """Where what the monitor finds is written (the TrainingJob's status, or the group's owner)."""
+    world_size_known: bool = True
+    """False for a group whose pods do not say how many ranks each runs: the collector takes any rank."""
     uid: str = ""
     """The TrainingJob's uid: its pods are those it controls (see ``rankwatch.operator.ownership``)."""
     phase: str = job_status.PENDING
@@ -94,6 +99,13 @@ class WatchedJob:
     @property
     def thresholds(self) -> Thresholds:
         return Thresholds(float(self.spec.tracing.sensitivitySeconds), float(self.spec.tracing.windowSeconds))
+
+    @property
+    def limits(self) -> StateLimits:
+        """How much state the collector may keep for the job."""
+        if not self.world_size_known:
+            return StateLimits(pods=2 * max(1, self.spec.replicas) + 8)
+        return StateLimits.for_job(self.spec.world_size, self.spec.replicas)
 
 
 class Monitor:
@@ -146,8 +158,12 @@ class Monitor:
                 layout = Layout(spec.parallelism.tensor, spec.parallelism.pipeline, spec.world_size)
             except LayoutError:
                 layout = None
-            job = self.jobs[key] = WatchedJob(namespace, name, spec, layout)
+            job = self.jobs[key] = WatchedJob(
+                namespace, name, spec, layout, TrainingJobRecord(self.kube, namespace, name)
+            )
         job.uid = str((body.get("metadata") or {}).get("uid") or "")
+        if isinstance(job.record, TrainingJobRecord):
+            job.record.uid = job.uid
         job.status = status
         job.phase = status.get("phase") or job_status.PENDING
         job.no_telemetry = any(
@@ -156,6 +172,28 @@ class Monitor:
         )
         if job.phase in job_status.TERMINAL:
             self.forget(namespace, name)
+
+    def track_group(
+        self, namespace: str, name: str, spec: TrainingJobSpec, record: JobRecord, diagnosis: dict[str, Any],
+        world_size_known: bool,
+    ) -> None:  # fmt: skip
+        """Follow a group of another kind (``name``: its collector name) as a TrainingJob (checked once
+        ``group_running`` says so): ``diagnosis`` is the record its owner carries."""
+        key = (namespace, name)
+        job = self.jobs.get(key)
+        if job is None:
+            try:
+                layout = Layout(spec.parallelism.tensor, spec.parallelism.pipeline, spec.world_size)
+            except LayoutError:
+                layout = None
+            job = self.jobs[key] = WatchedJob(namespace, name, spec, layout if world_size_known else None, record,
+                                              world_size_known)  # fmt: skip
+            job.status = {"diagnosis": diagnosis}
+
+    def group_running(self, namespace: str, name: str, running: bool) -> None:
+        job = self.jobs.get((namespace, name))
+        if job is not None:
+            job.phase = job_status.RUNNING if running else job_status.PENDING
 
     def forget(self, namespace: str, name: str) -> None:
         self.jobs.pop((namespace, name), None)
@@ -203,7 +241,7 @@ class Monitor:
                     job.next_check = now + job.spec.tracing.windowSeconds
                     await self.check(job, now)
                 except Exception:  # never end the watch over every job for one job's trouble
-                    log.exception("checking TrainingJob %s/%s failed", job.namespace, job.name)
+                    log.exception("checking %s failed", job.record.label)
                 # The collector shares this loop: serve the summaries that arrived while this job was
                 # checked before the next (50 jobs of 1,280 ranks take ~1 s back to back).
                 await asyncio.sleep(0)
@@ -216,19 +254,12 @@ class Monitor:
             return  # awaiting telemetry
         step = state.recent_step_time()
         if not job.telemetry_written:
-            await asyncio.to_thread(
-                writer.write_telemetry_flowing,
-                self.kube,
-                job.namespace,
-                job.name,
-                _now(),
-                _format_step(step) if step else None,
-            )
+            await asyncio.to_thread(job.record.write_telemetry_flowing, _now(), _format_step(step) if step else None)
             job.telemetry_written = True
             if step:
                 job.step_written = (step, now)
         elif step and self._step_changed(job, step, now):
-            await asyncio.to_thread(writer.write_step_time, self.kube, job.namespace, job.name, _format_step(step))
+            await asyncio.to_thread(job.record.write_step_time, _format_step(step))
             job.step_written = (step, now)
 
         with metrics.DETECTOR_SECONDS.time():
@@ -273,8 +304,8 @@ class Monitor:
             return
         message = telemetry_watch.describe_silence(silent_s, time.time() - silent_s, shipped, job.spec.replicas)
         if silent:
-            log.warning("TrainingJob %s/%s: %s", job.namespace, job.name, message)
-        await asyncio.to_thread(telemetry_watch.write, self.kube, job.namespace, job.name, silent, message, _now())
+            log.warning("%s: %s", job.record.label, message)
+        await asyncio.to_thread(job.record.write_no_telemetry, silent, message, _now())
         job.no_telemetry = silent
 
     async def _maybe_recovered(self, job: WatchedJob, active: str, now: float) -> None:
@@ -289,13 +320,13 @@ class Monitor:
             if active == HUNG
             else f"no rank out of line and step time at baseline for {now - job.clear_since:.0f} s"
         )
-        written = await asyncio.to_thread(writer.write_recovered, self.kube, job.namespace, job.name, why, _now())
+        written = await asyncio.to_thread(job.record.write_recovered, why, _now())
         if written is not None:
             kind = (job.status.get("diagnosis") or {}).get("kind", "unknown")
             metrics.RECOVERIES.labels(kind).inc()
-            log.info("TrainingJob %s/%s recovered: %s", job.namespace, job.name, why)
+            log.info("%s recovered: %s", job.record.label, why)
             if self.alerts is not None:
-                await self.alerts.resolve(labels={"namespace": job.namespace, "trainingjob": job.name})
+                await self.alerts.resolve(labels=job.record.alert_labels)
         job.status = {**job.status, "diagnosis": {**(job.status.get("diagnosis") or {}), "active": False}}
         job.clear_since = None
 
@@ -318,12 +349,12 @@ class Monitor:
             return  # the job recovered, finished or went while it waited
         started = time.monotonic()
         suspected = job.suspected_since.get(suspicion.kind, started)
-        log.warning("TrainingJob %s/%s: %s; diagnosing", job.namespace, job.name, suspicion.summary)
+        log.warning("%s: %s; diagnosing", job.record.label, suspicion.summary)
         try:
             pods = await asyncio.to_thread(self._pods, job)
             token = await self.tokens(job.namespace, job.name)
             if token is None:
-                raise TokenUnavailable(f"no Secret {api.token_secret_name(job.name)}")
+                raise TokenUnavailable(f"no token Secret for {job.record.label}")
             state = self.store.get(job.namespace, job.name)
             window = job.thresholds.window_s
             diagnosis, examination = await diagnose(
@@ -341,12 +372,12 @@ class Monitor:
             raise
         except WorkerFailed as error:
             metrics.DIAGNOSES.labels(error.reason).inc()
-            log.error("diagnosis of TrainingJob %s/%s failed: %s", job.namespace, job.name, error)
+            log.error("diagnosis of %s failed: %s", job.record.label, error)
             job.retry_after[suspicion.kind] = time.monotonic() + NO_FINDING_RETRY_S
             return
         except Exception:
             metrics.DIAGNOSES.labels("failed").inc()
-            log.exception("diagnosis of TrainingJob %s/%s failed", job.namespace, job.name)
+            log.exception("diagnosis of %s failed", job.record.label)
             job.retry_after[suspicion.kind] = time.monotonic() + FAILED_RETRY_S
             return
         metrics.DIAGNOSIS_PEAK_BYTES.observe(examination.peak_rss_bytes)
@@ -357,9 +388,8 @@ class Monitor:
             retry = job.thresholds.window_s * 2 if quick else NO_FINDING_RETRY_S
             job.retry_after[suspicion.kind] = time.monotonic() + retry
             log.info(
-                "TrainingJob %s/%s: the analysis found nothing behind %r (problems: %s); looking again in %.0f s",
-                job.namespace,
-                job.name,
+                "%s: the analysis found nothing behind %r (problems: %s); looking again in %.0f s",
+                job.record.label,
                 suspicion.summary,
                 "; ".join(examination.report.problems) or "none",
                 retry,
@@ -368,19 +398,17 @@ class Monitor:
         metrics.DIAGNOSES.labels("finding").inc()
         if not self.leading():
             return
-        written = await asyncio.to_thread(writer.write_diagnosis, self.kube, job.namespace, job.name, diagnosis, _now())
+        written = await asyncio.to_thread(job.record.write_diagnosis, diagnosis, _now())
         if written is None:
-            log.info("TrainingJob %s/%s already carries %s on %s", job.namespace, job.name, diagnosis.reason,
-                     diagnosis.nodes)  # fmt: skip
+            log.info("%s already carries %s on %s", job.record.label, diagnosis.reason, diagnosis.nodes)
             return
         elapsed = time.monotonic() - started
         if self.job_metrics is not None:
             self.job_metrics.detected(job.namespace, job.name, diagnosis.kind.value)
         metrics.DIAGNOSIS_SECONDS.observe(elapsed)
         log.warning(
-            "TrainingJob %s/%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
-            job.namespace,
-            job.name,
+            "%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
+            job.record.label,
             diagnosis.summary,
             elapsed,
             time.monotonic() - suspected,
@@ -401,24 +429,23 @@ class Monitor:
         ):
             return
         job.follow_up_after = now + FAILED_RETRY_S
-        objects = kubernetes.client.CustomObjectsApi(self.kube)
-        body = await asyncio.to_thread(
-            objects.get_namespaced_custom_object, api.GROUP, api.VERSION, job.namespace, api.PLURAL, job.name
-        )
+        body = await asyncio.to_thread(job.record.read)
+        if body is None:
+            return
         status = body.get("status") or {}
         if not writer.pending_follow_ups(status, self.alerts is not None):
             job.status, job.followed_up = status, (status.get("diagnosis") or {}).get("time")
             return
         time_ = status["diagnosis"]["time"]
-        finding = await asyncio.to_thread(writer.stored_finding, self.kube, job.namespace, job.name, time_)
+        finding = await asyncio.to_thread(job.record.stored_finding, time_)
         if finding is None:
-            log.warning("TrainingJob %s/%s: the finding of the diagnosis of %s is gone; its follow-ups are "
-                        "not carried out", job.namespace, job.name, time_)  # fmt: skip
+            log.warning("%s: the finding of the diagnosis of %s is gone; its follow-ups are not carried out",
+                        job.record.label, time_)  # fmt: skip
             job.followed_up = time_
             return
-        log.info("TrainingJob %s/%s: finishing the follow-ups of the diagnosis of %s (%s)", job.namespace, job.name,
-                 time_, ", ".join(writer.pending_follow_ups(status, self.alerts is not None)))  # fmt: skip
-        await asyncio.to_thread(writer.post_diagnosis_event, self.kube, body, status["diagnosis"])
+        log.info("%s: finishing the follow-ups of the diagnosis of %s (%s)", job.record.label, time_,
+                 ", ".join(writer.pending_follow_ups(status, self.alerts is not None)))  # fmt: skip
+        await asyncio.to_thread(job.record.post_diagnosis_event, body, status["diagnosis"])
         await self._follow_up(job, body, finding)
 
     async def _follow_up(self, job: WatchedJob, body: dict[str, Any], finding: Finding) -> None:
@@ -429,39 +456,27 @@ class Monitor:
         done = True
         if writer.REMEDIATION in pending and self.leading():
             try:
-                result = await remediation.remediate(self.kube, body, finding, self.safeguards)
+                result = await job.record.remediate(body, finding, self.safeguards)
             except Exception:
-                log.exception("remediation of TrainingJob %s/%s (%s on %s) failed; retrying", job.namespace,
-                              job.name, finding.reason, finding.nodes)  # fmt: skip
+                log.exception("remediation of %s (%s on %s) failed; retrying", job.record.label, finding.reason,
+                              finding.nodes)  # fmt: skip
                 done = False
             else:
-                await asyncio.to_thread(writer.record_follow_up, self.kube, job.namespace, job.name, time_,
-                                        writer.REMEDIATION, remediation.outcome_text(result))  # fmt: skip
+                await asyncio.to_thread(job.record.record_follow_up, time_, writer.REMEDIATION,
+                                        remediation.outcome_text(result))  # fmt: skip
         if writer.ALERTED in pending and self.leading():
             try:
                 await self._alert(job, finding)
             except Exception:
-                log.exception("alerting for TrainingJob %s/%s failed; retrying", job.namespace, job.name)
+                log.exception("alerting for %s failed; retrying", job.record.label)
                 done = False
             else:
-                await asyncio.to_thread(writer.record_follow_up, self.kube, job.namespace, job.name, time_,
-                                        writer.ALERTED, _now())  # fmt: skip
+                await asyncio.to_thread(job.record.record_follow_up, time_, writer.ALERTED, _now())
         if done:
             job.followed_up = time_
 
     async def _alert(self, job: WatchedJob, finding: Finding) -> None:
-        from rankwatch.alerting import alert_from_finding
-
-        await self.alerts.submit([alert_from_finding(job.namespace, job.name, finding, job.spec.alerting)])
+        await self.alerts.submit([job.record.alert(finding, job.spec)])
 
     def _pods(self, job: WatchedJob) -> list[SidecarPod]:
-        pods = kubernetes.client.CoreV1Api(self.kube).list_namespaced_pod(
-            job.namespace, label_selector=f"{api.JOB_NAME_LABEL}={job.name}"
-        )
-        return [
-            SidecarPod.from_pod(
-                self.kube.sanitize_for_serialization(pod), self.sidecar_port, self.sidecar_endpoint_hosts
-            )
-            for pod in pods.items
-            if not pod.metadata.deletion_timestamp and ownership.is_owned_by(pod.metadata, job.uid)
-        ]
+        return [SidecarPod.from_pod(pod, self.sidecar_port, self.sidecar_endpoint_hosts) for pod in job.record.pods()]

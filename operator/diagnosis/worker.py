@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import json
 import mmap
@@ -30,6 +31,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,7 @@ from rankwatch.analysis.findings import AnalysisReport
 
 if TYPE_CHECKING:
     from rankwatch.analysis.topology import Layout
+    from rankwatch.analysis.trace import RankSource, Trace
 
 OUT_OF_MEMORY = 3
 BAD_INPUT = 4
@@ -111,11 +114,16 @@ class RenderResult:
 
 
 async def render_evidence(
-    directory: Path, layout: tuple[int, int, int] | None, memory_bytes: int, timeout_s: float
+    directory: Path,
+    layout: tuple[int, int, int] | None,
+    memory_bytes: int,
+    timeout_s: float,
+    pod_nodes: Mapping[str, str] | None = None,
 ) -> RenderResult:
-    """Cut the archive's dumps (``directory/rings/*.dump``) into rings and render its reports in the
-    worker; raises :class:`WorkerFailed` as :func:`analyse` does (the rings cut so far stay)."""
-    (directory / "render.json").write_text(json.dumps({"layout": layout}))
+    """Cut the archive's dumps (``directory/rings/<pod>.dump``) into rings and render its reports in the
+    worker, each rank on its pod's node in ``pod_nodes``; raises :class:`WorkerFailed` as :func:`analyse`
+    does (the rings cut so far stay)."""
+    (directory / "render.json").write_text(json.dumps({"layout": layout, "pod_nodes": dict(pod_nodes or {})}))
     try:
         await _run_worker(["--render", str(directory), str(memory_bytes)], memory_bytes, timeout_s, "rendering")
         result = json.loads((directory / "rendered.json").read_text())
@@ -189,7 +197,6 @@ def run(directory: Path) -> dict[str, Any]:
     from rankwatch.analysis.analyze import analyze_trace, summary_text
     from rankwatch.analysis.load import load_path
     from rankwatch.analysis.topology import Layout, LayoutError
-    from rankwatch.analysis.trace import RankSource
 
     request = AnalysisRequest.from_json(json.loads((directory / "request.json").read_text()))
     problems = split_dumps(directory)
@@ -203,9 +210,7 @@ def run(directory: Path) -> dict[str, Any]:
         with contextlib.suppress(LayoutError):
             layout = Layout(request.tp, request.pp or 1, request.world_size or 0)
     trace.layout = layout
-    for rank, source in list(trace.ranks.items()):
-        if source.node in ("", "unknown") and request.node_of_rank.get(rank):
-            trace.ranks[rank] = RankSource(rank, request.node_of_rank[rank], source.pid, source.path)
+    bind_nodes(trace, lambda rank, _: request.node_of_rank.get(rank))
     found = analyze_trace(trace, "all", request.stall_seconds, request.asked_at_ns)
     report = AnalysisReport(found.findings, problems + found.problems)
     return {
@@ -214,6 +219,16 @@ def run(directory: Path) -> dict[str, Any]:
         "peak_rss_bytes": _peak_rss(),
         "peak_address_space_bytes": _peak_address_space(),
     }
+
+
+def bind_nodes(trace: Trace, node_of: Callable[[int, RankSource], str | None]) -> None:
+    """Each rank on the node the operator knows for it (where the pod its job controls is bound), over the
+    node its ring claims: the rank's own process writes that (it may set RANKWATCH_NODE_NAME as it likes)
+    and so may name another team's node."""
+    for rank, source in list(trace.ranks.items()):
+        node = node_of(rank, source)
+        if node and node != source.node:
+            trace.ranks[rank] = dataclasses.replace(source, node=node)
 
 
 def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
@@ -244,7 +259,8 @@ def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
                 f"report.html analyses the newest {calls} calls of each rank: the rings' {total >> 20} MiB are more "
                 f"than the rendering's {share >> 20} MiB (rankwatch analyze on the archive reads them all)"
             )
-        findings = render_reports(directory, layout, analysed, problems)
+        pod_nodes = request.get("pod_nodes") or {}
+        findings = render_reports(directory, layout, analysed, problems, pod_nodes)
     except ValueError as error:  # an unreadable ring: the rings are kept, the analysis is not
         problems.append(f"the archived rings could not be analysed: {error}")
     finally:
@@ -259,9 +275,11 @@ def render(directory: Path, memory_bytes: int) -> dict[str, Any]:
 ARCHIVE_STALL_SECONDS = 1.0
 
 
-def render_reports(directory: Path, layout: Layout | None, rings: Path, problems: list[str]) -> list[dict[str, Any]]:
-    """Analyse the archived ``rings`` and write report.html, timeline.json and analysis.txt into
-    ``directory``; the findings (as ``--json`` writes them)."""
+def render_reports(
+    directory: Path, layout: Layout | None, rings: Path, problems: list[str], pod_nodes: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Analyse the archived ``rings`` (``<pod>-<n>.ring``) and write report.html, timeline.json and
+    analysis.txt into ``directory``; the findings (as ``--json`` writes them)."""
     from rankwatch.analysis.analyze import analyze_trace, summary_text
     from rankwatch.analysis.chrome_trace import write_chrome_trace
     from rankwatch.analysis.html_report import write_html_report
@@ -271,6 +289,8 @@ def render_reports(directory: Path, layout: Layout | None, rings: Path, problems
         problems.append("no ring was archived: no report.html or timeline.json")
         return []
     trace = load_path(rings)
+    nodes = pod_nodes or {}
+    bind_nodes(trace, lambda _, source: nodes.get(Path(source.path).stem.rsplit("-", 1)[0]))
     if layout is not None and (not trace.ranks or max(trace.ranks) < layout.world_size):
         trace.layout = layout
     report = analyze_trace(trace, "all", ARCHIVE_STALL_SECONDS)

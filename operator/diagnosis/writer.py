@@ -43,7 +43,7 @@ def report_configmap_name(job_name: str) -> str:
     return f"{job_name}-rankwatch-report"
 
 
-def _listed(values: list[Any]) -> str:
+def listed(values: list[Any]) -> str:
     text = ",".join(map(str, values[:MAX_LISTED]))
     return text + (f",+{len(values) - MAX_LISTED}" if len(values) > MAX_LISTED else "")
 
@@ -70,19 +70,29 @@ def active_condition(status: dict[str, Any]) -> str | None:
 
 
 def event_message(
-    summary: str, confidence: float, namespace: str, job_name: str, cause: str = "", node_alerts: list[str] = ()
+    summary: str,
+    confidence: float,
+    namespace: str,
+    job_name: str,
+    cause: str = "",
+    node_alerts: list[str] = (),
+    report: str | None = None,
 ) -> str:
     """The Event's text: what, why (``cause host: <figures>``), the named nodes' firing alerts, how
-    sure, where the full report is."""
+    sure, where the full report is (``report``: its ConfigMap, by default the TrainingJob's)."""
     alerts = f"; firing on its node: {'; '.join(node_alerts)}" if node_alerts else ""
+    report = report or report_configmap_name(job_name)
     return (
         f"{summary}{'; ' + cause if cause else ''}{alerts} (confidence {confidence:.2f}; full report: "
-        f"kubectl get configmap -n {namespace} {report_configmap_name(job_name)} -o jsonpath='{{.data.report\\.txt}}')"
+        f"kubectl get configmap -n {namespace} {report} -o jsonpath='{{.data.report\\.txt}}')"
     )
 
 
-def report_configmap(job: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any]:
-    """The report ConfigMap, cut to REPORT_MAX_BYTES (findings' evidence first, then the text)."""
+def report_configmap(
+    job: dict[str, Any], diagnosis: Diagnosis, name: str | None = None, owner: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The report ConfigMap, cut to REPORT_MAX_BYTES (findings' evidence first, then the text); ``name``
+    and ``owner`` (reference) for a group of another kind, else the TrainingJob's."""
     document = diagnosis.examination.to_json()
     report_json = json.dumps(document, indent=1, default=str)
     if len(report_json) > REPORT_MAX_BYTES // 2:
@@ -95,23 +105,25 @@ def report_configmap(job: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any
     if len(text) > REPORT_MAX_BYTES // 2:
         text = text[: REPORT_MAX_BYTES // 2] + "\n(cut: report over the size limit)\n"
     metadata = job["metadata"]
+    labels = {api.MANAGED_BY_LABEL: api.MANAGED_BY}
+    if owner is None:
+        labels[api.JOB_NAME_LABEL] = metadata["name"]
+        owner = {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "name": metadata["name"],
+            "uid": metadata["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": report_configmap_name(metadata["name"]),
+            "name": name or report_configmap_name(metadata["name"]),
             "namespace": metadata["namespace"],
-            "labels": {api.JOB_NAME_LABEL: metadata["name"], api.MANAGED_BY_LABEL: api.MANAGED_BY},
-            "ownerReferences": [
-                {
-                    "apiVersion": api.API_VERSION,
-                    "kind": api.KIND,
-                    "name": metadata["name"],
-                    "uid": metadata["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "labels": labels,
+            "ownerReferences": [owner],
         },
         "data": {
             "report.json": report_json,
@@ -121,9 +133,16 @@ def report_configmap(job: dict[str, Any], diagnosis: Diagnosis) -> dict[str, Any
     }
 
 
-def _store_report(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagnosis: Diagnosis) -> str:
+def store_report(
+    kube: kubernetes.client.ApiClient,
+    job: dict[str, Any],
+    diagnosis: Diagnosis,
+    name: str | None = None,
+    owner: dict[str, Any] | None = None,
+) -> str:
+    """Create or replace the report ConfigMap (``report_configmap``); returns its name."""
     core = kubernetes.client.CoreV1Api(kube)
-    manifest = report_configmap(job, diagnosis)
+    manifest = report_configmap(job, diagnosis, name, owner)
     name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     try:
         core.create_namespaced_config_map(namespace, manifest)
@@ -134,11 +153,15 @@ def _store_report(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagno
     return name
 
 
-def stored_finding(kube: kubernetes.client.ApiClient, namespace: str, name: str, time: str) -> Finding | None:
-    """The finding of the diagnosis written at ``time``, from the job's report ConfigMap (None when
-    the ConfigMap is gone or holds another diagnosis)."""
+def stored_finding(
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, time: str, report: str | None = None
+) -> Finding | None:
+    """The finding of the diagnosis written at ``time``, from the job's report ConfigMap (``report``:
+    its name when not the TrainingJob's; None when the ConfigMap is gone or holds another diagnosis)."""
     try:
-        configmap = kubernetes.client.CoreV1Api(kube).read_namespaced_config_map(report_configmap_name(name), namespace)
+        configmap = kubernetes.client.CoreV1Api(kube).read_namespaced_config_map(
+            report or report_configmap_name(name), namespace
+        )
     except ApiException as error:
         if error.status == 404:
             return None
@@ -157,6 +180,31 @@ def _annotate(kube: kubernetes.client.ApiClient, namespace: str, name: str, anno
     )
 
 
+def diagnosis_record(diagnosis: Diagnosis, report_name: str) -> dict[str, Any]:
+    """What a job keeps of an active diagnosis (a TrainingJob's ``status.diagnosis``; the annotation
+    ``rankwatch.io/diagnosis`` of another kind's owner); its follow-ups pending."""
+    return {
+        "active": True,
+        "kind": diagnosis.reason,
+        "ranks": diagnosis.ranks[:MAX_LISTED],
+        "nodes": diagnosis.nodes[:MAX_LISTED],
+        "pods": diagnosis.pods[:MAX_LISTED],
+        "confidence": diagnosis.confidence,
+        "summary": diagnosis.summary,
+        "cause": diagnosis.finding.cause.value,
+        "causeEvidence": diagnosis.finding.cause_evidence,
+        "nodeAlerts": diagnosis.node_alerts[:MAX_LISTED],
+        "problems": diagnosis.problems[:MAX_LISTED],
+        "communicator": diagnosis.finding.communicator,
+        "time": diagnosis.time,
+        "resolvedTime": None,
+        "suspicion": diagnosis.examination.suspicion.summary,
+        "report": report_name,
+        REMEDIATION: None,
+        ALERTED: None,
+    }
+
+
 def write_diagnosis(
     kube: kubernetes.client.ApiClient, namespace: str, name: str, diagnosis: Diagnosis, now: str
 ) -> dict[str, Any] | None:
@@ -171,7 +219,7 @@ def write_diagnosis(
         raise
     if same_diagnosis((job.get("status") or {}).get("diagnosis"), diagnosis):
         return None
-    report_name = _store_report(kube, job, diagnosis)
+    report_name = store_report(kube, job, diagnosis)
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
         status = job.get("status") or {}
@@ -189,28 +237,9 @@ def write_diagnosis(
         )
         return {
             "health": diagnosis.condition,
-            "suspects": _listed(diagnosis.nodes),
+            "suspects": listed(diagnosis.nodes),
             "conditions": conditions,
-            "diagnosis": {
-                "active": True,
-                "kind": diagnosis.reason,
-                "ranks": diagnosis.ranks[:MAX_LISTED],
-                "nodes": diagnosis.nodes[:MAX_LISTED],
-                "pods": diagnosis.pods[:MAX_LISTED],
-                "confidence": diagnosis.confidence,
-                "summary": diagnosis.summary,
-                "cause": diagnosis.finding.cause.value,
-                "causeEvidence": diagnosis.finding.cause_evidence,
-                "nodeAlerts": diagnosis.node_alerts[:MAX_LISTED],
-                "problems": diagnosis.problems[:MAX_LISTED],
-                "communicator": diagnosis.finding.communicator,
-                "time": diagnosis.time,
-                "resolvedTime": None,
-                "suspicion": diagnosis.examination.suspicion.summary,
-                "report": report_name,
-                REMEDIATION: None,
-                ALERTED: None,
-            },
+            "diagnosis": diagnosis_record(diagnosis, report_name),
         }
 
     written = update_status(namespace, name, kube=kube, change=change)
@@ -221,22 +250,28 @@ def write_diagnosis(
         kube,
         namespace,
         name,
-        {SUSPECT_NODES_ANNOTATION: _listed(diagnosis.nodes), SUSPECT_RANKS_ANNOTATION: _listed(diagnosis.ranks)},
+        {SUSPECT_NODES_ANNOTATION: listed(diagnosis.nodes), SUSPECT_RANKS_ANNOTATION: listed(diagnosis.ranks)},
     )
     post_diagnosis_event(kube, job, fields["diagnosis"])
     return {**job, "status": {**(job.get("status") or {}), **fields}}
 
 
-def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any], diagnosis: dict[str, Any]) -> None:
+def post_diagnosis_event(
+    kube: kubernetes.client.ApiClient,
+    job: dict[str, Any],
+    diagnosis: dict[str, Any],
+    target: events.EventTarget | None = None,
+) -> None:
     """The Warning Event of the diagnosis in ``status.diagnosis``, named after it: a second post (a new
     leader finishing the follow-ups) finds the first and adds nothing. A refusal (4xx) is logged; an
     API server that is away (no answer, a timeout, 5xx, 429) raises, so the follow-ups stay pending and
     whoever finishes them posts the Event first: it is not lost to a control-plane restart."""
     metadata = job["metadata"]
-    target = events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
+    target = target or events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
     cause = f"cause {diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}" if diagnosis.get("cause") else ""
     message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["namespace"],
-                            metadata["name"], cause, diagnosis.get("nodeAlerts") or [])  # fmt: skip
+                            metadata["name"], cause, diagnosis.get("nodeAlerts") or [],
+                            diagnosis.get("report"))  # fmt: skip
     try:
         events.post_event(
             kube,
@@ -251,7 +286,7 @@ def post_diagnosis_event(kube: kubernetes.client.ApiClient, job: dict[str, Any],
     except ApiException as error:
         if error.status is None or error.status >= 500 or error.status == 429:
             raise
-        log.warning("Event %s on TrainingJob %s/%s not posted: HTTP %s", diagnosis["kind"], metadata["namespace"],
+        log.warning("Event %s on %s %s/%s not posted: HTTP %s", diagnosis["kind"], target.kind, metadata["namespace"],
                     metadata["name"], error.status)  # fmt: skip
 
 

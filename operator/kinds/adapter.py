@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.operator import api
 from rankwatch.operator.events import EventTarget
 from rankwatch.operator.lifecycle import pod_spec
 
@@ -29,9 +30,21 @@ class Group:
     namespace: str
     name: str
     uid: str
+    key: str = ""
+    """How rankwatch names the kind where two share one name (Volcano's Job: ``VolcanoJob``); else ``kind``."""
+
+    @property
+    def kind_key(self) -> str:
+        return self.key or self.kind
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.namespace}/{self.name}"
+        return f"{self.kind_key} {self.namespace}/{self.name}"
+
+    @property
+    def collector_name(self) -> str:
+        """How the group's sidecars and the collector name it (``RANKWATCH_JOB_NAME``): ``<Kind>:<name>``,
+        never a TrainingJob's name (object names have no capitals, no colon)."""
+        return api.group_collector_name(self.kind_key, self.name)
 
     @property
     def event_target(self) -> EventTarget:
@@ -49,6 +62,10 @@ class KindAdapter(Protocol):
 
     kind: str
     """The owning object's kind, as in ``kubectl get <kind>``."""
+    key: str
+    """The kind as rankwatch names it, unique among the adapters (``Job``, ``JobSet``, ``VolcanoJob``)."""
+    api_version: str
+    plural: str
     restart_lever: str | None
     """How a whole group is restarted away from suspects; None: cordon and page only."""
 
@@ -67,8 +84,12 @@ class KindAdapter(Protocol):
     def pod_selector(self, group: Group) -> str:
         """A label selector for exactly the group's pods."""
 
-    def token_secret_name(self, group: Group) -> str:
-        """The Secret holding the token the group's sidecars present to the collector."""
+    def token_secret_name(self, name: str) -> str:
+        """The Secret holding the token the sidecars of the group owned by ``name`` present to the collector."""
+
+    def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
+        """The group's pods as the API server has them, only those its controller chain really puts in
+        the group (a label or owner reference is whatever a pod's creator writes). Blocking."""
 
 
 def owned_by(pod: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any] | None:
@@ -77,6 +98,28 @@ def owned_by(pod: Mapping[str, Any], api_version: str, kind: str) -> dict[str, A
         if owner.get("controller") and owner.get("apiVersion") == api_version and owner.get("kind") == kind:
             return owner
     return None
+
+
+def pods_claimed(
+    kube: kubernetes.client.ApiClient, adapter: KindAdapter, group: Group, owner_uids: frozenset[str] | None = None
+) -> list[dict[str, Any]]:
+    """Pods the group's selector finds that ``adapter`` puts in ``group`` (same uid), not being deleted;
+    with ``owner_uids``, only those whose controller is one of them (a JobSet's child Jobs). Blocking."""
+    listed = kubernetes.client.CoreV1Api(kube).list_namespaced_pod(
+        group.namespace, label_selector=adapter.pod_selector(group)
+    )
+    pods = [kube.sanitize_for_serialization(pod) for pod in listed.items if not pod.metadata.deletion_timestamp]
+    claimed = []
+    for pod in pods:
+        found = adapter.group_of(pod)
+        if found is None or found.uid != group.uid:
+            continue
+        if owner_uids is not None:
+            controllers = [o for o in pod["metadata"].get("ownerReferences") or [] if o.get("controller")]
+            if not controllers or controllers[0].get("uid") not in owner_uids:
+                continue
+        claimed.append(pod)
+    return claimed
 
 
 def _api_path(group: Group) -> tuple[str, str]:
@@ -108,7 +151,7 @@ def annotate_owner(kube: kubernetes.client.ApiClient, group: Group, annotations:
 
 def ensure_token_secret(kube: kubernetes.client.ApiClient, adapter: KindAdapter, group: Group) -> bool:
     """Create the group's token Secret unless it exists; True when this call made it. Blocking."""
-    secret = pod_spec.group_token_secret(adapter.token_secret_name(group), group.namespace, group.owner_reference)
+    secret = pod_spec.group_token_secret(adapter.token_secret_name(group.name), group.namespace, group.owner_reference)
     try:
         kubernetes.client.CoreV1Api(kube).create_namespaced_secret(group.namespace, secret)
     except ApiException as error:

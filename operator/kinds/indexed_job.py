@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rankwatch.operator.kinds.adapter import Group, owned_by
+import kubernetes
+
+from rankwatch.operator import api
+from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -24,6 +27,9 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 class IndexedJob:
     kind = "Job"
+    key = "Job"
+    api_version = "batch/v1"
+    plural = "jobs"
     restart_lever: str | None = None
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
@@ -35,7 +41,9 @@ class IndexedJob:
         owner = owned_by(pod, "batch/v1", "Job")
         if owner is None or not owner.get("name") or not owner.get("uid"):
             return None
-        return Group("batch/v1", "Job", "jobs", metadata.get("namespace", ""), owner["name"], owner["uid"])
+        return Group(
+            self.api_version, self.kind, self.plural, metadata.get("namespace", ""), owner["name"], owner["uid"]
+        )
 
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
         value = (pod.get("metadata", {}).get("annotations") or {}).get(COMPLETION_INDEX, "")
@@ -51,9 +59,12 @@ class IndexedJob:
     def pod_selector(self, group: Group) -> str:
         return f"{CONTROLLER_UID_LABEL}={group.uid}"
 
-    def token_secret_name(self, group: Group) -> str:
-        # Never a TrainingJob's (``<name>-rankwatch-token``): the suffixes differ.
-        return f"{group.name}-rankwatch-job-token"
+    def token_secret_name(self, name: str) -> str:
+        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
+
+    def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
+        # group_of names the pod's controlling Job: its uid is the group's.
+        return pods_claimed(kube, self, group)
 
 
 INDEXED_JOB = IndexedJob()

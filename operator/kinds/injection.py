@@ -18,9 +18,10 @@ from typing import Any
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.kinds.adapter import Group, KindAdapter
+from rankwatch.operator.kinds.group_settings import group_settings
 from rankwatch.operator.kinds.registry import adapter_for
 from rankwatch.operator.lifecycle.pod_spec import INIT_CONTAINER, PodTracing, inject_tracing
-from rankwatch.operator.spec import Tracing
+from rankwatch.operator.spec import InvalidSpec
 
 ENABLED = "enabled"
 
@@ -55,15 +56,6 @@ def is_injected(pod: Mapping[str, Any]) -> bool:
     return any(c.get("name") == INIT_CONTAINER for c in pod.get("spec", {}).get("initContainers") or [])
 
 
-def _nproc(pod: Mapping[str, Any], owner: str) -> int | NotInjected:
-    value = _annotations(pod).get(api.NPROC_ANNOTATION)
-    if value is None:
-        return 0
-    if not value.isdigit() or int(value) < 1:
-        return NotInjected(f"{owner}: annotation {api.NPROC_ANNOTATION}={value!r} is not a positive whole number", True)
-    return int(value)
-
-
 def plan(pod: Mapping[str, Any]) -> Injection | NotInjected:
     """What to do with ``pod`` at its creation."""
     if api.JOB_NAME_LABEL in (pod.get("metadata", {}).get("labels") or {}):
@@ -83,17 +75,18 @@ def plan(pod: Mapping[str, Any]) -> Injection | NotInjected:
             True,
         )
     adapter, group = claimed
-    nproc = _nproc(pod, str(group))
-    if isinstance(nproc, NotInjected):
-        return nproc
+    try:
+        settings = group_settings(pod, str(group))
+    except InvalidSpec as error:
+        return NotInjected(str(error), True)
     target = PodTracing(
         owner=str(group),
-        group=group.name,
+        group=group.collector_name,
         namespace=group.namespace,
         replica_index=adapter.index_field(),
-        nproc_per_node=nproc,
-        tracing=Tracing(),
-        token_secret=adapter.token_secret_name(group),
+        nproc_per_node=settings.nproc_per_node,
+        tracing=settings.tracing,
+        token_secret=adapter.token_secret_name(group.name),
         token_optional=True,  # made at admission; never let a missing Secret keep the pod from starting
     )
     return Injection(adapter, group, target)
@@ -105,4 +98,5 @@ def injected_pod(pod: Mapping[str, Any], injection: Injection, config: WorkerPod
     result = copy.deepcopy(dict(pod))
     inject_tracing(result["spec"], injection.target, config)
     result["metadata"].setdefault("annotations", {})[api.TRACING_ANNOTATION] = ENABLED
+    result["metadata"].setdefault("labels", {})[api.TRACED_LABEL] = "true"  # the NetworkPolicies' peer
     return result

@@ -8,8 +8,10 @@ from typing import Any
 
 from rankwatch.operator.kinds.adapter import Group, KindAdapter
 from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
+from rankwatch.operator.kinds.jobset import JOBSET
+from rankwatch.operator.kinds.volcano_job import VOLCANO_JOB
 
-ADAPTERS: tuple[KindAdapter, ...] = (INDEXED_JOB,)
+ADAPTERS: tuple[KindAdapter, ...] = (JOBSET, VOLCANO_JOB, INDEXED_JOB)
 
 
 def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
@@ -19,3 +21,9 @@ def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:
         if group is not None:
             return adapter, group
     return None
+
+
+def adapter_of_kind(key: str) -> KindAdapter | None:
+    """The adapter of the kind rankwatch names ``key`` (``Job``, ``JobSet``, ``VolcanoJob``), None for one it does
+    not know."""
+    return next((adapter for adapter in ADAPTERS if adapter.key == key), None)

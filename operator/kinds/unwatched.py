@@ -82,8 +82,8 @@ class UnwatchedPods:
         adapter: KindAdapter | None = None
         if claimed is not None:
             adapter, group = claimed
-            key: tuple[str, ...] = (group.kind, group.namespace, group.uid)
-            kind, target = group.kind, group.event_target
+            key: tuple[str, ...] = (group.kind_key, group.namespace, group.uid)
+            kind, target = group.kind_key, group.event_target
         else:
             group, key, kind = None, ("Pod", namespace, uid), "unsupported"
             target = EventTarget("v1", "Pod", name, uid, namespace)

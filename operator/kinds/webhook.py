@@ -84,6 +84,7 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
                     await _ensure_token(memo, decision)
                 patch.fns.append(lambda admitted: admitted.update(spec=changed["spec"]))
                 patch.metadata.annotations[api.TRACING_ANNOTATION] = injection.ENABLED
+                patch.metadata.labels[api.TRACED_LABEL] = "true"
                 return
         if decision.asked:
             log.warning("pod %s/%s not injected: %s", pod["metadata"].get("namespace"), _pod_name(pod), decision.reason)
@@ -116,7 +117,7 @@ async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:
         log.warning("%s: token Secret not made now (%s); its sidecars wait for it", decision.group, error)
         return
     if made:
-        log.info("%s: made token Secret %s", decision.group, decision.adapter.token_secret_name(decision.group))
+        log.info("%s: made token Secret %s", decision.group, decision.adapter.token_secret_name(decision.group.name))
 
 
 def _pod_name(pod: dict[str, Any]) -> str:

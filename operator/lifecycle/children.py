@@ -90,15 +90,15 @@ def ensure_children(
     config: WorkerPodSettings,
     existing_pods: set[str],
 ) -> list[str]:
-    """Make sure the Secret, the Service and every worker Pod of the current attempt exist (none while
-    a restart backs off); return what was created."""
+    """Make sure the Secret, the Service and every worker Pod of the current attempt exist (no pods
+    while a restart backs off or the job is suspended); return what was created."""
     core = client.CoreV1Api(kube)
     uid = job["metadata"]["uid"]
     status = job.get("status") or {}
     attempt, avoid = current_attempt(status), list(status.get("avoidNodes") or [])
     # Build every pod first: a template problem fails the whole job before anything is created.
     pods = [pod_spec.worker_pod(job, spec, index, config, attempt, avoid) for index in range(spec.replicas)]
-    if backing_off(status):
+    if backing_off(status) or spec.suspend:
         pods = []
     created: list[str] = []
     if spec.tracing.enabled and _create(
@@ -126,3 +126,20 @@ def ensure_children(
         made = list(pool.map(create_pod, missing))
     created += [f"Pod/{pod['metadata']['name']}" for pod, new in zip(missing, made, strict=True) if new]
     return created
+
+
+def delete_workers(kube: client.ApiClient, namespace: str, names: list[str]) -> list[str]:
+    """Delete the named worker pods (a suspended job holds none); returns those asked to go. A pod
+    already gone is fine; the next sync sees any that a failed call left."""
+    core = client.CoreV1Api(kube)
+    deleted = []
+    for name in names:
+        try:
+            drain(core.delete_namespaced_pod(name, namespace, _preload_content=False))
+            deleted.append(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise kopf.TemporaryError(
+                    f"deleting Pod {namespace}/{name} failed: {_reason(error)}", delay=5
+                ) from error
+    return deleted

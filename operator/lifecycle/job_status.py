@@ -14,9 +14,24 @@ from rankwatch.operator import api, ownership
 from rankwatch.operator.spec import TrainingJobSpec
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
+SUSPENDED = "Suspended"
+"""``spec.suspend`` is true: the job has no worker pods (those of a running job are being deleted)."""
 TERMINAL = (SUCCEEDED, FAILED)
-CONDITION_TYPES = ("Created", "Running", "Restarting", "Succeeded", "Failed", "Hung", "Degraded", "NoTelemetry")
+CONDITION_TYPES = (
+    "Created",
+    "Suspended",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+    "Hung",
+    "Degraded",
+    "NoTelemetry",
+)
 UNSCHEDULABLE = "Unschedulable"
+GATED = "SchedulingGated"
+"""The pod has scheduling gates: a queue (Kueue) has not admitted it yet."""
+AWAITING_ADMISSION = "AwaitingAdmission"
 STARTING = ("ContainerCreating", "PodInitializing")
 """Container waiting reasons of a pod on its way up; every other waiting reason is a problem."""
 WAITING_MESSAGE_MAX_CHARS = 300
@@ -48,6 +63,11 @@ class WorkerPod:
         problem = problem_reason = ""
         if status.get("phase") == FAILED:
             problem = _termination(status) or status.get("reason") or "failed"
+        elif spec.get("schedulingGates"):
+            # Held back before scheduling, by an admission queue (Kueue's gate until the whole gang is
+            # admitted) or another controller: not a scheduling failure, and no node or GPU is held.
+            gates = ", ".join(str(gate.get("name")) for gate in spec["schedulingGates"])
+            problem, problem_reason = f"waiting for admission (scheduling gates: {gates})", GATED
         elif conditions.get("PodScheduled", {}).get("status") == "False":
             scheduled = conditions["PodScheduled"]
             problem = f"{scheduled.get('reason', 'Unschedulable')}: {scheduled.get('message', '')}".strip()
@@ -79,7 +99,7 @@ class WorkerPod:
     @property
     def container_problem(self) -> bool:
         """A container of this pod cannot start or keeps failing (not a scheduling problem)."""
-        return bool(self.problem_reason) and self.problem_reason != UNSCHEDULABLE
+        return bool(self.problem_reason) and self.problem_reason not in (UNSCHEDULABLE, GATED)
 
 
 def _waiting(status: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -137,9 +157,11 @@ def set_condition(
 def initial_conditions(spec: TrainingJobSpec, now: str, generation: int) -> list[dict[str, Any]]:
     """Conditions of a job whose children were just created."""
     conditions: list[dict[str, Any]] = []
-    conditions = set_condition(
-        conditions, "Created", "True", "ChildrenCreated", "worker pods and Service created", now, generation
-    )
+    if spec.suspend:
+        message = "spec.suspend is true: the job has no worker pods"
+        conditions = set_condition(conditions, "Suspended", "True", SUSPENDED, message, now, generation)
+    created = "Service created; no worker pods while suspended" if spec.suspend else "worker pods and Service created"
+    conditions = set_condition(conditions, "Created", "True", "ChildrenCreated", created, now, generation)
     if spec.tracing.enabled:
         reason, message = "AwaitingTelemetry", "no trace summaries analysed yet"
     else:
@@ -163,7 +185,13 @@ def _restarts_on_worker_failure(spec: TrainingJobSpec, previous: Mapping[str, An
     )
 
 
-STEADY_REASONS = ("WorkersPending", "AllWorkersRunning", "WorkersUnschedulable", "WorkerFailedRestarting")
+STEADY_REASONS = (
+    "WorkersPending",
+    "AllWorkersRunning",
+    "WorkersUnschedulable",
+    "WorkerFailedRestarting",
+    AWAITING_ADMISSION,
+)
 
 
 REASON_FAMILIES = {"ErrImagePull": "ImagePullBackOff"}
@@ -196,6 +224,8 @@ def derive(
         return dict(previous), []  # a finished job's verdict never changes
 
     attempt = int(previous.get("restarts") or 0)
+    if spec.suspend:
+        return _suspended(spec, pods, previous, now, generation)
     live = [pod for pod in pods if not pod.deleting and pod.attempt == attempt]  # earlier attempts' pods are ending
     counts = {
         "pending": sum(pod.phase == PENDING for pod in live),
@@ -231,7 +261,12 @@ def derive(
         message = f"waiting for {waiting} of {spec.replicas} workers to start"
         if blocked:
             # A container's reason names itself (ImagePullBackOff, CreateContainerConfigError, ...).
-            reason = blocked[0].problem_reason if blocked[0].container_problem else "WorkersUnschedulable"
+            if blocked[0].container_problem:
+                reason = blocked[0].problem_reason
+            elif all(pod.problem_reason == GATED for pod in blocked):
+                reason = AWAITING_ADMISSION  # the queue admits the gang whole: nothing runs, nothing to warn of
+            else:
+                reason = "WorkersUnschedulable"
             message += f"; {_describe(blocked[0])}: {blocked[0].problem}" + _more(blocked)
 
     status: dict[str, Any] = dict(previous)
@@ -261,6 +296,16 @@ def derive(
         status["completionTime"] = now
 
     conditions = list(previous.get("conditions") or [])
+    if old_phase == SUSPENDED:
+        conditions = set_condition(
+            conditions,
+            "Suspended",
+            "False",
+            "Resumed",
+            "spec.suspend is false: workers are made again",
+            now,
+            generation,
+        )
     conditions = set_condition(
         conditions, "Running", "True" if phase == RUNNING else "False", reason, message, now, generation
     )
@@ -273,7 +318,9 @@ def derive(
     status["conditions"] = conditions
 
     events: list[Event] = []
-    if phase != old_phase:
+    if old_phase == SUSPENDED:
+        events.append(Event("Normal", "Resumed", f"spec.suspend is false: {message}"))
+    elif phase != old_phase:
         kind = "Warning" if phase == FAILED else "Normal"
         events.append(Event(kind, reason, message))
     elif reason == "WorkersUnschedulable" and previous.get("message") != message:
@@ -282,4 +329,31 @@ def derive(
         # A worker's container cannot start or keeps failing: once per reason (a back-off's message
         # changes with every retry, and a failing pull alternates ErrImagePull and ImagePullBackOff).
         events.append(Event("Warning", reason, message))
+    return status, events
+
+
+def _suspended(
+    spec: TrainingJobSpec, pods: list[WorkerPod], previous: Mapping[str, Any], now: str, generation: int
+) -> tuple[dict[str, Any], list[Event]]:
+    """The status of a job with ``spec.suspend``: no workers wanted; those left are counted until gone."""
+    remaining = sorted(pod.name for pod in pods)
+    message = "spec.suspend is true: the job has no worker pods"
+    if remaining:
+        message = f"spec.suspend is true: {len(remaining)} worker pod(s) being deleted"
+    status: dict[str, Any] = dict(previous)
+    status.update(
+        phase=SUSPENDED,
+        reason=SUSPENDED,
+        message=message,
+        replicaStatuses={"pending": 0, "running": 0, "succeeded": 0, "failed": 0, "missing": spec.replicas},
+        workers=f"0/{spec.replicas}",
+        observedGeneration=generation,
+    )
+    status.setdefault("health", "Unknown")
+    conditions = list(previous.get("conditions") or [])
+    conditions = set_condition(conditions, "Suspended", "True", SUSPENDED, message, now, generation)
+    conditions = set_condition(conditions, "Running", "False", SUSPENDED, message, now, generation)
+    status["conditions"] = conditions
+    old_phase = previous.get("phase") or PENDING
+    events = [Event("Normal", SUSPENDED, message)] if old_phase != SUSPENDED else []
     return status, events

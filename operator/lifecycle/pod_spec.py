@@ -23,6 +23,8 @@ from typing import Any
 
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
+from rankwatch.operator.lifecycle import gang
+from rankwatch.operator.remediation.node_marks import TAINT_EFFECT, TAINT_KEY
 from rankwatch.operator.spec import InvalidSpec, Tracing, TrainingJobSpec
 
 LIB_VOLUME = "rankwatch-lib"
@@ -92,6 +94,8 @@ class PodTracing:
     token_optional: bool = False
     """True where the Secret may not exist yet when the pod starts (made at admission): the pod starts
     anyway and the kubelet fills the token in once the Secret exists."""
+    ptrace: bool = False
+    """The sidecar gets SYS_PTRACE (``spec.sidecar.ptrace``): py-spy reads the ranks' Python."""
 
 
 def _env(name: str, value: Any) -> dict[str, str]:
@@ -242,7 +246,22 @@ def _sidecar_container(target: PodTracing, config: WorkerPodSettings) -> dict[st
             {"name": NO_API_TOKEN_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True},
         ],
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {**_restricted_security_context(), "runAsGroup": 0},
+        "securityContext": _ptrace_security_context()
+        if target.ptrace
+        else {**_restricted_security_context(), "runAsGroup": 0},
+    }
+
+
+def _ptrace_security_context() -> dict[str, Any]:
+    """SYS_PTRACE and nothing else, as root: Kubernetes puts an added capability into the effective set of
+    a root container only, and the kernel's Yama ptrace_scope 1 (the usual default) wants the capability
+    to read a process that is not a child, whatever its user."""
+    return {
+        **_restricted_security_context(),
+        "runAsNonRoot": False,
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]},
     }
 
 
@@ -351,6 +370,12 @@ def worker_pod(
             "use nodeSelector or affinity"
         )
 
+    _refuse_tolerating_the_suspect_taint(pod_spec, job_id)
+    if spec.sidecar.ptrace and not config.allow_ptrace:
+        raise InvalidSpec(
+            f"TrainingJob {job_id}: spec.sidecar.ptrace is not allowed by this operator (its admin set the chart "
+            "value sidecar.allowPtrace=false); remove it: Python stacks and profiles are then left out"
+        )
     injected = rendezvous_env(name, namespace, spec, index, attempt)
     if tracing:
         target = PodTracing(
@@ -361,6 +386,7 @@ def worker_pod(
             nproc_per_node=spec.nprocPerNode,
             tracing=spec.tracing,
             token_secret=api.token_secret_name(name),
+            ptrace=spec.sidecar.ptrace,
         )
         inject_tracing(pod_spec, target, config, injected)
     else:
@@ -376,13 +402,20 @@ def worker_pod(
     pod_spec.setdefault("automountServiceAccountToken", False)
     _avoid(pod_spec, list(avoid_nodes or []))
 
+    gang_labels, gang_annotations = gang.gang_metadata(job, spec.replicas, attempt)
     labels = {
         **metadata.get("labels", {}),
+        **gang_labels,
         **job_labels(name),
         api.REPLICA_INDEX_LABEL: str(index),
         api.ATTEMPT_LABEL: str(attempt),
+        **({api.TRACED_LABEL: "true"} if tracing else {}),
     }
-    annotations = {**metadata.get("annotations", {}), api.TRACING_ANNOTATION: "enabled" if tracing else "disabled"}
+    annotations = {
+        **metadata.get("annotations", {}),
+        **gang_annotations,
+        api.TRACING_ANNOTATION: "enabled" if tracing else "disabled",
+    }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -395,6 +428,28 @@ def worker_pod(
         },
         "spec": pod_spec,
     }
+
+
+def tolerates_suspect_taint(toleration: dict[str, Any]) -> bool:
+    """Whether ``toleration`` lets a pod onto a node rankwatch cordoned (taint ``rankwatch.io/suspect=
+    <namespace>.<job>:NoSchedule``, any job's): every toleration naming the key, and a key-less ``Exists``."""
+    if toleration.get("effect") not in (None, "", TAINT_EFFECT):
+        return False
+    key = toleration.get("key") or ""
+    return key == TAINT_KEY or (not key and toleration.get("operator") == "Exists")
+
+
+def _refuse_tolerating_the_suspect_taint(pod_spec: dict[str, Any], job_id: str) -> None:
+    """A cordon alone does not keep out a pod that tolerates ``node.kubernetes.io/unschedulable`` (the
+    scheduler lets it past): rankwatch's taint does. A template tolerating that taint too would put the
+    job's workers back on its suspects, so it is refused, not silently changed."""
+    for index, toleration in enumerate(pod_spec.get("tolerations") or []):
+        if tolerates_suspect_taint(toleration):
+            raise InvalidSpec(
+                f"TrainingJob {job_id}: spec.template.spec.tolerations[{index}] tolerates rankwatch's taint "
+                f"{TAINT_KEY}:{TAINT_EFFECT}, which keeps workers off the nodes rankwatch took out of scheduling; "
+                "tolerate the taints you need by key"
+            )
 
 
 def headless_service(job: dict[str, Any], spec: TrainingJobSpec) -> dict[str, Any]:

@@ -90,7 +90,13 @@ def sync_status(
         pods = [pod for pod in pods if pod.owner_uid == job["metadata"].get("uid")]
         attempt = children.current_attempt(previous)
         current = [pod for pod in pods if pod.attempt == attempt and not pod.deleting]
-        if previous.get("phase") == job_status.PENDING and len(current) < job_spec.replicas:
+        if job_spec.suspend and (ending := sorted(pod.name for pod in pods if not pod.deleting)):
+            deleted = children.delete_workers(kube, namespace, ending)
+            if deleted:
+                message = tenant_text.one_line(f"spec.suspend is true: deleted Pod/{', Pod/'.join(deleted)}")
+                kopf.event(job, type="Normal", reason="Suspending", message=message)
+        restartable = (job_status.PENDING, job_status.SUSPENDED)
+        if previous.get("phase") in restartable and not job_spec.suspend and len(current) < job_spec.replicas:
             # A pod deleted before the attempt started is recreated; after the start it is a failure.
             # The operator's pod index lags behind pods just made (thousands at once on a large cluster):
             # the API server's list says which are missing, so a lagging index costs one list per sync,

@@ -194,7 +194,7 @@ async def collect(
         (directory / "diagnosis.txt").write_text(report.get("report.txt", ""))
     shape = None if layout is None else (layout.tp, layout.pp, layout.world_size)
     try:
-        rendered = await render_evidence(directory, shape, limits.memory_bytes, limits.timeout_s)
+        rendered = await render_evidence(directory, shape, limits.memory_bytes, limits.timeout_s, manifest.pods)
         manifest.findings = rendered.findings
         manifest.problems += rendered.problems
     except WorkerFailed as error:

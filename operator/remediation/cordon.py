@@ -91,16 +91,20 @@ def remediate(
     policy: RemediationPolicy,
     *,
     now: datetime.datetime | None = None,
+    job_nodes: frozenset[str] | None = None,
 ) -> RemediationResult:
     """Cordon what ``policy`` allows of the nodes ``request`` names.
 
-    A write to one node that fails is that node's ``FAILED`` outcome; failing to read the nodes or
-    the job's pods raises ``ApiException`` (nothing was changed then; call again later).
+    ``job_nodes``: the nodes the job's own pods run on, when the job is not a TrainingJob (its caller
+    knows which pods are the group's); a TrainingJob's are read here. A write to one node that fails is
+    that node's ``FAILED`` outcome; failing to read the nodes or the job's pods raises ``ApiException``
+    (nothing was changed then; call again later).
     """
     metrics = RemediationMetrics.default()
     with _LOCK:
         moment = now or node_marks.now()
-        job_nodes = node_actions.nodes_of_job(api, request.job_namespace, request.job_name, request.job_uid)
+        if job_nodes is None:
+            job_nodes = node_actions.nodes_of_job(api, request.job_namespace, request.job_name, request.job_uid)
         done: dict[str, NodeDecision] = {}
         decisions: list[NodeDecision] = []
         for _attempt in range(ATTEMPTS):
@@ -143,10 +147,10 @@ def remediate(
 
 
 async def remediate_async(
-    api: client.ApiClient, request: CordonRequest, policy: RemediationPolicy
+    api: client.ApiClient, request: CordonRequest, policy: RemediationPolicy, job_nodes: frozenset[str] | None = None
 ) -> RemediationResult:
     """:func:`remediate` off the event loop."""
-    return await asyncio.to_thread(remediate, api, request, policy)
+    return await asyncio.to_thread(remediate, api, request, policy, job_nodes=job_nodes)
 
 
 def _expiry(
@@ -252,7 +256,7 @@ def _report(
 ) -> None:
     """Events, log lines and metrics for what happened. An Event that cannot be posted is logged, not fatal."""
     request = result.request
-    job = EventTarget.job(request.job_namespace, request.job_name, request.job_uid)
+    job = request.target
     why = f"{request.kind}: {request.summary}" if request.summary else request.kind
     # The cordon's Events are named after the diagnosis (not the call's time), so a repeat of the same
     # request whose first answer was lost posts them once: not twice, not never.
@@ -266,22 +270,22 @@ def _report(
             view = nodes.get(node)  # None only if the node was deleted between two attempts
             target = EventTarget.node(view.name, view.uid) if view else EventTarget("v1", "Node", node, "")
             if dry:
-                text = f"dry run: rankwatch would cordon and taint {node} for TrainingJob {request.job} ({why})"
+                text = f"dry run: rankwatch would cordon and taint {node} for {request.job_kind} {request.job} ({why})"
                 posts += [(target, "Normal", "CordonDryRun", text, f"dry-run/{stamp}", False)]
                 posts += [(job, "Normal", "NodeCordonDryRun", text, f"dry-run/{node}/{stamp}", False)]
             else:
-                text = f"rankwatch {decision.message} for TrainingJob {request.job} ({why})"
+                text = f"rankwatch {decision.message} for {request.job_kind} {request.job} ({why})"
                 text += f"; undo: rankwatch uncordon {node}"
                 posts += [(target, "Warning", "CordonedByRankwatch", text, f"cordon/{stamp}", False)]
                 posts += [(job, "Normal", "NodeCordoned", text, f"cordon/{node}/{stamp}", False)]
-            log.warning("TrainingJob %s: %s", request.job, text)
+            log.warning("%s %s: %s", request.job_kind, request.job, text)
         elif outcome in _SKIP_EVENTS:
             metrics.not_cordoned.labels(outcome=outcome.value).inc()
             type_, reason = _SKIP_EVENTS[outcome]
             text = f"did not cordon {node}: {decision.message}"
             posts += [(job, type_, reason, text, f"{outcome.value}/{node}", True)]
             level = logging.WARNING if type_ == "Warning" else logging.INFO
-            log.log(level, "TrainingJob %s: %s", request.job, text)
+            log.log(level, "%s %s: %s", request.job_kind, request.job, text)
         posted = [_post(api, *post, moment) for post in posts]
         # Counted once per cordon: a resumed one only if its Event was new (its first try stopped before).
         if outcome.changes_node and (not decision.resumed or posted[0]):
@@ -289,7 +293,8 @@ def _report(
     if result.breaker_open:
         metrics.breaker_trips.inc()
         log.warning(
-            "CIRCUIT BREAKER OPEN: rankwatch stopped cordoning for TrainingJob %s (nodes %s); undo stays possible",
+            "CIRCUIT BREAKER OPEN: rankwatch stopped cordoning for %s %s (nodes %s); undo stays possible",
+            request.job_kind,
             request.job,
             ", ".join(result.nodes(Outcome.BREAKER_OPEN)),
         )

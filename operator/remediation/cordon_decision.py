@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rankwatch.analysis.findings import Finding, FindingKind
+from rankwatch.operator import api
+from rankwatch.operator.events import EventTarget
 from rankwatch.operator.remediation import circuit_breaker
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.node_marks import Mark, NodeView
@@ -43,6 +45,9 @@ class CordonRequest:
     summary: str = ""
     evidence: Mapping[str, Any] = field(default_factory=dict)
     diagnosis: str = ""
+    job_kind: str = api.KIND
+    """The kind of the object the diagnosis is about (a TrainingJob, or the owner of a group: Job, JobSet...)."""
+    job_api_version: str = api.API_VERSION
 
     def __post_init__(self) -> None:
         try:
@@ -57,6 +62,11 @@ class CordonRequest:
     @property
     def job(self) -> str:
         return f"{self.job_namespace}/{self.job_name}"
+
+    @property
+    def target(self) -> EventTarget:
+        """The object the job's Events go on."""
+        return EventTarget(self.job_api_version, self.job_kind, self.job_name, self.job_uid, self.job_namespace)
 
     def wrote(self, mark: Mark) -> bool:
         """``mark`` is this very request's (same job, same diagnosis): an earlier try of it wrote it."""

@@ -9,14 +9,16 @@ decide what happens (``rankwatch.operator.remediation.cordon``); every node's ou
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import kubernetes
 
 from rankwatch.analysis.findings import Finding
+from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.remediation.cordon import RemediationResult, remediate_async
 from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards
-from rankwatch.operator.spec import TrainingJobSpec
+from rankwatch.operator.spec import Remediation, TrainingJobSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,28 @@ async def remediate(
     result = await remediate_async(kube, request, RemediationPolicy.for_job(spec.remediation, safeguards))
     for decision in result.decisions:
         log.info("TrainingJob %s: node %s: %s (%s)", name, decision.node, decision.outcome.value, decision.message)
+    return result
+
+
+async def remediate_group(
+    kube: kubernetes.client.ApiClient,
+    group: Group,
+    job_nodes: frozenset[str],
+    finding: Finding,
+    diagnosis: str,
+    remediation: Remediation,
+    safeguards: Safeguards,
+) -> RemediationResult:
+    """As :func:`remediate`, for a group of another kind: its policy from its pods' annotations, its nodes
+    those its own pods (as its adapter finds them) run on."""
+    request = replace(
+        CordonRequest.from_finding(group.namespace, group.name, group.uid, finding, diagnosis),
+        job_kind=group.kind,
+        job_api_version=group.api_version,
+    )
+    result = await remediate_async(kube, request, RemediationPolicy.for_job(remediation, safeguards), job_nodes)
+    for decision in result.decisions:
+        log.info("%s: node %s: %s (%s)", group, decision.node, decision.outcome.value, decision.message)
     return result
 
 

@@ -301,6 +301,8 @@ def _policies(objects: list[dict]) -> dict[str, dict]:
 SIDECARS = {"podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "rankwatch"}, "matchExpressions": [
     {"key": "rankwatch.io/job-name", "operator": "Exists"}]}}  # fmt: skip
 """The jobs' worker pods as a peer: labelled by rankwatch (a template's values for them are overwritten)."""
+INJECTED = {"podSelector": {"matchLabels": {"rankwatch.io/traced": "true"}}}
+"""Any pod carrying the sidecar, pods of other kinds included: the webhook labels those it injects."""
 
 
 def test_a_network_policy_limits_who_reaches_the_collector_and_who_reads_metrics(render):
@@ -354,7 +356,7 @@ def test_an_egress_policy_lets_the_operator_reach_only_what_it_needs(render):
         for rule in egress
         if {(sidecar_port, "TCP")} == {(p["port"], p.get("protocol", "TCP")) for p in rule["ports"]}
     ]
-    assert sidecars["to"] == [{"namespaceSelector": {}, **SIDECARS}]
+    assert sidecars["to"] == [{"namespaceSelector": {}, **SIDECARS}, {"namespaceSelector": {}, **INJECTED}]
     assert len(_policies(render("--set", "networkPolicy.egress.enabled=false"))) == 1
 
 
@@ -385,3 +387,45 @@ def test_pull_secrets_for_the_workers_rankwatch_image_reach_the_operator(render)
         ]["containers"][0]["env"]
     }
     assert env["RANKWATCH_IMAGE_PULL_SECRETS"] == "regcred,mirror"
+
+
+def _checksum(objects: list[dict]) -> str:
+    return one(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/alerting"]
+
+
+def test_an_alerting_config_change_rolls_the_operator_pods(render):
+    """The operator reads its alerting config once, at start: a new config must give the Deployment a new
+    pod template (so new pods), and the same config the same one (no needless restart)."""
+    on = ("--set", "alerting.enabled=true")
+    base = _checksum(render(*on))
+    assert _checksum(render(*on)) == base
+    assert _checksum(render(*on, "--set", "alerting.config.route.group_wait=45s")) != base
+    assert _checksum(render()) != base, "turning alerting off"
+    mine = _checksum(render(*on, "--set", "alerting.existingConfigMap=mine"))
+    assert mine != base and mine != _checksum(render(*on, "--set", "alerting.existingConfigMap=theirs"))
+    # Its data is hashed where Helm can read the cluster (install, upgrade, --dry-run=server): the e2e
+    # test_chart_config_rollout.py.
+
+
+def test_the_admin_may_refuse_jobs_sys_ptrace_for_their_sidecars(render):
+    def env(*args: str) -> dict[str, str]:
+        container = one(render(*args), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert env()["RANKWATCH_SIDECAR_ALLOW_PTRACE"] == "true"
+    assert env("--set", "sidecar.allowPtrace=false")["RANKWATCH_SIDECAR_ALLOW_PTRACE"] == "false"
+
+
+def test_pods_of_other_kinds_that_the_webhook_injected_reach_the_collector_and_are_reached(render):
+    """An Indexed Job's pod has no rankwatch.io/job-name: the webhook labels it rankwatch.io/traced, and both
+    policies take that label, within the listed namespaces when they are listed."""
+    from rankwatch.operator import api
+
+    for args, namespaces in ((), {}), (("--set", "operator.namespaces={team-a}"), {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}]}):  # fmt: skip
+        policies = _policies(render(*args))
+        peer = {"namespaceSelector": namespaces, "podSelector": {"matchLabels": {api.TRACED_LABEL: "true"}}}
+        [http] = [r for r in policies["Ingress"]["spec"]["ingress"] if r["ports"][0]["port"] == "http"]
+        assert peer in http["from"]
+        [sidecars] = [r for r in policies["Egress"]["spec"]["egress"] if r["ports"][0]["port"] == 9400]
+        assert peer in sidecars["to"]

@@ -80,6 +80,11 @@ def server_dry_run(kubectl, namespace: str, manifest: dict):
             {"archive": {"s3": {"bucket": "traces", "prefix": "rankwatch/team-b/llama", "secretRef": {"name": "s"}}}},
             "spec.tracing.archive.s3.prefix: Invalid value",
         ),
+        (
+            "spec.sidecar",
+            {"ptrace": "yes"},
+            'spec.sidecar.ptrace: Invalid value: "string": spec.sidecar.ptrace in body must be of type boolean',
+        ),
     ],
 )
 def test_invalid_manifest_is_rejected_naming_the_field(kubectl, crd, unwatched_namespace, path, value, expected):
@@ -104,6 +109,7 @@ def test_valid_manifest_gets_defaults(kubectl, crd, unwatched_namespace):
     assert spec["alerting"]["levels"] == {"hang": "P0", "straggler": "P1", "slowLink": "P1", "degradation": "P2",
                                         "mismatch": "P0"}  # fmt: skip
     assert spec["masterPort"] == 29500
+    assert spec["sidecar"] == {"ptrace": False}, "SYS_PTRACE only when the job asks for it"
 
 
 def test_world_size_cannot_change_after_creation(kubectl, crd, unwatched_namespace):

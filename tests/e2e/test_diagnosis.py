@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -170,6 +171,13 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
         what="the Straggler Event in kubectl describe",
     )
     assert "rank 5 (tp 1, dp 1, pp 0)" in described
+    # `rankwatch describe` says the same of a TrainingJob as of a job of any other kind
+    ours = subprocess.run(
+        [sys.executable, "-m", "rankwatch", "describe", f"tj/{name}", "-n", namespace],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "Health:       Degraded" in ours and "  Kind:        Straggler" in ours and "  Ranks:       5" in ours
+    assert f"  Nodes:       {node}" in ours and "Warning  Straggler" in ours
 
     # remediation: that node (and only it) cordoned, tainted and annotated; in dry run only annotated
     marked = eventually(

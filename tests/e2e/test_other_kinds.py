@@ -5,6 +5,8 @@ MutatingWebhookConfiguration; the real Job controller makes an Indexed Job's pod
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -197,9 +199,10 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
         for pod in both:
             assert injected(pod), f"{pod.metadata.name} was not injected"
             assert pod.metadata.annotations["rankwatch.io/tracing"] == "enabled"
+            assert pod.metadata.labels["rankwatch.io/traced"] == "true", "the NetworkPolicies' peer"
             sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
             env = {e.name: e for e in sidecar.env}
-            assert env["RANKWATCH_JOB_NAME"].value == "watched" and env["RANKWATCH_NPROC_PER_NODE"].value == "2"
+            assert env["RANKWATCH_JOB_NAME"].value == "Job:watched" and env["RANKWATCH_NPROC_PER_NODE"].value == "2"
             index = env["RANKWATCH_REPLICA_INDEX"].value_from.field_ref.field_path
             assert index == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
             trainer = {e.name: e.value for e in pod.spec.containers[0].env}
@@ -299,3 +302,484 @@ def test_indexed_job_pods_are_injected_and_pods_made_while_the_operator_is_down_
     finally:
         if operator.poll() is None:
             stop(operator)
+
+
+# ---- the same loop for a group of another kind: diagnosis, cordon, alert, written on the owner ----------
+
+
+class AlertSink:
+    """A real HTTP server on loopback taking Alertmanager's webhook JSON (rankwatch's generic webhook
+    receiver): what an incident bridge would receive."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        received: list[dict[str, Any]] = []
+        self.received = received
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, **labels: str) -> list[dict[str, Any]]:
+        return [
+            alert
+            for message in self.received
+            for alert in message.get("alerts", [])
+            if all(alert.get("labels", {}).get(k) == v for k, v in labels.items())
+        ]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def alert_sink(tmp_path) -> Any:
+    sink = AlertSink()
+    config = {
+        "receivers": [{"name": "bridge", "webhook": {"url": sink.url}}],
+        "route": {"receiver": "bridge", "group_wait": "1s", "group_interval": "5s", "repeat_interval": "4h"},
+        "store": {"path": str(tmp_path / "alerts")},
+    }
+    (tmp_path / "alerting.yaml").write_text(yaml.safe_dump(config))
+    sink.config = tmp_path / "alerting.yaml"
+    yield sink
+    sink.stop()
+
+
+def standin_trainer(faults: dict[str, str], world_size: int) -> dict[str, Any]:
+    """The stand-in trainer (4 ranks, TP 4 per pod) as a Job's container: its node rank is the pod's
+    completion index, as a torchrun command line would take it from JOB_COMPLETION_INDEX."""
+    env = [
+        {"name": "NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}},
+        {"name": "NPROC_PER_NODE", "value": "4"},
+        {"name": "WORLD_SIZE", "value": str(world_size)},
+        {"name": "RANKWATCH_STANDIN_DEVICE", "value": "async"},
+        *({"name": key, "value": value} for key, value in faults.items()),
+    ]
+    return {
+        "name": "trainer",
+        "image": "rankwatch/rankwatch:0.1.0",
+        "command": ["rankwatch", "simulate-pod", "--tp", "4", "--pp", "1", "--steps", "1000000"],
+        "env": env,
+        "resources": {"limits": {"nvidia.com/gpu": 8}},  # a whole node each: one pod per node
+    }
+
+
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+GROUP_ANNOTATIONS = {
+    "rankwatch.io/inject": "true",
+    "rankwatch.io/nproc-per-node": "4",
+    "rankwatch.io/tensor-parallel": "4",
+    "rankwatch.io/sensitivity-seconds": "10",
+    "rankwatch.io/window-seconds": "2",
+}
+
+
+def standin_indexed_job(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    job = indexed_job(name, 2)
+    template = job["spec"]["template"]
+    template["metadata"]["annotations"] = dict(GROUP_ANNOTATIONS)
+    template["spec"]["containers"] = [standin_trainer(faults, 8)]
+    return job
+
+
+def diagnosis_on(owner_annotations: dict[str, str] | None) -> dict[str, Any]:
+    import json
+
+    return json.loads((owner_annotations or {}).get("rankwatch.io/diagnosis") or "{}")
+
+
+def node_state(core: kubernetes.client.CoreV1Api, name: str) -> tuple[bool, dict[str, str]]:
+    node = core.read_node(name)
+    marks = {k: v for k, v in (node.metadata.annotations or {}).items() if k.startswith("rankwatch.io/")}
+    return bool(node.spec.unschedulable), marks
+
+
+@contextlib.contextmanager
+def group_operator(processes, operator_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+    """The operator (webhook on, alerting to ``alert_sink``) and the pod runner for ``namespace``."""
+    port, certs = webhook
+    collector_port = processes.free_port()
+    settings = {
+        "RANKWATCH_WEBHOOK_LISTEN": f"127.0.0.1:{port}",
+        "RANKWATCH_WEBHOOK_CERT_DIR": str(certs),
+        "RANKWATCH_ALERTING_CONFIG": str(alert_sink.config),
+        "POD_NAMESPACE": namespace,
+        "RANKWATCH_CORDON_COOLDOWN_SECONDS": "0",
+        "RANKWATCH_BREAKER_MAX_SHARE": "1",
+    }
+    operator = processes.operator(operator_kubeconfig, namespace, tmp_path / "operator.log", collector_port, settings)
+    runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{collector_port}", namespace, tmp_path / "pods")
+    try:
+        yield
+    finally:
+        processes.stop(runner)
+        if operator.poll() is None:
+            stop(operator)
+
+
+def describe_cli(kubeconfig: str, namespace: str, reference: str) -> str:
+    """`kubectl rankwatch describe` as a user runs it: kubectl finds the plugin (installed with rankwatch)
+    on PATH."""
+    import sys
+
+    from rankwatch.cluster import binaries
+
+    result = subprocess.run(
+        [str(binaries.binary_path("kubectl")), "rankwatch", "describe", reference, "-n", namespace],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": kubeconfig, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def assert_straggler_handled(
+    api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually, alert_kind: str = ""
+):
+    """Rank 5 (pod of node rank 1) made slow: the owner carries the diagnosis, its Event and its report;
+    the node of that pod, and only it, is cordoned for the owner; the alert is sent (label ``jobkind``:
+    ``alert_kind``, by default ``kind``). Returns the node."""
+    core = kubernetes.client.CoreV1Api(api)
+
+    def diagnosed() -> Any:
+        owner = read_owner()
+        record = diagnosis_on(owner["metadata"].get("annotations"))
+        return record.get("active") and (owner, record)
+
+    owner, record = eventually(diagnosed, PATIENCE_S, interval=1, what=f"the {kind}'s diagnosis annotation")
+    assert record["kind"] == "Straggler" and record["ranks"] == [5], record
+    [pod_name] = record["pods"]
+    pod = core.read_namespaced_pod(pod_name, namespace)
+    node = pod.spec.node_name
+    assert record["nodes"] == [node]
+    annotations = owner["metadata"]["annotations"]
+    assert annotations["rankwatch.io/suspect-nodes"] == node and annotations["rankwatch.io/suspect-ranks"] == "5"
+    assert annotations["rankwatch.io/health"] == "Degraded"
+    report = core.read_namespaced_config_map(record["report"], namespace)
+    assert [o.uid for o in report.metadata.owner_references] == [uid], f"deleted with the {kind}"
+    assert "rank 5" in report.data["report.txt"]
+
+    def owner_events(reason: str) -> list[Any]:
+        items = core.list_namespaced_event(namespace, field_selector=f"reason={reason}").items
+        return [e for e in items if e.involved_object.uid == uid]
+
+    [event] = eventually(lambda: owner_events("Straggler"), PATIENCE_S, what=f"the Straggler Event on the {kind}")
+    assert event.type == "Warning" and event.involved_object.kind == kind and "rank 5" in event.message
+    assert record["report"] in event.message, "the Event says where the full report is"
+
+    done = eventually(
+        lambda: (r := diagnosis_on(read_owner()["metadata"].get("annotations"))).get("remediation")
+        and r.get("alertedTime") and r,
+        PATIENCE_S,
+        interval=1,
+        what=f"the cordon and the alert recorded on the {kind}",
+    )  # fmt: skip
+    assert done["remediation"] == f"cordoned and tainted {node}"
+    unschedulable, marks = node_state(core, node)
+    assert unschedulable and marks["rankwatch.io/cordon-job"] == f"{namespace}/{name}"
+    assert marks["rankwatch.io/cordon-job-uid"] == uid
+    others = [n.metadata.name for n in core.list_node().items if n.metadata.name != node]
+    assert not [n for n in others if node_state(core, n)[0] or "rankwatch.io/cordon-job" in node_state(core, n)[1]]
+    [cordoned] = eventually(lambda: owner_events("NodeCordoned"), PATIENCE_S, what="the NodeCordoned Event")
+    assert f"{kind} {namespace}/{name}" in cordoned.message
+
+    [alert] = eventually(
+        lambda: alert_sink.alerts(jobkind=alert_kind or kind, trainingjob=name, namespace=namespace),
+        PATIENCE_S,
+        what="the alert at the webhook receiver",
+    )
+    assert alert["labels"]["alertname"] == "TrainingJobStraggler" and alert["labels"]["node"] == node
+    assert alert["status"] == "firing"
+    return node
+
+
+STRAGGLER = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+
+
+def test_a_straggler_in_an_indexed_job_is_diagnosed_cordoned_alerted_and_written_on_the_job(
+    webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace, eventually,
+    alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    batch = kubernetes.client.BatchV1Api(api)
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            job = batch.create_namespaced_job(namespace, standin_indexed_job("slow", STRAGGLER))
+
+            def read() -> dict[str, Any]:
+                return api.sanitize_for_serialization(batch.read_namespaced_job("slow", namespace))
+
+            node = assert_straggler_handled(api, namespace, read, "Job", "slow", job.metadata.uid, alert_sink,
+                                            eventually)  # fmt: skip
+            pod = (
+                kubernetes.client.CoreV1Api(api)
+                .list_namespaced_pod(
+                    namespace,
+                    label_selector="batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=slow",
+                )
+                .items[0]
+            )
+            assert pod.spec.node_name == node, "rank 5 runs in the pod of completion index 1"
+    finally:
+        uncordon_job(api, namespace, "slow", via="test")
+
+
+JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
+
+
+@pytest.fixture
+def jobset_controller(kubeconfig, unwatched_namespace, tmp_path):
+    """The real JobSet controller (built from its Go module), its webhooks for this test's namespace."""
+    from rankwatch.cluster.jobset import JobSetController
+
+    controller = JobSetController(kubeconfig, unwatched_namespace, tmp_path / "jobset")
+    controller.start(PATIENCE_S)
+    yield controller
+    controller.stop()
+
+
+def standin_jobset(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """A JobSet of 2 single-pod Jobs opted in, as a user writes it: node rank = the Job's global index."""
+    trainer = standin_trainer(faults, 8)
+    trainer["env"][0] = {
+        "name": "NODE_RANK",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-global-index']"}},
+    }
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "parallelism": 1,
+                            "completions": 1,
+                            "backoffLimit": 0,
+                            "template": {
+                                "metadata": {"annotations": dict(GROUP_ANNOTATIONS)},
+                                "spec": {"restartPolicy": "Never", "containers": [trainer]},
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def test_a_straggler_in_a_jobset_run_by_the_real_controller_is_diagnosed_cordoned_alerted_and_written_on_it(
+    webhook, jobset_controller, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
+    eventually, alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            jobset = objects.create_namespaced_custom_object(
+                *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("slowset", STRAGGLER)
+            )
+            uid = jobset["metadata"]["uid"]
+
+            def read() -> dict[str, Any]:
+                return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "slowset")
+
+            selector = f"jobset.sigs.k8s.io/jobset-uid={uid}"
+            pods = eventually(
+                lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
+                PATIENCE_S,
+                what="the JobSet controller's two child Jobs' pods",
+            )  # fmt: skip
+            assert all(injected(pod) for pod in pods), "the webhook injects a JobSet's pods"
+            sidecar = next(c for c in pods[0].spec.init_containers if c.name == "rankwatch-sidecar")
+            assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "JobSet:slowset"
+            token = core.read_namespaced_secret("slowset-rankwatch-jobset-token", namespace)
+            assert [o.uid for o in token.metadata.owner_references] == [uid]
+
+            node = assert_straggler_handled(api, namespace, read, "JobSet", "slowset", uid, alert_sink, eventually)
+            described = describe_cli(kubeconfig, namespace, "jobset/slowset")
+            assert (
+                "Kind:         JobSet (jobset.x-k8s.io/v1alpha2)" in described and "Health:       Degraded" in described
+            )
+            assert "  Kind:        Straggler" in described and f"  Nodes:       {node}" in described
+            assert f"  Remediation: cordoned and tainted {node}" in described
+            assert re.search(r"Warning\s+Straggler\s+\S+\s+rankwatch-operator\s+rank 5", described), described
+            [slow_pod] = [p for p in pods if p.spec.node_name == node]
+            assert slow_pod.metadata.labels["jobset.sigs.k8s.io/job-global-index"] == "1"
+    finally:
+        uncordon_job(api, namespace, "slowset", via="test")
+
+
+VOLCANO_API = ("batch.volcano.sh", "v1alpha1", "jobs")
+
+
+@pytest.fixture
+def volcano_crd(kubectl, api, eventually):
+    """Volcano's own Job CRD (from its Go module); its controller does not run here (it needs Volcano's
+    scheduler, queues and PodGroups), so the test makes the pods as the controller would."""
+    from rankwatch.cluster.jobset import volcano_job_crd
+
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(volcano_job_crd()))
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+
+    def established() -> bool:
+        conditions = extensions.read_custom_resource_definition("jobs.batch.volcano.sh").status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    eventually(established, PATIENCE_S, what="Volcano's Job CRD established")
+
+
+def volcano_job(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """A Volcano Job of 2 workers opted in, as a user writes it (its node rank: the task index)."""
+    trainer = standin_trainer(faults, 8)
+    trainer["env"][0] = {
+        "name": "NODE_RANK",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['volcano.sh/task-index']"}},
+    }
+    template = {"metadata": {"annotations": dict(GROUP_ANNOTATIONS)}, "spec": {"restartPolicy": "Never",
+                "containers": [trainer]}}  # fmt: skip
+    return {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "minAvailable": 2,
+            "queue": "default",
+            "tasks": [{"name": "worker", "replicas": 2, "template": template}],
+        },
+    }
+
+
+def volcano_pod(job: dict[str, Any], index: int) -> dict[str, Any]:
+    """The pod Volcano's job controller makes for task ``worker``, index ``index`` (createJobPod, v1.10)."""
+    task = job["spec"]["tasks"][0]
+    metadata = job["metadata"]
+    annotations = {
+        **task["template"]["metadata"]["annotations"],
+        "volcano.sh/task-index": str(index),
+        "volcano.sh/task-spec": task["name"],
+        "scheduling.k8s.io/group-name": f"{metadata['name']}-{metadata['uid']}",
+        "volcano.sh/job-name": metadata["name"],
+        "volcano.sh/queue-name": "default",
+        "volcano.sh/job-version": "0",
+        "volcano.sh/template-uid": f"{metadata['name']}-{task['name']}",
+        "volcano.sh/job-retry-count": "0",
+    }
+    labels = {
+        "volcano.sh/task-index": str(index),
+        "volcano.sh/job-name": metadata["name"],
+        "volcano.sh/task-spec": task["name"],
+        "volcano.sh/job-namespace": metadata["namespace"],
+        "volcano.sh/queue-name": "default",
+    }
+    owner = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": metadata["name"],
+             "uid": metadata["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{metadata['name']}-{task['name']}-{index}",
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner],
+        },
+        "spec": task["template"]["spec"],
+    }
+
+
+def test_a_straggler_in_a_volcano_job_is_diagnosed_cordoned_alerted_and_written_on_it(
+    webhook, volcano_crd, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
+    eventually, alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            job = objects.create_namespaced_custom_object(
+                *VOLCANO_API[:2], namespace, VOLCANO_API[2], volcano_job("vslow", STRAGGLER)
+            )
+            uid = job["metadata"]["uid"]
+            for index in range(2):
+                pod = core.create_namespaced_pod(namespace, volcano_pod(job, index))
+                assert injected(pod)
+            sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
+            assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "VolcanoJob:vslow"
+
+            def read() -> dict[str, Any]:
+                return objects.get_namespaced_custom_object(*VOLCANO_API[:2], namespace, VOLCANO_API[2], "vslow")
+
+            node = assert_straggler_handled(
+                api, namespace, read, "Job", "vslow", uid, alert_sink, eventually, alert_kind="VolcanoJob"
+            )
+            assert core.read_namespaced_pod("vslow-worker-1", namespace).spec.node_name == node
+            described = describe_cli(kubeconfig, namespace, "vcjob/vslow")
+            assert "Kind:         VolcanoJob (batch.volcano.sh/v1alpha1)" in described
+            assert f"  Remediation: cordoned and tainted {node}" in described
+    finally:
+        uncordon_job(api, namespace, "vslow", via="test")
+
+
+def test_a_rank_that_never_calls_hangs_a_jobset_and_is_named_on_it(
+    webhook, jobset_controller, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
+    eventually, alert_sink, tmp_path,
+):  # fmt: skip
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    try:
+        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+            wait_for_webhook(kubectl, namespace, eventually)
+            jobset = objects.create_namespaced_custom_object(
+                *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("stuck", hang)
+            )
+            uid = jobset["metadata"]["uid"]
+
+            def hung() -> dict[str, Any]:
+                owner = objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "stuck")
+                record = diagnosis_on(owner["metadata"].get("annotations"))
+                return record.get("active") and record.get("alertedTime") and record.get("remediation") and record
+
+            record = eventually(hung, PATIENCE_S, interval=1, what="the JobSet's Hang diagnosis, cordon and alert")
+            assert record["kind"] == "Hang" and record["ranks"] == [2], record
+            [pod_name] = record["pods"]
+            node = core.read_namespaced_pod(pod_name, namespace).spec.node_name
+            assert record["nodes"] == [node] and record["remediation"] == f"cordoned and tainted {node}"
+            events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
+            assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["JobSet"]
+            [alert] = eventually(
+                lambda: alert_sink.alerts(jobkind="JobSet", trainingjob="stuck", alertname="TrainingJobHang"),
+                PATIENCE_S,
+                what="the hang's alert",
+            )
+            assert alert["labels"]["node"] == node
+    finally:
+        uncordon_job(api, namespace, "stuck", via="test")

@@ -1,6 +1,7 @@
 """What a job author cannot make rankwatch do, on the real API server: end pods its TrainingJob does
 not control (a pod that only carries the job's labels, which any tenant of the namespace can create),
-or have the operator read a Secret that was not opted in as archive credentials."""
+have the operator read a Secret that was not opted in as archive credentials, or get its workers onto
+a node rankwatch cordoned by tolerating the cordon (the real scheduler decides)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ import kubernetes
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the remediation tests' job helpers
-from test_remediation import bare_pod, create_job
+from test_remediation import GPU_NODES, _reset_node, bare_pod, create_job, policy, suspect
 
+from rankwatch.operator import api as names
+from rankwatch.operator.config import WorkerPodSettings
+from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.recovery import archive, attempts
+from rankwatch.operator.remediation.cordon import remediate
+from rankwatch.operator.spec import TrainingJobSpec
 
 pytestmark = pytest.mark.e2e
 
@@ -48,3 +54,48 @@ def test_a_secret_not_opted_in_is_not_read_as_archive_credentials(api, unwatched
     ):
         archive.read_credentials(api, unwatched_namespace, "team-db")
     assert archive.read_credentials(api, unwatched_namespace, "bucket").access_key == "AKIAEXAMPLE"
+
+
+@pytest.fixture
+def nodes_as_found(api):
+    """The GPU nodes without rankwatch's marks or a cordon, before and after."""
+    core = kubernetes.client.CoreV1Api(api)
+    for name in GPU_NODES:
+        _reset_node(core, name)
+    yield
+    for name in GPU_NODES:
+        _reset_node(core, name)
+
+
+def test_a_template_tolerating_the_cordon_is_still_kept_off_a_node_rankwatch_cordoned(
+    api, kubectl, unwatched_namespace, nodes_as_found, eventually
+):
+    """``node.kubernetes.io/unschedulable`` tolerated gets a pod past a plain cordon; rankwatch's taint keeps
+    it off the node rankwatch cordoned (and a template tolerating that taint is refused: test_pod_spec.py)."""
+    namespace, core = unwatched_namespace, kubernetes.client.CoreV1Api(api)
+    request = create_job(api, namespace, "tolerant", ["gpu-node-3"])
+    remediate(api, suspect(request, "gpu-node-3"), policy())
+    kubectl("cordon", "gpu-node-2")  # someone else's plain cordon, no taint
+    job = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        names.GROUP, names.VERSION, namespace, names.PLURAL, "tolerant"
+    )
+    tolerations = [{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}]
+    placed = {}
+    for index, node in ((0, "gpu-node-3"), (1, "gpu-node-2")):
+        template = {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}], "tolerations": tolerations,
+                             "nodeSelector": {"kubernetes.io/hostname": node}}}  # fmt: skip
+        spec = TrainingJobSpec.from_manifest({"template": template, "replicas": 2, "nprocPerNode": 1})
+        pod = pod_spec.worker_pod(job, spec, index, WorkerPodSettings(), attempt=1)
+        placed[node] = core.create_namespaced_pod(namespace, pod).metadata.name
+
+    def scheduling(name: str):
+        conditions = core.read_namespaced_pod(name, namespace).status.conditions or []
+        return next((c for c in conditions if c.type == "PodScheduled"), None)
+
+    try:
+        plain = eventually(lambda: scheduling(placed["gpu-node-2"]), 60, what="the pod beside a plain cordon")
+        assert plain.status == "True", "the toleration gets it past a cordon without rankwatch's taint"
+        refused = eventually(lambda: scheduling(placed["gpu-node-3"]), 60, what="the scheduler's answer")
+        assert refused.status == "False" and "1 node(s) had untolerated taint" in refused.message, refused
+    finally:
+        kubectl("uncordon", "gpu-node-2")  # rankwatch's mark: undone by nodes_as_found

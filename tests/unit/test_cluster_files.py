@@ -45,9 +45,9 @@ def test_an_identity_added_to_an_existing_cluster_is_a_client_of_its_ca_with_no_
 def test_every_wrapper_module_requires_the_pinned_version_of_what_it_builds():
     import re
 
-    from rankwatch.cluster.versions import COMPONENTS, MONITORING, TOOLS
+    from rankwatch.cluster.versions import ADMISSION, COMPONENTS, MONITORING, TOOLS
 
-    for component in (*COMPONENTS, *TOOLS, *MONITORING):
+    for component in (*COMPONENTS, *TOOLS, *MONITORING, *ADMISSION):
         assert (component.module_dir / "go.sum").exists(), component.name
         gomod = (component.module_dir / "go.mod").read_text()
         required = dict(re.findall(r"^(?:require\s+|\t)(\S+) (v\S+)", gomod, re.MULTILINE))

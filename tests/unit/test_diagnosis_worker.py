@@ -52,7 +52,9 @@ def test_the_worker_names_the_straggler_from_the_pods_dumps(straggler_rings, tmp
     result = asyncio.run(analyse(tmp_path, request(), budget, 120))
     # on a loaded machine the whole job may drift too: a job-wide finding names no rank and is no blame
     [finding] = [finding for finding in result.report.findings if finding.ranks]
-    assert finding.kind is FindingKind.STRAGGLER and finding.ranks == [5] and finding.nodes == ["sim-node-1"]
+    # the node its pod is bound to (the request's), not the one its rings claim (sim-node-1): a rank's own
+    # process writes that, and may name another team's node
+    assert finding.kind is FindingKind.STRAGGLER and finding.ranks == [5] and finding.nodes == ["gpu-node-1"]
     assert any("job-worker-2" in problem and "ring header" in problem for problem in result.report.problems)
     # the analysis's own peak (about 75 MiB here), not the forking process's
     assert "STRAGGLER" in result.text and 0 < result.peak_rss_bytes < 256 << 20
@@ -111,13 +113,15 @@ def test_an_archive_is_cut_and_rendered_in_the_worker_not_in_the_operator(stragg
     write_dump(rings / "job-worker-0.dump", [straggler_rings[r] for r in range(4)])
     write_dump(rings / "job-worker-1.dump", [straggler_rings[r] for r in range(4, 8)])
     (rings / "job-worker-2.dump").write_bytes(b"<html>502 Bad Gateway</html>")
-    result = asyncio.run(render_evidence(tmp_path, (TP, 1, WORLD), 512 << 20, 120))
+    bound = {"job-worker-0": "gpu-node-0", "job-worker-1": "gpu-node-1"}  # the rings claim sim-node-0 and -1
+    result = asyncio.run(render_evidence(tmp_path, (TP, 1, WORLD), 512 << 20, 120, bound))
     assert sorted(path.name for path in rings.iterdir()) == [
         f"job-worker-{p}-{i}.ring" for p in (0, 1) for i in range(4)
     ]
     assert (tmp_path / "report.html").read_text().lower().startswith("<!doctype html>")
     assert json.loads((tmp_path / "timeline.json").read_text())["traceEvents"]
-    assert any(finding["ranks"] == [5] for finding in result.findings)
+    assert any(finding["ranks"] == [5] and finding["nodes"] == ["gpu-node-1"] for finding in result.findings)
+    assert "sim-node" not in (tmp_path / "analysis.txt").read_text(), "each rank on its pod's node"
     assert any("job-worker-2" in problem for problem in result.problems)
     assert 0 < result.peak_rss_bytes < 512 << 20
 

@@ -70,7 +70,7 @@ def test_phase_health_and_conditions_follow_the_jobs_status():
     metrics.observe("team-a", "llama", running_status())
     series = scrape(metrics)
     phases = {dict(k)["phase"]: v for k, v in series["rankwatch_job_phase"].items()}
-    assert phases == {"Pending": 0, "Running": 1, "Succeeded": 0, "Failed": 0}
+    assert phases == {"Pending": 0, "Suspended": 0, "Running": 1, "Succeeded": 0, "Failed": 0}
     assert series["rankwatch_job_health"][labels(trainingjob="llama", health="Healthy")] == 1
     assert series["rankwatch_job_condition"][labels(trainingjob="llama", condition="Hung")] == 0
 

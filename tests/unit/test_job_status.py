@@ -150,3 +150,56 @@ def test_a_crash_looping_running_worker_shows_on_the_running_job():
     assert status["phase"] == "Running" and status["reason"] == "CrashLoopBackOff"
     assert "worker 2 (pod job-worker-2 on node gpu-node-2): container trainer CrashLoopBackOff" in status["message"]
     assert [(e.type, e.reason) for e in events] == [("Warning", "CrashLoopBackOff")]
+
+
+SUSPENDED_SPEC = TrainingJobSpec(template={"spec": {"containers": []}}, replicas=3, nprocPerNode=8, suspend=True)
+
+
+def test_a_job_created_suspended_says_so_and_wants_no_workers():
+    status = {"phase": "Suspended", "conditions": initial_conditions(SUSPENDED_SPEC, T0, 1)}
+    assert condition(status, "Suspended")["status"] == "True"
+    assert "no worker pods" in condition(status, "Created")["message"]
+    status, events = derive(SUSPENDED_SPEC, [], status, T1, 1)
+    assert status["phase"] == "Suspended" and status["workers"] == "0/3"
+    assert events == [], "already suspended: nothing new to tell"
+
+
+def test_suspending_a_running_job_counts_its_pods_down_and_never_fails_it():
+    running, _ = derive(SPEC, [pod(0), pod(1), pod(2)], fresh(), T1, 1)
+    ending = [pod(0, deleting=True), pod(1, deleting=True), pod(2)]
+    status, events = derive(SUSPENDED_SPEC, ending, running, T2, 2)
+    assert status["phase"] == "Suspended" and "3 worker pod(s) being deleted" in status["message"]
+    assert condition(status, "Suspended")["status"] == "True"
+    assert condition(status, "Running")["status"] == "False"
+    assert [e.reason for e in events] == ["Suspended"]
+    gone, events = derive(SUSPENDED_SPEC, [], status, T2, 2)
+    assert gone["phase"] == "Suspended" and "no worker pods" in gone["message"], "workers gone is no WorkerLost"
+    assert events == []
+
+
+def test_resuming_waits_for_the_new_workers_then_runs():
+    suspended, _ = derive(SUSPENDED_SPEC, [], {"phase": "Suspended", "conditions": []}, T1, 2)
+    status, events = derive(SPEC, [], suspended, T2, 3)
+    assert status["phase"] == "Pending" and status["replicaStatuses"]["missing"] == 3
+    assert condition(status, "Suspended")["status"] == "False"
+    assert [e.reason for e in events] == ["Resumed"]
+    status, events = derive(SPEC, [pod(0), pod(1), pod(2)], status, T2, 3)
+    assert status["phase"] == "Running" and [e.reason for e in events] == ["AllWorkersRunning"]
+
+
+def test_workers_gated_by_a_queue_await_admission_without_a_warning():
+    gated = {
+        "metadata": {"name": "job-worker-0", "labels": {"rankwatch.io/replica-index": "0"}},
+        "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}],
+        },
+    }
+    worker = WorkerPod.from_pod(gated)
+    assert worker.problem_reason == job_status.GATED and not worker.container_problem
+    assert "kueue.x-k8s.io/admission" in worker.problem
+    status, events = derive(SPEC, [worker], fresh(), T1, 1)
+    assert status["phase"] == "Pending" and status["reason"] == "AwaitingAdmission"
+    assert "waiting for admission (scheduling gates: kueue.x-k8s.io/admission)" in status["message"]
+    assert events == []

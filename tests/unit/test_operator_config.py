@@ -94,6 +94,13 @@ def test_every_bad_value_is_named_with_its_variable_and_what_is_expected(tmp_pat
     ]
 
 
+def test_the_admin_decides_whether_jobs_may_give_their_sidecar_ptrace():
+    assert OperatorConfig.from_env({}).pods.allow_ptrace is True
+    assert OperatorConfig.from_env({"RANKWATCH_SIDECAR_ALLOW_PTRACE": "false"}).pods.allow_ptrace is False
+    with pytest.raises(ConfigError, match=r"RANKWATCH_SIDECAR_ALLOW_PTRACE='no': expected true or false"):
+        OperatorConfig.from_env({"RANKWATCH_SIDECAR_ALLOW_PTRACE": "no"})
+
+
 def test_settings_that_only_fail_together_are_named_together():
     with pytest.raises(ConfigError, match=r"RANKWATCH_DIAGNOSIS_MEMORY_MIB=256: leaves 64 MiB per diagnosis with "
                        r"RANKWATCH_DIAGNOSIS_CONCURRENCY=4"):  # fmt: skip

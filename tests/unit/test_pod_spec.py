@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
-from rankwatch.operator.spec import InvalidSpec, Parallelism, Tracing, TrainingJobSpec
+from rankwatch.operator.spec import InvalidSpec, Parallelism, Sidecar, Tracing, TrainingJobSpec
 
 CONFIG = WorkerPodSettings(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
 JOB = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "uid-123"}}
@@ -89,6 +90,7 @@ def test_pod_identity_labels_owner_and_dns():
         "rankwatch.io/job-name": "llama",
         "rankwatch.io/replica-index": "3",
         "rankwatch.io/attempt": "0",
+        "rankwatch.io/traced": "true",
         "app.kubernetes.io/managed-by": "rankwatch",
     }
     assert meta["annotations"]["note"] == "keep"
@@ -255,3 +257,93 @@ def test_the_jobs_pull_secrets_are_read_from_the_stored_spec():
         {"template": TEMPLATE, "tracing": {"imagePullSecrets": [{"name": "team-registry"}]}}
     )
     assert spec.tracing.imagePullSecrets == ("team-registry",)
+
+
+def test_a_job_in_a_kueue_queue_makes_one_pod_group_per_attempt_and_generation():
+    queued = {"metadata": {**JOB["metadata"], "generation": 3, "labels": {"kueue.x-k8s.io/queue-name": "gpus"}}}
+    pods = [pod_spec.worker_pod(queued, make_spec(), index, CONFIG, attempt=1) for index in range(4)]
+    for pod in pods:
+        labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels["kueue.x-k8s.io/queue-name"] == "gpus"
+        assert labels["kueue.x-k8s.io/pod-group-name"] == "llama-a1-g3"
+        assert annotations["kueue.x-k8s.io/pod-group-total-count"] == "4"
+        assert annotations["kueue.x-k8s.io/retriable-in-group"] == "false", "rankwatch replaces attempts itself"
+    later = pod_spec.worker_pod(queued, make_spec(), 0, CONFIG, attempt=2)
+    assert later["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "llama-a2-g3"
+
+
+def test_a_queue_label_on_the_template_alone_still_makes_a_gang():
+    template = copy.deepcopy(TEMPLATE)
+    template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "gpus"
+    job = {"metadata": JOB["metadata"], "spec": {"template": template}}
+    pod = pod_spec.worker_pod(job, make_spec(template=template), 0, CONFIG)
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == "llama-a0-g1"
+    assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"
+
+
+def test_a_job_in_no_queue_gets_no_pod_group():
+    pod = pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG)
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in pod["metadata"]["labels"])
+    assert not any(key.startswith("kueue.x-k8s.io/") for key in pod["metadata"]["annotations"])
+
+
+def test_a_pod_group_name_stays_a_valid_label_value_for_the_longest_job_names():
+    from rankwatch.operator.lifecycle import gang
+
+    name = gang.pod_group_name("j" * 45, attempt=99, generation=10**12)
+    assert len(name) <= 63 and name.startswith("j" * 40)
+    assert name != gang.pod_group_name("j" * 45, attempt=99, generation=10**12 + 1)
+
+
+def test_the_sidecar_gets_sys_ptrace_only_when_the_job_asks_for_it():
+    """``spec.sidecar.ptrace``: SYS_PTRACE and nothing else, as root (an added capability reaches a root
+    container's effective set only); off by default, and the trainer is never given anything."""
+    plain = container(pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG), pod_spec.SIDECAR_CONTAINER)
+    assert plain["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert plain["securityContext"]["runAsNonRoot"] is True
+
+    pod = pod_spec.worker_pod(JOB, make_spec(sidecar=Sidecar(ptrace=True)), 0, CONFIG)
+    context = container(pod, pod_spec.SIDECAR_CONTAINER)["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
+    assert (context["runAsUser"], context["runAsNonRoot"], context["allowPrivilegeEscalation"]) == (0, False, False)
+    assert context["readOnlyRootFilesystem"] is True and context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["shareProcessNamespace"] is True, "py-spy must see the ranks' processes"
+    assert "securityContext" not in container(pod, "trainer")
+    assert container(pod, pod_spec.INIT_CONTAINER)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_a_job_asking_for_ptrace_where_the_admin_disallows_it_is_refused_naming_the_setting():
+    refusing = dataclasses.replace(CONFIG, allow_ptrace=False)
+    with pytest.raises(InvalidSpec, match=r"team-a/llama: spec\.sidecar\.ptrace is not allowed .*sidecar\.allowPtrace"):
+        pod_spec.worker_pod(JOB, make_spec(sidecar=Sidecar(ptrace=True)), 0, refusing)
+    assert pod_spec.worker_pod(JOB, make_spec(), 0, refusing), "a job that does not ask is built as always"
+
+
+def test_a_traced_worker_carries_the_label_the_network_policies_admit():
+    assert pod_spec.worker_pod(JOB, make_spec(), 0, CONFIG)["metadata"]["labels"]["rankwatch.io/traced"] == "true"
+    untraced = pod_spec.worker_pod(JOB, make_spec(tracing=Tracing(enabled=False)), 0, CONFIG)
+    assert "rankwatch.io/traced" not in untraced["metadata"]["labels"], "no sidecar: nothing to admit"
+
+
+@pytest.mark.parametrize(
+    ("toleration", "refused"),
+    [
+        # The cordon's own taint: a cordoned node is kept from such a pod by rankwatch's taint, not the cordon.
+        ({"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}, False),
+        ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, False),
+        ({"operator": "Exists", "effect": "NoExecute"}, False),  # key-less, but not the effect of rankwatch's taint
+        ({"operator": "Exists"}, True),  # every taint
+        ({"operator": "Exists", "effect": "NoSchedule"}, True),
+        ({"key": "rankwatch.io/suspect", "operator": "Exists"}, True),
+        ({"key": "rankwatch.io/suspect", "operator": "Equal", "value": "team-a.llama", "effect": "NoSchedule"}, True),
+    ],
+)
+def test_a_template_tolerating_rankwatchs_suspect_taint_is_refused(toleration, refused):
+    spec = make_spec()
+    spec.template["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}, toleration]
+    if refused:
+        with pytest.raises(InvalidSpec, match=r"team-a/llama: spec\.template\.spec\.tolerations\[1\] tolerates "
+                           r"rankwatch's taint rankwatch\.io/suspect:NoSchedule"):  # fmt: skip
+            pod_spec.worker_pod(JOB, spec, 0, CONFIG)
+    else:
+        assert pod_spec.worker_pod(JOB, spec, 0, CONFIG)["spec"]["tolerations"][1] == toleration

@@ -18,6 +18,7 @@ from rankwatch.operator.spec import (
     Remediation,
     RestartOn,
     S3Archive,
+    Sidecar,
     Tracing,
     TrainingJobSpec,
 )
@@ -32,6 +33,7 @@ SPEC_SCHEMA = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["propertie
         (TrainingJobSpec, SPEC_SCHEMA),
         (Parallelism, SPEC_SCHEMA["parallelism"]["properties"]),
         (Tracing, SPEC_SCHEMA["tracing"]["properties"]),
+        (Sidecar, SPEC_SCHEMA["sidecar"]["properties"]),
         (Remediation, SPEC_SCHEMA["remediation"]["properties"]),
         (Alerting, SPEC_SCHEMA["alerting"]["properties"]),
         (AlertLevels, SPEC_SCHEMA["alerting"]["properties"]["levels"]["properties"]),
