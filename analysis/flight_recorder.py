@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import io
 import json
+import math
 import pickle
 import pickletools
 import re
@@ -358,13 +359,14 @@ def _members(
         for group, desc in d.group_desc.items():
             descs.setdefault(group, desc)
     members: dict[str, list[int]] = {}
+    in_use = _kinds_in_use(seen, layout) if missing and layout else set()
     for group, observed in seen.items():
         if group in configs:
             members[group] = configs[group]
         elif descs.get(group) == DEFAULT_GROUP_DESC:
             members[group] = list(range(world))
         elif missing and layout:
-            members[group] = sorted(_layout_group(observed, dumped, layout) or observed)
+            members[group] = sorted(_layout_group(observed, dumped, layout, in_use) or observed)
         elif missing and len(observed) == 1:
             members[group] = sorted(observed | set(missing))  # a collective is never pending on its own
         else:
@@ -372,18 +374,43 @@ def _members(
     return members, missing
 
 
-def _layout_group(observed: set[int], dumped: set[int], layout: Layout) -> set[int] | None:
+LAYOUT_AXES = ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2))
+"""The layout's group kinds by the coordinates (tp, dp, pp) their members differ in: TP, DP, PP, products."""
+
+
+def _kinds_in_use(seen: dict[str, set[int]], layout: Layout) -> set[tuple[int, ...]]:
+    """The kinds of layout group (as in :data:`LAYOUT_AXES`) of which some group of two or more ranks is
+    seen whole: every member of one such group recorded in it."""
+    dims = (layout.tp, layout.dp, layout.pp)
+    kinds = set()
+    for ranks in seen.values():
+        if len(ranks) < 2:
+            continue
+        coords = [layout.coords(rank) for rank in ranks]
+        axes = tuple(axis for axis in range(3) if len({c[axis] for c in coords}) > 1)
+        if axes and len(ranks) == math.prod(dims[axis] for axis in axes):
+            kinds.add(axes)
+    return kinds
+
+
+def _layout_group(
+    observed: set[int], dumped: set[int], layout: Layout, in_use: set[tuple[int, ...]] = frozenset()
+) -> set[int] | None:
     """The smallest group of the Megatron layout (TP, DP, PP and their products) that holds the ranks
-    seen in a group and no other rank that left a dump; None when two fit equally."""
+    seen in a group and no other rank that left a dump; None when two fit equally. Kinds the job is seen
+    using (``in_use``, :func:`_kinds_in_use`) come first: a rank alone in its TP group, whose peer left no
+    dump, is not taken for the pipeline group of one it has with PP 1."""
     rank = min(observed)
     coords = layout.coords(rank)
-    fits = []
-    for axes in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
+    fits, used = [], []
+    for axes in LAYOUT_AXES:
         fixed = [axis for axis in range(3) if axis not in axes]
         group = {r for r in range(layout.world_size) if all(layout.coords(r)[a] == coords[a] for a in fixed)}
         if observed <= group and group & dumped == observed:
             fits.append(group)
-    fits.sort(key=len)
+            if axes in in_use:
+                used.append(group)
+    fits = sorted(used or fits, key=len)
     if not fits or (len(fits) > 1 and len(fits[0]) == len(fits[1])):
         return None
     return fits[0]

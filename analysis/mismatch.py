@@ -7,6 +7,12 @@ against one), the communicators of the same kind decide: at the same sequence nu
 same code, so a call none of them makes there is the odd one. When that does not decide either, the
 finding says who disagrees and names nobody.
 
+Members whose records are missing (gloo aborts a rank that receives more bytes than it expected: the odd
+rank's peer writes no dump) leave the odd rank alone in its instance. It is named when its communicator's
+siblings decide (a strict majority of them make another call at that number), the instance is the last its
+communicator recorded (where it stalled), and the communicator made the siblings' call at every earlier
+number where they agreed (so it runs their program, not a stage's own by design).
+
 Only what every source records alike is compared: a source that does not record a field (Megatrace:
 no datatype) has it 0 on every rank. Instances where one rank recorded several calls under one
 sequence number (coalesced collectives) are left out.
@@ -30,6 +36,8 @@ UNEVEN_OPS = np.array([Op.ALLTOALL, Op.GATHER, Op.SCATTER], dtype=np.uint8)
 CHECKS = {"op": "collective type", "count": "element count", "dtype": "datatype"}
 
 Signature = tuple[int, int, int]  # op, count, dtype
+LONE_HISTORY = 2
+"""Earlier numbers at which a communicator with a lone odd call must have made its siblings' call."""
 
 
 def describe(signature: Signature) -> str:
@@ -71,11 +79,15 @@ def detect_mismatches(trace: Trace) -> list[Finding]:
         column = calls[name].astype(np.int64)
         differs |= np.minimum.reduceat(column, starts) != np.maximum.reduceat(column, starts)
     bad = np.flatnonzero(differs & whole)
-    if not len(bad):
-        return []
     bounds = np.r_[starts, len(calls)]
     agreed = _agreed_signatures(calls, starts, whole & ~differs, trace)
     findings: dict[tuple[int, tuple[int, ...]], Finding] = {}
+    for index, expected in _lone_odd_instances(calls, starts, whole & ~differs, agreed, trace):
+        rows = calls[bounds[index] : bounds[index + 1]]
+        comm_id, seq = int(rows[0]["comm"]), int(rows[0]["seq"])
+        by_rank = {int(r["rank"]): (int(r["op"]), int(r["count"]), int(r["dtype"])) for r in rows}
+        findings[(comm_id, tuple(sorted(by_rank)))] = _finding(trace, comm_id, seq, by_rank, sorted(by_rank),
+                                                               "siblings", expected)  # fmt: skip
     for index in bad.tolist():
         rows = calls[bounds[index] : bounds[index + 1]]
         comm_id, seq = int(rows[0]["comm"]), int(rows[0]["seq"])
@@ -113,6 +125,54 @@ def _agreed_signatures(
     return counted
 
 
+def _signature(row: np.void) -> Signature:
+    return int(row["op"]), int(row["count"]), int(row["dtype"])
+
+
+def _consensus(siblings: Counter[Signature]) -> Signature | None:
+    """The call a strict majority of the sibling communicators made, if any."""
+    if not siblings:
+        return None
+    top, votes = siblings.most_common(1)[0]
+    return top if votes * 2 > sum(siblings.values()) else None
+
+
+def _lone_odd_instances(
+    calls: np.ndarray,
+    starts: np.ndarray,
+    agreeing: np.ndarray,
+    agreed: dict[tuple[tuple[str, int], int], Counter[Signature]],
+    trace: Trace,
+) -> list[tuple[int, Signature]]:
+    """(instance, the siblings' call) for each instance some members never recorded whose recorded members
+    made a call the siblings do not make there, as the module says."""
+    comm_of = calls["comm"][starts]
+    sizes = np.diff(np.r_[starts, len(calls)])
+    last = np.r_[comm_of[1:] != comm_of[:-1], True]  # sorted by communicator, then number
+    found = []
+    for index in np.flatnonzero(agreeing & last).tolist():
+        comm = trace.comms.get(int(comm_of[index]))
+        if comm is None or sizes[index] >= comm.size:
+            continue
+        kind = _kind(trace, comm.id)
+        row = calls[starts[index]]
+        expected = _consensus(agreed.get((kind, int(row["seq"])), Counter()))
+        if expected is None or expected == _signature(row):
+            continue
+        earlier = np.flatnonzero((comm_of == comm.id) & agreeing)[:-1]
+        matched = 0
+        for before in earlier.tolist():
+            first = calls[starts[before]]
+            consensus = _consensus(agreed.get((kind, int(first["seq"])), Counter()))
+            if consensus is not None and consensus != _signature(first):
+                break
+            matched += consensus is not None
+        else:
+            if matched >= LONE_HISTORY:
+                found.append((index, expected))
+    return found
+
+
 def _odd_ranks(by_rank: dict[int, Signature], siblings: Counter[Signature]) -> tuple[list[int], str]:
     """The ranks whose call is the odd one, and what decided it (``majority``, ``siblings``, or
     ``undecided`` with nobody named)."""
@@ -126,9 +186,19 @@ def _odd_ranks(by_rank: dict[int, Signature], siblings: Counter[Signature]) -> t
     return [], "undecided"
 
 
-def _finding(trace: Trace, comm_id: int, seq: int, by_rank: dict[int, Signature], odd: list[int], how: str) -> Finding:
+def _finding(
+    trace: Trace,
+    comm_id: int,
+    seq: int,
+    by_rank: dict[int, Signature],
+    odd: list[int],
+    how: str,
+    expected: Signature | None = None,
+) -> Finding:
+    """``expected``: the siblings' call, when the odd ranks' peers left no record of theirs."""
     signatures = set(by_rank.values())
-    fields = [name for position, name in enumerate(FIELDS) if len({s[position] for s in signatures}) > 1]
+    compared = signatures | ({expected} if expected else set())
+    fields = [name for position, name in enumerate(FIELDS) if len({s[position] for s in compared}) > 1]
     disagree = " and ".join(CHECKS[name] for name in fields)
     calls = "; ".join(
         f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {describe(signature)}"
@@ -137,7 +207,15 @@ def _finding(trace: Trace, comm_id: int, seq: int, by_rank: dict[int, Signature]
         )
     )
     where = f"#{seq} of {trace.comm_name(comm_id)}"
-    if how == "majority":
+    comm = trace.comms.get(comm_id)
+    unrecorded = sorted(set(comm.members.values()) - set(by_rank)) if comm else []
+    if expected is not None:
+        calls += f"; the communicators of the same kind: {describe(expected)}"
+    if expected is not None:
+        who = f"{', '.join(trace.label(rank) for rank in odd)} called another collective than its siblings"
+        why = (f"no record of {', '.join(map(str, unrecorded))} at this number; the communicators of the same kind "
+               "all make the other call there, and this one made their calls before")  # fmt: skip
+    elif how == "majority":
         who = f"{', '.join(trace.label(rank) for rank in odd)} called another collective than its peers"
         why = "the others agree"
     elif how == "siblings":
@@ -159,6 +237,9 @@ def _finding(trace: Trace, comm_id: int, seq: int, by_rank: dict[int, Signature]
         "decided_by": how,
         "instances": 1,
     }
+    if expected is not None:
+        evidence["siblings_call"] = describe(expected)
+        evidence["unrecorded"] = unrecorded
     if frames:
         evidence["frames"] = frames
         culprit_frames = [frames[str(rank)] for rank in odd if str(rank) in frames]

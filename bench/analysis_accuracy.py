@@ -40,7 +40,7 @@ from pathlib import Path
 
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.simulate import MISMATCH_KINDS, Faults, Simulation, run
 
 SCENARIOS = [
     ("healthy 16 ranks TP4 PP2", dict(world_size=16, tp=4, pp=2), Faults(), None, None),
@@ -127,7 +127,7 @@ def model_suite(seeds: int, formats: tuple[str, ...] = MODEL_FORMATS) -> None:
 ASYNC_LAYOUTS = [(8, 1, 8), (8, 8, 1), (8, 2, 4), (8, 4, 2), (16, 1, 4), (16, 2, 8), (16, 4, 4), (16, 8, 2),
                  (16, 4, 2), (16, 1, 2)]  # fmt: skip
 ASYNC_SCENARIOS = ["hang", "straggler 5%", "straggler 10%", "straggler 20%", "slow link", "healthy", "device stop",
-                   "stuck"]  # fmt: skip
+                   "stuck", "mismatch"]  # fmt: skip
 RANKS_PER_NODE = 4
 
 
@@ -175,6 +175,10 @@ def async_case(scenario: str, seed: int, gpu_timing: bool, steps: int = 20, layo
         faults = Faults(device_stop_rank=rank, device_stop_at_kernel=kernel)
         simulation = Simulation(**base, steps=30, compute_us=1000, faults=faults)
         return AsyncCase(simulation, "hang", [rank], "exact" if gpu_timing else "unnamed")
+    if scenario == "mismatch":  # another collective than its peers': what differs turns with the seed
+        faults = Faults(mismatch_rank=rank, mismatch_at=hang_point, mismatch=MISMATCH_KINDS[seed % len(MISMATCH_KINDS)])
+        simulation = Simulation(**base, steps=30, compute_us=1000, faults=faults)
+        return AsyncCase(simulation, "mismatch", [rank], "exact")  # the calls' arguments decide, timed or not
     if scenario == "slow link":
         stride = world // pp  # the next pipeline stage of a rank is this many ranks on
         first = int(rng.integers(world - stride))

@@ -9,10 +9,13 @@ tests/realtorch/torch_env.py), drawn per seed: world 8 or 16, a Megatron layout 
 4), 1-10 ms of compute per microbatch spent as a sleep, a CPU-bound loop or tensor products, the
 flight recorder's dumps as pickle or JSON, a ring small enough to wrap in some runs. The cell says
 the fault: ``healthy``, ``noisy`` (healthy, with a process burning a CPU beside the job), ``slow-P``
-(one random rank computes P% longer all run), ``onset-P`` (P% longer from a random step on).
+(one random rank computes P% longer all run), ``onset-P`` (P% longer from a random step on),
+``mismatch-K`` (at a random step one random rank calls, at its first TP collective, a broadcast where its
+TP peers all-reduce (K ``op``), twice their elements (``count``) or float64 (``dtype``); layouts with TP > 1).
 
 Scored per run from the JSON document: *culprit first* (the first finding names the slowed rank,
-alone), *other named* (any finding names another rank: a healthy node cordoned), *not localisable*
+alone; for mismatches, as a ``mismatch`` of cause ``software``, which is never cordoned), *other named* (any
+finding names another rank: a healthy node cordoned), *not localisable*
 (no finding names a rank and the problems say why), *false* (healthy cells: any finding). A run whose
 job fails (torchrun's exit) is counted as such, not scored. ``--results`` appends every run as a JSON
 line; the table is printed at the end with the machine's load average.
@@ -40,7 +43,9 @@ from rankwatch.analysis.load import load_path
 from rankwatch.analysis.topology import Layout
 
 SLOWDOWNS = (10, 20, 30, 50, 100, 200)
-CELLS = ("healthy", "noisy", *(f"slow-{p}" for p in SLOWDOWNS), "onset-50")
+MISMATCHES = ("op", "count", "dtype")
+CELLS = ("healthy", "noisy", *(f"slow-{p}" for p in SLOWDOWNS), "onset-50", *(f"mismatch-{k}" for k in MISMATCHES))
+MISMATCH_TIMEOUT_S = 8  # the process groups' timeout: how long the mismatched TP group waits before it dumps
 LAYOUTS = {8: [(2, 2), (1, 2), (2, 1), (4, 2), (1, 1), (1, 4)], 16: [(2, 2), (4, 2), (1, 4), (2, 4), (4, 1)]}
 KINDS = ("sleep", "sleep", "spin", "tensor")  # sleep twice as often: 16 CPU-bound ranks on 2 shared cores crawl
 TRAIN_MS = 2500  # about this much training per run
@@ -61,13 +66,18 @@ class Run:
     culprit: int = -1
     slow_pct: float = 0.0
     onset_step: int = 0
+    mismatch: str = ""
+    mismatch_step: int = -1
 
 
 def draw(cell: str, seed: int) -> Run:
     """The run of ``cell`` for ``seed``: the same on every machine."""
     rng = random.Random(f"{cell}/{seed}")
     world = rng.choice((8, 8, 16))
-    tp, pp = rng.choice(LAYOUTS[world])
+    layouts = LAYOUTS[world]
+    if cell.startswith("mismatch-"):  # the odd call is a TP collective: a TP group of one has nobody to disagree
+        layouts = [(tp, pp) for tp, pp in layouts if tp > 1]
+    tp, pp = rng.choice(layouts)
     compute_ms = round(rng.uniform(1, 10), 1)
     kind = rng.choice(KINDS)
     microbatches = 4
@@ -80,12 +90,18 @@ def draw(cell: str, seed: int) -> Run:
         run.culprit = rng.randrange(world)
         run.slow_pct = float(cell.split("-")[1])
         run.onset_step = rng.randrange(steps // 4, steps // 2) if cell.startswith("onset-") else 0
+    if cell.startswith("mismatch-"):
+        run.culprit, run.mismatch = rng.randrange(world), cell.split("-")[1]
+        run.mismatch_step = rng.randrange(1, steps)
     return run
 
 
 def execute(run: Run, python: Path, out: Path) -> Path:
     args = ["--steps", str(run.steps), "--compute-ms", str(run.compute_ms), "--compute-kind", run.kind]
-    if run.culprit >= 0:
+    if run.mismatch:
+        args += ["--mismatch-rank", str(run.culprit), "--mismatch-step", str(run.mismatch_step)]
+        args += ["--mismatch", run.mismatch, "--timeout-s", str(MISMATCH_TIMEOUT_S)]
+    elif run.culprit >= 0:
         args += ["--slow-rank", str(run.culprit), "--slow-pct", str(run.slow_pct)]
         args += ["--slow-from-step", str(run.onset_step)]
     if run.dump == "json":
@@ -94,8 +110,10 @@ def execute(run: Run, python: Path, out: Path) -> Path:
     if run.cell == "noisy":  # a CPU-bound process beside the job, as a co-tenant's would be
         neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
+        # gloo aborts the odd rank's neighbour that receives more bytes than it expects (count, dtype)
+        check = run.mismatch in ("", "op")
         return torchrun.run_job(
-            python, out, *args, world=run.world, tp=run.tp, pp=run.pp, buffer_size=run.buffer, timeout=600
+            python, out, *args, world=run.world, tp=run.tp, pp=run.pp, buffer_size=run.buffer, timeout=600, check=check
         )
     finally:
         if neighbour is not None:
@@ -109,6 +127,8 @@ def score(run: Run, document: dict) -> dict:
     if run.culprit < 0:
         return {"false": bool(findings)}
     first = bool(named) and named[0] == {run.culprit}
+    if run.mismatch:
+        first = first and (findings[0]["kind"], findings[0]["cause"]) == ("mismatch", "software")
     other = any(ranks - {run.culprit} for ranks in named)
     unlocalised = not named and any("not localisable" in p for p in document["problems"])
     return {"first": first, "other": other, "not_localisable": unlocalised}

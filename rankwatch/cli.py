@@ -110,6 +110,9 @@ def _simulate(args: argparse.Namespace) -> int:
             link_latency_us=args.link_latency_us,
             device_stop_rank=args.device_stop_rank,
             device_stop_at_kernel=args.device_stop_at_kernel,
+            mismatch_rank=args.mismatch_rank,
+            mismatch_at=args.mismatch_at,
+            mismatch=args.mismatch,
         ),
     )
     try:
@@ -468,6 +471,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--device-stop-at-kernel", type=int, default=0, help="the rank's GPU stops in its N-th compute kernel"
+    )
+    simulate.add_argument(
+        "--mismatch-rank",
+        type=int,
+        help="fault: this rank calls another collective than its peers (see --mismatch-at, --mismatch)",
+    )
+    simulate.add_argument(
+        "--mismatch-at", type=int, default=0, help="its first all-reduce from its N-th NCCL call on is the odd one"
+    )
+    simulate.add_argument(
+        "--mismatch",
+        choices=("op", "count", "dtype"),
+        default="op",
+        help="what differs: op (a broadcast where its peers all-reduce), count (half the elements) or dtype",
     )
     simulate.add_argument(
         "--timeout", type=float, default=300.0, help="seconds before a run that does not finish is stopped"

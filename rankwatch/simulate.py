@@ -72,6 +72,11 @@ class HostCost:
         return [part for flag, value in flags if value is not None for part in (flag, str(value))]
 
 
+MISMATCH_KINDS = ("op", "count", "dtype")
+"""What the mismatched call changes (RANKWATCH_STANDIN_MISMATCH, nccl_patch/standin/faults.h): a broadcast
+where the peers all-reduce, half their element count, another datatype."""
+
+
 @dataclass
 class Faults:
     slow_rank: int | None = None
@@ -87,6 +92,9 @@ class Faults:
     link_latency_us: int = 0
     device_stop_rank: int | None = None  # that rank's GPU stops inside its N-th compute kernel
     device_stop_at_kernel: int = 0
+    mismatch_rank: int | None = None  # its first all-reduce from its N-th NCCL call on is another collective
+    mismatch_at: int = 0
+    mismatch: str = "op"  # what differs: MISMATCH_KINDS
 
     def env_for(self, rank: int) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -101,6 +109,9 @@ class Faults:
             env["RANKWATCH_STANDIN_NEVER_ENDS_CALL"] = str(self.never_ends_at)
         if self.device_stop_rank == rank and self.device_stop_at_kernel > 0:
             env["RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL"] = str(self.device_stop_at_kernel)
+        if self.mismatch_rank == rank and self.mismatch_at > 0:
+            env["RANKWATCH_STANDIN_MISMATCH_AT_CALL"] = str(self.mismatch_at)
+            env["RANKWATCH_STANDIN_MISMATCH"] = self.mismatch
         if self.slow_link and rank in self.slow_link and self.link_latency_us > 0:
             other = self.slow_link[1] if rank == self.slow_link[0] else self.slow_link[0]
             env["RANKWATCH_STANDIN_LINK_PEER"] = str(other)
@@ -114,6 +125,7 @@ class Faults:
             or (self.stuck_rank is not None and self.stuck_at > 0)
             or (self.never_ends_rank is not None and self.never_ends_at > 0)
             or (self.device_stop_rank is not None and self.device_stop_at_kernel > 0)
+            or (self.mismatch_rank is not None and self.mismatch_at > 0)  # mismatched members never complete
         )
 
 
@@ -141,7 +153,9 @@ class Simulation:
             raise SimulationError(f"--world-size must be at least 1, got {self.world_size}")
         if self.tp < 1 or self.pp < 1 or self.world_size % (self.tp * self.pp):
             raise SimulationError(f"--tp {self.tp} x --pp {self.pp} must divide --world-size {self.world_size}")
-        for name in ("slow_rank", "hang_rank", "stuck_rank", "never_ends_rank", "device_stop_rank"):
+        if self.faults.mismatch not in MISMATCH_KINDS:
+            raise SimulationError(f"--mismatch {self.faults.mismatch!r}: choose one of {', '.join(MISMATCH_KINDS)}")
+        for name in ("slow_rank", "hang_rank", "stuck_rank", "never_ends_rank", "device_stop_rank", "mismatch_rank"):
             rank = getattr(self.faults, name)
             if rank is not None and not 0 <= rank < self.world_size:
                 raise SimulationError(
@@ -303,6 +317,8 @@ POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_DATA_STALL_AT_STEP",
     "RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL",
     "RANKWATCH_STANDIN_BACKWARD_SLOWDOWN",
+    "RANKWATCH_STANDIN_MISMATCH_AT_CALL",
+    "RANKWATCH_STANDIN_MISMATCH",
 )
 
 

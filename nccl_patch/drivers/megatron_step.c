@@ -16,8 +16,10 @@
  * .item() on the last pipeline stage, and with --p2p-sync torch.cuda.synchronize() after each
  * pipeline exchange (Megatron's batch_p2p_sync). On an asynchronous stand-in device the host runs
  * ahead of its GPU between those points; on a synchronous one every call returns when done.
- * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops the host before its N-th NCCL call; the other faults act
- * in the stand-in device and NCCL (faults.h).
+ * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops the host before its N-th NCCL call, and
+ * RANKWATCH_STANDIN_MISMATCH_AT_CALL=N makes its first AllReduce from its N-th call on (of a group with
+ * peers) another collective
+ * (RANKWATCH_STANDIN_MISMATCH); the other faults act in the stand-in device and NCCL (faults.h).
  *
  * Host cost: a real host spends CPU time on every op it launches (Python, the dispatcher, the launch:
  * tens of microseconds an op, more under Megatron) and on every step (optimizer bookkeeping, the next
@@ -83,6 +85,7 @@ typedef struct {
   ncclComm_t comm;
   CUstream stream;
   CUevent done;
+  int size; /* members */
 } process_group;
 
 static CUstream compute_stream;
@@ -130,8 +133,8 @@ static void compute_waits_for(process_group* group) {
 /* tensor.item(): the host waits for everything issued to the compute stream. */
 static void host_reads_result(void) { CHECK_CUDA(cuStreamSynchronize(compute_stream)); }
 
-static process_group make_group(ncclComm_t comm) {
-  process_group group = {.comm = comm};
+static process_group make_group(ncclComm_t comm, int size) {
+  process_group group = {.comm = comm, .size = size};
   CHECK_CUDA(cuStreamCreate(&group.stream, CU_STREAM_NON_BLOCKING));
   CHECK_CUDA(cuEventCreate(&group.done, CU_EVENT_DEFAULT));
   return group;
@@ -191,11 +194,35 @@ static void p2p(int send, float* buffer, size_t count, int peer, process_group* 
   if (p2p_sync) CHECK_CUDA(cuCtxSynchronize());
 }
 
+static int mismatched; /* the mismatch fault struck (once) */
+
+/* The fault RANKWATCH_STANDIN_MISMATCH_AT_CALL: this rank takes a code path its peers do not, and calls
+ * another collective where they all-reduce. Every variant fits the caller's buffer. */
+static void mismatched_call(void* buffer, size_t count, ncclDataType_t type, ncclRedOp_t op, process_group* group) {
+  mismatched = 1;
+  rw_mismatch what = rw_faults_get()->mismatch;
+  fprintf(stderr, "rank %d: injected mismatch at NCCL call %llu: %s\n", rank, (unsigned long long)calls,
+          what == RW_MISMATCH_OP ? "a broadcast where its peers all-reduce"
+          : what == RW_MISMATCH_COUNT ? "half the elements of its peers' all-reduce"
+                                      : "another datatype than its peers' all-reduce");
+  if (what == RW_MISMATCH_OP)
+    CHECK(ncclBroadcast(buffer, buffer, count, type, 0, group->comm, group->stream));
+  else if (what == RW_MISMATCH_COUNT)
+    CHECK(ncclAllReduce(buffer, buffer, count / 2, type, op, group->comm, group->stream));
+  else
+    CHECK(ncclAllReduce(buffer, buffer, count, type == ncclFloat32 ? ncclBfloat16 : ncclFloat32, op, group->comm,
+                        group->stream));
+}
+
 static void allreduce(void* buffer, size_t count, ncclDataType_t type, ncclRedOp_t op, process_group* group) {
   host_work(host_us_per_launch);
   nccl_stream_waits_for_compute(group);
   before_call();
-  CHECK(ncclAllReduce(buffer, buffer, count, type, op, group->comm, group->stream));
+  uint64_t mismatch_at = rw_faults_get()->mismatch_at_call;
+  if (mismatch_at && calls >= mismatch_at && !mismatched && group->size > 1) /* alone, nobody disagrees */
+    mismatched_call(buffer, count, type, op, group);
+  else
+    CHECK(ncclAllReduce(buffer, buffer, count, type, op, group->comm, group->stream));
   compute_waits_for(group);
 }
 
@@ -249,8 +276,8 @@ int main(int argc, char** argv) {
 
   CHECK_CUDA(cuStreamCreate(&compute_stream, CU_STREAM_NON_BLOCKING));
   CHECK_CUDA(cuEventCreate(&compute_ready, CU_EVENT_DEFAULT));
-  process_group tp = make_group(tp_comm), pp = make_group(pp_comm), dp = make_group(dp_comm);
-  process_group everyone = make_group(world_comm);
+  process_group tp = make_group(tp_comm, tp_size), pp = make_group(pp_comm, pp_size);
+  process_group dp = make_group(dp_comm, dp_size), everyone = make_group(world_comm, world);
   int last_stage = pp_rank == pp_size - 1;
 
   enum { ACTIVATIONS = 4096, BUCKET = 16384, BUCKETS = 2 };

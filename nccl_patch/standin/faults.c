@@ -4,10 +4,11 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static rw_faults faults = {0.0, 0, -1, 0, 0, 0, 0, 0};
+static rw_faults faults = {0.0, 0, -1, 0, 0, 0, 0, 0, 0, RW_MISMATCH_OP};
 static pthread_once_t faults_once = PTHREAD_ONCE_INIT;
 
 static int parse_u64(const char* name, uint64_t* out) {
@@ -42,6 +43,19 @@ static void load(void) {
   parse_u64("RANKWATCH_STANDIN_STUCK_IN_CALL", &faults.stuck_in_call);
   parse_u64("RANKWATCH_STANDIN_NEVER_ENDS_CALL", &faults.never_ends_call);
   parse_u64("RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL", &faults.device_stop_at_kernel);
+  parse_u64("RANKWATCH_STANDIN_MISMATCH_AT_CALL", &faults.mismatch_at_call);
+  const char* mismatch = getenv("RANKWATCH_STANDIN_MISMATCH");
+  if (mismatch && *mismatch) {
+    if (strcmp(mismatch, "op") == 0)
+      faults.mismatch = RW_MISMATCH_OP;
+    else if (strcmp(mismatch, "count") == 0)
+      faults.mismatch = RW_MISMATCH_COUNT;
+    else if (strcmp(mismatch, "dtype") == 0)
+      faults.mismatch = RW_MISMATCH_DTYPE;
+    else
+      fprintf(stderr, "rankwatch stand-in: ignoring RANKWATCH_STANDIN_MISMATCH=%s (want op, count or dtype)\n",
+              mismatch);
+  }
 }
 
 const rw_faults* rw_faults_get(void) {

@@ -18,12 +18,20 @@
  *                                           peers' and never ends (every member looks alike)
  *   RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL=N  the N-th compute kernel never ends and the device runs
  *                                           nothing after it (so the collectives behind it never start)
+ *   RANKWATCH_STANDIN_MISMATCH_AT_CALL=N    the driver's first all-reduce with peers from its N-th call on is
+ *                                           another collective than its peers' (a code path taken on this
+ *                                           rank only), as RANKWATCH_STANDIN_MISMATCH says: `op` (a broadcast
+ *                                           from root 0, the default), `count` (half the elements) or `dtype`
+ *                                           (bfloat16 for float32, float32 otherwise); the stand-in NCCL then
+ *                                           never completes it on any member, as the real library
  * Calls are counted per process, 1-based, over collectives and send/recv of every communicator.
  */
 #ifndef RANKWATCH_STANDIN_FAULTS_H
 #define RANKWATCH_STANDIN_FAULTS_H
 
 #include <stdint.h>
+
+typedef enum { RW_MISMATCH_OP, RW_MISMATCH_COUNT, RW_MISMATCH_DTYPE } rw_mismatch;
 
 typedef struct rw_faults {
   double slowdown;
@@ -34,6 +42,8 @@ typedef struct rw_faults {
   uint64_t stuck_in_call;
   uint64_t never_ends_call;
   uint64_t device_stop_at_kernel;
+  uint64_t mismatch_at_call;
+  rw_mismatch mismatch; /* what differs in the mismatched call */
 } rw_faults;
 
 /* Parsed once; invalid values are reported on stderr and ignored. */

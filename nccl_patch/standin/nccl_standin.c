@@ -16,6 +16,10 @@
  * ncclCommDestroy waits for the communicator's launched operations (as ncclCommFinalize does).
  * NCCL-level faults come from the environment (faults.h): a slow link, an operation that never starts
  * on the GPU (its stream stopped before it), one that starts and never completes.
+ * Members that meet at one collective with different operations, element counts or datatypes (a code
+ * path taken on some ranks only) never complete it, as with the real library, whose kernels then wait
+ * for data that never comes: each member publishes what it called before the rendezvous and compares
+ * after it; nobody leaves, until the communicator is aborted.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -59,7 +63,8 @@ typedef struct {
   _Atomic uint32_t host_round; /* it must not share the collectives' barrier */
   uint32_t nranks;
   uint32_t pad;
-  /* followed by: int32 global_rank[nranks]; int32 split_color[nranks]; int32 split_key[nranks];
+  /* followed by: uint64 call[nranks] (what each member called in the current collective);
+   * int32 global_rank[nranks]; int32 split_color[nranks]; int32 split_key[nranks];
    * mailbox[nranks * nranks] (index sender * nranks + receiver); then nranks data slots. */
 } shm_header;
 
@@ -69,6 +74,7 @@ struct ncclComm {
   shm_header* shm;
   size_t shm_bytes;
   char shm_name[96];
+  _Atomic uint64_t* calls; /* per member: the signature of its current collective (call_signature) */
   int32_t* global_ranks;
   int32_t* split_color;
   int32_t* split_key;
@@ -86,7 +92,7 @@ struct ncclComm {
 
 static size_t shm_size(int nranks) {
   size_t n = (size_t)nranks;
-  size_t bytes = sizeof(shm_header) + 3 * n * sizeof(int32_t) + n * n * sizeof(mailbox);
+  size_t bytes = sizeof(shm_header) + n * sizeof(uint64_t) + 3 * n * sizeof(int32_t) + n * n * sizeof(mailbox);
   bytes = (bytes + 4095) & ~(size_t)4095;
   return bytes + n * SLOT_BYTES;
 }
@@ -150,7 +156,8 @@ static ncclResult_t map_segment(ncclComm_t comm) {
   comm->shm_bytes = bytes;
   size_t n = (size_t)comm->nranks;
   unsigned char* cursor = (unsigned char*)base + sizeof(shm_header);
-  comm->global_ranks = (int32_t*)cursor;
+  comm->calls = (_Atomic uint64_t*)cursor;
+  comm->global_ranks = (int32_t*)(comm->calls + n);
   comm->split_color = comm->global_ranks + n;
   comm->split_key = comm->split_color + n;
   comm->mailboxes = (mailbox*)(comm->split_key + n);
@@ -208,7 +215,7 @@ typedef struct {
   cudaStream_t stream;
   int stuck;      /* the injected fault: this operation's GPU work never starts (asynchronous device) */
   int never_ends; /* the injected fault: this operation starts on the GPU and never completes */
-  int phase;
+  int phase;      /* collectives: 0 not posted, 1 arrived, 2 results read, 3 mismatched (never completes) */
   uint32_t target; /* barrier round or mailbox count to wait for */
   int64_t not_before_ns; /* link latency: do not post before this time */
 } op_t;
@@ -340,6 +347,23 @@ static int is_link_fault(ncclComm_t comm, int peer) {
   return f->link_latency_ns > 0 && f->link_peer >= 0 && comm->global_ranks[peer] == f->link_peer;
 }
 
+/* What a collective's members must agree on: operation, datatype and element count. */
+static uint64_t call_signature(const op_t* op) {
+  return (uint64_t)op->kind | (uint64_t)(op->dtype & 0xff) << 8 | (uint64_t)op->count << 16;
+}
+
+/* After the arrival barrier: 1 when every member called the same collective as this one. */
+static int members_agree(const op_t* op) {
+  ncclComm_t comm = op->comm;
+  uint64_t mine = call_signature(op);
+  for (int r = 0; r < comm->nranks; r++)
+    if (atomic_load(&comm->calls[r]) != mine) return 0;
+  return 1;
+}
+
+static const char* const KIND_NAMES[] = {"AllReduce", "Broadcast", "Reduce", "AllGather", "ReduceScatter",
+                                         "AlltoAll", "Gather", "Scatter", "Send", "Recv"};
+
 /* Advance one op as far as it goes without blocking; 1 when complete. */
 static int step(op_t* op) {
   ncclComm_t comm = op->comm;
@@ -380,12 +404,22 @@ static int step(op_t* op) {
         if (op->kind != K_REDUCESCATTER && op->kind != K_ALLTOALL && op->kind != K_SCATTER)
           bytes = bytes ? op->count * dtype_size(op->dtype) : 0;
         if (bytes && contributes(op)) memcpy(comm->slots + (size_t)comm->rank * SLOT_BYTES, op->send, bytes);
+        atomic_store(&comm->calls[comm->rank], call_signature(op));
         comm->collectives++;
         barrier_post(comm, &op->target);
         op->phase = 1;
       }
+      if (op->phase == 3) return 0;
       if (op->phase == 1) {
         if (!barrier_done(comm, op->target)) return 0;
+        if (!members_agree(op)) { /* nobody posts the second barrier: every member waits forever */
+          fprintf(stderr,
+                  "rankwatch stand-in NCCL: collective %u of communicator %016llx: its members called different "
+                  "collectives (this rank %s of %zu elements, datatype %d): it never completes\n",
+                  comm->collectives, (unsigned long long)comm->id, KIND_NAMES[op->kind], op->count, (int)op->dtype);
+          op->phase = 3;
+          return 0;
+        }
         compute_result(op);
         barrier_post(comm, &op->target); /* nobody reuses its slot before all have read */
         op->phase = 2;

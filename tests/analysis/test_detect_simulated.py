@@ -104,6 +104,16 @@ def test_rank_stuck_inside_a_collective_is_told_apart_from_waiting(tmp_path):
     assert 2 in hang["ranks"] and hang["confidence"] < 0.5, "without GPU timing the stuck member is not singled out"
 
 
+def test_rank_calling_a_broadcast_where_its_peers_all_reduce_is_a_mismatch_not_a_hang(tmp_path):
+    # its TP group never completes the collective: the hang that follows is the mismatch's, and only rank 6
+    # is named, as software (no node at fault)
+    document = simulate(tmp_path, world_size=8, tp=4, pp=2, steps=50, faults=Faults(mismatch_rank=6, mismatch_at=25))
+    [finding] = document["findings"]
+    assert (finding["kind"], finding["ranks"], finding["cause"]) == ("mismatch", [6], "software"), finding
+    assert finding["evidence"]["mismatch"] == ["op"] and finding["evidence"]["calls"]["6"].startswith("Broadcast")
+    assert any("the hang follows from the mismatched collective" in problem for problem in document["problems"])
+
+
 def test_unreadable_ring_is_reported_and_the_rest_analysed(tmp_path):
     run(
         Simulation(**SYNC, world_size=4, tp=2, steps=10, compute_us=500, faults=Faults(hang_rank=1, hang_at=8)),

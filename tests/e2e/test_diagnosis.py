@@ -21,7 +21,7 @@ JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 SENSITIVITY = 10
 WINDOW = 2
 HEALTHY_SECONDS = 120  # "minutes" of a healthy job with jitter: no finding
-DIAGNOSIS_KINDS = ("Hang", "StuckInCollective", "Straggler", "SlowLink", "FailSlow")
+DIAGNOSIS_KINDS = ("Hang", "StuckInCollective", "Straggler", "SlowLink", "FailSlow", "CollectiveMismatch")
 
 
 STANDIN_DEVICE = os.environ.get("RANKWATCH_E2E_STANDIN_DEVICE", "async")

@@ -92,6 +92,29 @@ def test_stuck_call_is_entered_by_everyone_and_never_returns(tmp_path):
         assert len(calls) == 10 and calls[-1]["state"] == State.ENTERED
 
 
+ODD_CALLS = {  # what the odd rank calls where its peers all-reduce 4,096 x float32 (its first TP collective)
+    "op": (Op.BROADCAST, 4096, 7),
+    "count": (Op.ALLREDUCE, 2048, 7),
+    "dtype": (Op.ALLREDUCE, 4096, 9),
+}
+
+
+@pytest.mark.parametrize("mismatch", sorted(ODD_CALLS))
+def test_a_rank_calling_another_collective_than_its_peers_leaves_every_member_inside_it(tmp_path, mismatch):
+    # as with the real NCCL: the members meet at the collective, disagree on what it is, and none completes
+    odd = 2
+    faults = Faults(mismatch_rank=odd, mismatch_at=1, mismatch=mismatch)
+    outcomes = run(Simulation(**SYNC, world_size=4, tp=4, steps=50, compute_us=500, faults=faults), tmp_path)
+    assert all(o.exit_code is None for o in outcomes), "everyone is stuck and stopped by the launcher"
+    _, rings = load(tmp_path)
+    for rank, records in rings.items():
+        calls = records[records["op"] < Op.COMM_INIT]
+        assert len(calls) == 1 and calls[0]["state"] == State.ENTERED, (rank, calls)
+        recorded = (int(calls[0]["op"]), int(calls[0]["count"]), int(calls[0]["dtype"]))
+        assert recorded == (ODD_CALLS[mismatch] if rank == odd else (Op.ALLREDUCE, 4096, 7)), (rank, recorded)
+    assert "called different collectives" in (tmp_path / f"rank-{odd}.log").read_text()
+
+
 def test_slow_link_delays_only_that_pair(tmp_path):
     run(Simulation(**SYNC, world_size=8, tp=2, pp=4, steps=6, compute_us=500,
                    faults=Faults(slow_link=(2, 4), link_latency_us=20000)), tmp_path)  # fmt: skip
@@ -114,3 +137,5 @@ def test_cli_reports_bad_layouts_clearly(tmp_path):
     assert result.returncode == 1 and "--tp 4 x --pp 1 must divide --world-size 6" in result.stderr
     with pytest.raises(SimulationError, match="--slow-rank 9 is not a rank of a 4-rank job"):
         run(Simulation(world_size=4, faults=Faults(slow_rank=9, slowdown=0.1)), tmp_path)
+    with pytest.raises(SimulationError, match="--mismatch 'size': choose one of op, count, dtype"):
+        run(Simulation(world_size=4, faults=Faults(mismatch_rank=1, mismatch_at=3, mismatch="size")), tmp_path)

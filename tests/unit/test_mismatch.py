@@ -171,3 +171,47 @@ def test_rings_carry_op_count_and_datatype_a_mismatch_shows_in_them(tmp_path):
     mismatches = [f for f in findings if f["kind"] == "mismatch"]
     assert [(f["ranks"], f["evidence"]["mismatch"]) for f in mismatches] == [([6], ["dtype"])], findings
     assert findings == mismatches, "a healthy run otherwise: nothing else is named"
+
+
+def pairs_with_a_lost_peer(directory, odd_also_at: int | None = None, configs: bool = True) -> None:
+    """Four TP pairs all-reduce 1,024 floats; at #6 rank 6 all-reduces twice as many and its pair, rank 7,
+    left no dump (gloo aborts a rank that receives more than it expects). ``odd_also_at``: rank 6's pair
+    also makes its own call at that earlier number (a program of its own, as a last stage's loss).
+    ``configs``: the dumps list the groups' ranks (gloo's leave them out)."""
+    groups = {str(pair + 1): [2 * pair, 2 * pair + 1] for pair in range(4)} if configs else {"": [0]}
+    for rank in range(7):
+        group = (str(rank // 2 + 1), "tp")
+        own = {"size": 8} if rank >= 6 else {}
+        calls = [entry(seq, rank, group=group, **(own if seq == odd_also_at else {})) for seq in range(1, 6)]
+        calls.append(entry(6, rank, group=group, state="started", **({"size": 2048} if rank == 6 else {})))
+        write(directory, rank, calls, groups)
+
+
+def test_an_odd_call_whose_peer_left_no_record_is_named_by_its_sibling_groups(tmp_path):
+    pairs_with_a_lost_peer(tmp_path)
+    document = analyze(load_path(tmp_path))
+    finding = document["findings"][0]
+    assert (finding["kind"], finding["ranks"], finding["cause"]) == ("mismatch", [6], "software"), document["findings"]
+    evidence = finding["evidence"]
+    assert (evidence["mismatch"], evidence["decided_by"], evidence["unrecorded"]) == (["count"], "siblings", [7])
+    assert evidence["siblings_call"] == "Allreduce of 1,024 x float32" and "2,048" in evidence["calls"]["6"]
+    assert not [f for f in document["findings"] if 7 in f["ranks"]], "the peer gloo aborted is not named"
+
+
+def test_a_lone_call_of_a_group_with_a_program_of_its_own_is_no_mismatch(tmp_path):
+    pairs_with_a_lost_peer(tmp_path, odd_also_at=3)
+    document = analyze(load_path(tmp_path))
+    assert not [f for f in document["findings"] if f["kind"] == "mismatch"], document["findings"]
+
+
+def test_a_rank_alone_in_its_tp_group_is_not_taken_for_its_pipeline_group_of_one(tmp_path):
+    """Gloo's dumps name no group's ranks and the layout completes them: with PP 1 rank 6 alone fits its
+    pipeline group of one as well as its TP pair, but the job's other ranks are seen in TP pairs."""
+    from rankwatch.analysis.topology import Layout
+
+    pairs_with_a_lost_peer(tmp_path, configs=False)
+    layout = Layout(2, 1, 8)
+    trace = load_path(tmp_path, layout=layout)
+    trace.layout = layout
+    finding = analyze(trace)["findings"][0]
+    assert (finding["kind"], finding["ranks"], finding["evidence"]["unrecorded"]) == ("mismatch", [6], [7]), finding

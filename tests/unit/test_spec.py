@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rankwatch.analysis.findings import STUCK_IN_COLLECTIVE, FindingKind
+from rankwatch.analysis.findings import STUCK_IN_COLLECTIVE, Cause, FindingKind
 from rankwatch.operator.spec import (
     Alerting,
     AlertLevels,
@@ -87,6 +87,12 @@ def test_the_status_speaks_the_finding_kinds_reasons():
     reasons = status["diagnosis"]["properties"]["kind"]["enum"]
     assert set(reasons) == {kind.reason for kind in FindingKind} | {STUCK_IN_COLLECTIVE}
     assert all(FindingKind.from_reason(reason) for reason in reasons)
+
+
+def test_the_status_admits_every_cause():
+    # a cause the CRD refuses fails the whole status write: the diagnosis is never seen (a mismatch's software)
+    status = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert set(status["diagnosis"]["properties"]["cause"]["enum"]) == {cause.value for cause in Cause}
 
 
 def test_from_manifest_reads_recovery_and_the_archive_without_the_secret_values():
