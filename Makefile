@@ -41,7 +41,7 @@ kueue: $(INSTALLED)
 
 # PyTorch from PyPI for the real-PyTorch tests (tests/realtorch): cached by version outside the repository.
 torch-env: $(INSTALLED)
-	$(BIN)/python tests/realtorch/torch_env.py
+	$(BIN)/python tests/support/torch_env.py
 
 cluster-up: cluster-binaries
 	$(BIN)/rankwatch cluster up

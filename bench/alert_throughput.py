@@ -29,7 +29,7 @@ from rankwatch.alerting.model import Alert, Level
 from rankwatch.alerting.webhook import alert_json
 
 # The local Feishu is a test double: it lives with the tests.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "alerting"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from fake_feishu import FakeFeishu
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "fuzz"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "support"))
 
 import fuzz_targets as targets
 

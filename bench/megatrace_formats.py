@@ -8,8 +8,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "unit"))
-from test_megatrace_formats import bracketed
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "support"))
+from megatrace_lines import bracketed
 
 from rankwatch.analysis.megatrace import read_logs, tokenizer, write_logs
 

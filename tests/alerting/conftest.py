@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import CollectorRegistry
-
-sys.path.insert(0, str(Path(__file__).parent))  # the tests import alerting_support (pytest runs in importlib mode)
-
 from alerting_support import APP_ID, APP_SECRET, BOT_TOKEN, SIGNING_SECRET, USERS, config_data, merge, secrets_for
 from fake_feishu import FakeFeishu
+from prometheus_client import CollectorRegistry
 
 from rankwatch.alerting import AlertPipeline, load_config
 from rankwatch.alerting.metrics import AlertMetrics

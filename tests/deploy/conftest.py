@@ -4,16 +4,12 @@ cached like the cluster binaries (``rankwatch cluster build --tools``, ``make to
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parent))  # the tests import chart_support (importlib mode)
-
 from chart_support import CHART, KUBE_VERSION
 
 

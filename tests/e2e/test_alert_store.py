@@ -7,16 +7,11 @@ import asyncio
 import json
 import random
 import string
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Feishu and its helpers
-
 from alerting_support import BOT_TOKEN, SIGNING_SECRET, config_data, job_alert, merge, secrets_for, wait_for
 from fake_feishu import FakeFeishu
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
+from trainingjobs import standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -22,34 +23,13 @@ CONTAINER_LIMIT = 1 << 30  # the chart's operator.resources.limits.memory
 WORKER = "rankwatch.operator.diagnosis.worker"
 
 
+HANG = {"RANKWATCH_STANDIN_FAULT_RANK": "1", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "2000"}
+"""Rank 1 of each job stops before its 2,000th NCCL call."""
+
+
 def hang_job(name: str) -> dict:
-    """One pod of two ranks (TP 2) whose rank 1 stops before its 2,000th NCCL call."""
-    env = {"RANKWATCH_STANDIN_FAULT_RANK": "1", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "2000"}
-    return {
-        "apiVersion": "rankwatch.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 1,
-            "nprocPerNode": 2,
-            "parallelism": {"tensor": 2, "pipeline": 1},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "rankwatch/rankwatch:0.1.0",
-                            "command": ["rankwatch", "simulate-pod", "--tp", "2", "--steps", "1000000"],
-                            "env": [{"name": k, "value": v} for k, v in env.items()],
-                        }
-                    ]
-                }
-            },
-            "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
-            "remediation": {"cordon": False},
-            "recovery": {"policy": "None"},  # diagnosis only: no restart to race with
-        },
-    }
+    """One pod of two ranks (TP 2), asking for no GPU: 20 of them fit the four nodes at once."""
+    return standin_job(name, HANG, replicas=1, tensor=2, gpus=False)
 
 
 class Sampler(threading.Thread):

@@ -7,12 +7,9 @@ from __future__ import annotations
 import re
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
-from test_diagnosis import create_job, diagnosed, events, get_job, report, standin_job, wait_running
+from trainingjobs import create_job, diagnosed, events, get_job, report, standin_job, wait_running
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,11 +31,9 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
 from api_relay import ApiRelay
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
-from test_diagnosis import WINDOW, create_job, diagnosed, events, node_marks, node_of_pod, standin_job, wait_running
+from trainingjobs import WINDOW, create_job, diagnosed, events, node_marks, node_of_pod, standin_job, wait_running
 
 pytestmark = pytest.mark.e2e
 

@@ -7,141 +7,31 @@ does not even listen for summaries."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import kubernetes
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))  # the local Feishu
-sys.path.insert(0, str(Path(__file__).parent))
-
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
 from local_feishu import Feishu
+from operator_pods import Replicas, http, metric, refuses
+from trainingjobs import JOB_API, standin_job
 
 pytestmark = pytest.mark.e2e
 
 CHART = Path(__file__).parents[2] / "helm" / "rankwatch"
-JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 LEASE_S, RENEW_DEADLINE_S = 8.0, 6.0  # the chart's leadership.leaseSeconds and renewDeadlineSeconds
 # A standby may take the Lease only once it has seen no renewal for LEASE_S, and a leader that has not
 # renewed for RENEW_DEADLINE_S stops acting: a takeover sooner than their difference after the kill means
 # two leaders. How much later it comes is the machine's load: printed, not asserted (about 9-10 s quiet).
 EARLIEST_TAKEOVER_S = LEASE_S - RENEW_DEADLINE_S
-
-
-class Replicas:
-    """The operator pods of the release as the pod runner runs them."""
-
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, release: str) -> None:
-        self.core = kubernetes.client.CoreV1Api(api)
-        self.discovery = kubernetes.client.DiscoveryV1Api(api)
-        self.coordination = kubernetes.client.CoordinationV1Api(api)
-        self.namespace, self.release = namespace, release
-
-    def pods(self) -> dict[str, dict[str, Any]]:
-        """Running operator pods by name: their local ports and the pid of their process."""
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector="app.kubernetes.io/component=operator")
-        found = {}
-        for pod in pods.items:
-            annotations = pod.metadata.annotations or {}
-            if "runner.rankwatch.io/pid" in annotations and not pod.metadata.deletion_timestamp:
-                found[pod.metadata.name] = {
-                    "ports": json.loads(annotations["runner.rankwatch.io/ports"]),
-                    "pid": int(annotations["runner.rankwatch.io/pid"]),
-                }
-        return found
-
-    def holder(self) -> str:
-        """The pod whose process holds the Lease (identities are ``<pod>_<random>``)."""
-        try:
-            lease = self.coordination.read_namespaced_lease(f"{self.release}-rankwatch-operator", self.namespace)
-        except kubernetes.client.exceptions.ApiException as error:
-            if error.status == 404:
-                return ""  # nobody took it yet
-            raise
-        return (lease.spec.holder_identity or "").rsplit("_", 1)[0]
-
-    def ready(self, pod: dict[str, Any]) -> bool:
-        return http(pod, "health", "/readyz")[0] == 200
-
-    def endpoints(self, service: str) -> list[str]:
-        """The ready endpoints of one of the release's Services (what kube-proxy routes to)."""
-        slices = self.discovery.list_namespaced_endpoint_slice(
-            self.namespace, label_selector=f"kubernetes.io/service-name={self.release}-rankwatch-{service}"
-        )
-        return sorted(
-            e.target_ref.name
-            for s in slices.items
-            for e in s.endpoints or []
-            if e.conditions and e.conditions.ready and e.target_ref
-        )
-
-
-def http(pod: dict[str, Any], port: str, path: str) -> tuple[int | None, str]:
-    """(status, body) of a GET to one replica; (None, why) when nothing listens."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{pod['ports'][port]}{path}", timeout=2) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except OSError as error:
-        return None, str(error)
-
-
-def refuses(pod: dict[str, Any], port: str) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(2)
-        return sock.connect_ex(("127.0.0.1", pod["ports"][port])) != 0
-
-
-def metric(pod: dict[str, Any], name: str) -> float:
-    status, body = http(pod, "metrics", "/metrics")  # the chart serves /metrics on a port of its own
-    if status != 200:
-        return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name))
-
-
-def job_manifest(name: str, faults: dict[str, str]) -> dict[str, Any]:
-    """2 pods x 4 ranks of the stand-in job (TP 4), a fault on one rank, cordoning on."""
-    return {
-        "apiVersion": "rankwatch.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": 2,
-            "nprocPerNode": 4,
-            "parallelism": {"tensor": 4, "pipeline": 1},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "rankwatch/rankwatch:0.1.0",
-                            "command": ["rankwatch", "simulate-pod", "--tp", "4", "--steps", "1000000"],
-                            "env": [{"name": k, "value": v} for k, v in faults.items()],
-                            "resources": {"limits": {"nvidia.com/gpu": 4}},
-                        }
-                    ]
-                }
-            },
-            "tracing": {"sensitivitySeconds": 10, "windowSeconds": 2},
-            "remediation": {"cordon": True},
-            "recovery": {"policy": "None"},  # diagnosis only: no restart to race with
-        },
-    }
 
 
 @pytest.fixture
@@ -266,7 +156,9 @@ def test_the_standby_takes_over_diagnoses_in_flight_and_repeats_nothing(installe
         ("hang", {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}, "Hang",
          "TrainingJobHang"),
     ):  # fmt: skip
-        objects.create_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], job_manifest(job, faults))
+        objects.create_namespaced_custom_object(
+            *JOB_API[:2], jobs, JOB_API[2], standin_job(job, faults, remediation={"cordon": True})
+        )
         killed_at, killed_time = kill_during_diagnosis(replicas, leader, eventually)
         timings.append(takeover(replicas, standby, killed_at, eventually))
         leader, standby = standby, leader

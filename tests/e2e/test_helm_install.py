@@ -17,10 +17,8 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_failover import JOB_API, Replicas, http, job_manifest, metric
+from operator_pods import Replicas, http, metric
+from trainingjobs import JOB_API, standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -123,7 +121,9 @@ def diagnoses_a_straggler(replicas: Replicas, jobs: str, api, eventually) -> dic
     """A job with one slow rank gets its straggler diagnosis and cordon from the installed operator."""
     objects = kubernetes.client.CustomObjectsApi(api)
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
-    objects.create_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], job_manifest("slow", faults))
+    objects.create_namespaced_custom_object(
+        *JOB_API[:2], jobs, JOB_API[2], standin_job("slow", faults, remediation={"cordon": True})
+    )
 
     def diagnosed() -> dict | None:
         status = objects.get_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], "slow").get("status", {})

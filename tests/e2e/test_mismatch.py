@@ -9,16 +9,13 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
-from test_diagnosis import (
+from trainingjobs import (
     SENSITIVITY,
     WINDOW,
     create_job,

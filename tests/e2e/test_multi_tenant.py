@@ -28,10 +28,8 @@ from pathlib import Path
 import kubernetes
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the other e2e tests' helpers
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
-from test_diagnosis import condition, create_job, events, get_job, node_marks, standin_job
+from trainingjobs import condition, create_job, events, get_job, node_marks, standin_job
 
 pytestmark = pytest.mark.e2e
 

@@ -5,16 +5,12 @@ by an operator of this test's own, configured with RANKWATCH_PROMETHEUS_URL."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import kubernetes
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis and monitoring tests' helpers
-from test_diagnosis import create_job, diagnosed, events, report, standin_job
-from test_monitoring import Exporter, Prometheus, start_monitoring
+from monitoring_stack import Exporter, Prometheus, start_monitoring
+from trainingjobs import create_job, diagnosed, events, report, standin_job
 
 pytestmark = pytest.mark.e2e
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -508,38 +509,52 @@ def assert_straggler_handled(
     return node
 
 
+@pytest.fixture
+def watching(webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace, eventually,
+             alert_sink, tmp_path):  # fmt: skip
+    """``with watching(job):`` the operator (webhook on, as the chart's ServiceAccount) watches the test's
+    namespace, its webhook answering; afterwards the nodes rankwatch cordoned for ``job`` are uncordoned
+    (the tests share four nodes)."""
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    @contextlib.contextmanager
+    def watch(job: str) -> Iterator[None]:
+        namespace = unwatched_namespace
+        try:
+            with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
+                wait_for_webhook(kubectl, namespace, eventually)
+                yield
+        finally:
+            uncordon_job(api, namespace, job, via="test")
+
+    return watch
+
+
 STRAGGLER = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
 
 
 def test_a_straggler_in_an_indexed_job_is_diagnosed_cordoned_alerted_and_written_on_the_job(
-    webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace, eventually,
-    alert_sink, tmp_path,
+    watching, kubeconfig, api, unwatched_namespace, eventually, alert_sink
 ):  # fmt: skip
-    from rankwatch.operator.remediation.cordon import uncordon_job
-
     namespace = unwatched_namespace
     batch = kubernetes.client.BatchV1Api(api)
-    try:
-        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
-            wait_for_webhook(kubectl, namespace, eventually)
-            job = batch.create_namespaced_job(namespace, standin_indexed_job("slow", STRAGGLER))
+    with watching("slow"):
+        job = batch.create_namespaced_job(namespace, standin_indexed_job("slow", STRAGGLER))
 
-            def read() -> dict[str, Any]:
-                return api.sanitize_for_serialization(batch.read_namespaced_job("slow", namespace))
+        def read() -> dict[str, Any]:
+            return api.sanitize_for_serialization(batch.read_namespaced_job("slow", namespace))
 
-            node = assert_straggler_handled(api, namespace, read, "Job", "slow", job.metadata.uid, alert_sink,
-                                            eventually)  # fmt: skip
-            pod = (
-                kubernetes.client.CoreV1Api(api)
-                .list_namespaced_pod(
-                    namespace,
-                    label_selector="batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=slow",
-                )
-                .items[0]
+        node = assert_straggler_handled(api, namespace, read, "Job", "slow", job.metadata.uid, alert_sink,
+                                        eventually)  # fmt: skip
+        pod = (
+            kubernetes.client.CoreV1Api(api)
+            .list_namespaced_pod(
+                namespace,
+                label_selector="batch.kubernetes.io/job-completion-index=1,batch.kubernetes.io/job-name=slow",
             )
-            assert pod.spec.node_name == node, "rank 5 runs in the pod of completion index 1"
-    finally:
-        uncordon_job(api, namespace, "slow", via="test")
+            .items[0]
+        )
+        assert pod.spec.node_name == node, "rank 5 runs in the pod of completion index 1"
 
 
 JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
@@ -590,48 +605,39 @@ def standin_jobset(name: str, faults: dict[str, str]) -> dict[str, Any]:
 
 
 def test_a_straggler_in_a_jobset_run_by_the_real_controller_is_diagnosed_cordoned_alerted_and_written_on_it(
-    webhook, jobset_controller, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
-    eventually, alert_sink, tmp_path,
+    watching, jobset_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink
 ):  # fmt: skip
-    from rankwatch.operator.remediation.cordon import uncordon_job
-
     namespace = unwatched_namespace
     objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
-    try:
-        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
-            wait_for_webhook(kubectl, namespace, eventually)
-            jobset = objects.create_namespaced_custom_object(
-                *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("slowset", STRAGGLER)
-            )
-            uid = jobset["metadata"]["uid"]
+    with watching("slowset"):
+        jobset = objects.create_namespaced_custom_object(
+            *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("slowset", STRAGGLER)
+        )
+        uid = jobset["metadata"]["uid"]
 
-            def read() -> dict[str, Any]:
-                return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "slowset")
+        def read() -> dict[str, Any]:
+            return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "slowset")
 
-            selector = f"jobset.sigs.k8s.io/jobset-uid={uid}"
-            pods = eventually(
-                lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
-                PATIENCE_S,
-                what="the JobSet controller's two child Jobs' pods",
-            )  # fmt: skip
-            assert all(injected(pod) for pod in pods), "the webhook injects a JobSet's pods"
-            sidecar = next(c for c in pods[0].spec.init_containers if c.name == "rankwatch-sidecar")
-            assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "JobSet:slowset"
-            token = core.read_namespaced_secret("slowset-rankwatch-jobset-token", namespace)
-            assert [o.uid for o in token.metadata.owner_references] == [uid]
+        selector = f"jobset.sigs.k8s.io/jobset-uid={uid}"
+        pods = eventually(
+            lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
+            PATIENCE_S,
+            what="the JobSet controller's two child Jobs' pods",
+        )  # fmt: skip
+        assert all(injected(pod) for pod in pods), "the webhook injects a JobSet's pods"
+        sidecar = next(c for c in pods[0].spec.init_containers if c.name == "rankwatch-sidecar")
+        assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "JobSet:slowset"
+        token = core.read_namespaced_secret("slowset-rankwatch-jobset-token", namespace)
+        assert [o.uid for o in token.metadata.owner_references] == [uid]
 
-            node = assert_straggler_handled(api, namespace, read, "JobSet", "slowset", uid, alert_sink, eventually)
-            described = describe_cli(kubeconfig, namespace, "jobset/slowset")
-            assert (
-                "Kind:         JobSet (jobset.x-k8s.io/v1alpha2)" in described and "Health:       Degraded" in described
-            )
-            assert "  Kind:        Straggler" in described and f"  Nodes:       {node}" in described
-            assert f"  Remediation: cordoned and tainted {node}" in described
-            assert re.search(r"Warning\s+Straggler\s+\S+\s+rankwatch-operator\s+rank 5", described), described
-            [slow_pod] = [p for p in pods if p.spec.node_name == node]
-            assert slow_pod.metadata.labels["jobset.sigs.k8s.io/job-global-index"] == "1"
-    finally:
-        uncordon_job(api, namespace, "slowset", via="test")
+        node = assert_straggler_handled(api, namespace, read, "JobSet", "slowset", uid, alert_sink, eventually)
+        described = describe_cli(kubeconfig, namespace, "jobset/slowset")
+        assert "Kind:         JobSet (jobset.x-k8s.io/v1alpha2)" in described and "Health:       Degraded" in described
+        assert "  Kind:        Straggler" in described and f"  Nodes:       {node}" in described
+        assert f"  Remediation: cordoned and tainted {node}" in described
+        assert re.search(r"Warning\s+Straggler\s+\S+\s+rankwatch-operator\s+rank 5", described), described
+        [slow_pod] = [p for p in pods if p.spec.node_name == node]
+        assert slow_pod.metadata.labels["jobset.sigs.k8s.io/job-global-index"] == "1"
 
 
 VOLCANO_API = ("batch.volcano.sh", "v1alpha1", "jobs")
@@ -712,74 +718,60 @@ def volcano_pod(job: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def test_a_straggler_in_a_volcano_job_is_diagnosed_cordoned_alerted_and_written_on_it(
-    webhook, volcano_crd, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
-    eventually, alert_sink, tmp_path,
+    watching, volcano_crd, kubeconfig, api, unwatched_namespace, eventually, alert_sink
 ):  # fmt: skip
-    from rankwatch.operator.remediation.cordon import uncordon_job
-
     namespace = unwatched_namespace
     objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
-    try:
-        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
-            wait_for_webhook(kubectl, namespace, eventually)
-            job = objects.create_namespaced_custom_object(
-                *VOLCANO_API[:2], namespace, VOLCANO_API[2], volcano_job("vslow", STRAGGLER)
-            )
-            uid = job["metadata"]["uid"]
-            for index in range(2):
-                pod = core.create_namespaced_pod(namespace, volcano_pod(job, index))
-                assert injected(pod)
-            sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
-            assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "VolcanoJob:vslow"
+    with watching("vslow"):
+        job = objects.create_namespaced_custom_object(
+            *VOLCANO_API[:2], namespace, VOLCANO_API[2], volcano_job("vslow", STRAGGLER)
+        )
+        uid = job["metadata"]["uid"]
+        for index in range(2):
+            pod = core.create_namespaced_pod(namespace, volcano_pod(job, index))
+            assert injected(pod)
+        sidecar = next(c for c in pod.spec.init_containers if c.name == "rankwatch-sidecar")
+        assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "VolcanoJob:vslow"
 
-            def read() -> dict[str, Any]:
-                return objects.get_namespaced_custom_object(*VOLCANO_API[:2], namespace, VOLCANO_API[2], "vslow")
+        def read() -> dict[str, Any]:
+            return objects.get_namespaced_custom_object(*VOLCANO_API[:2], namespace, VOLCANO_API[2], "vslow")
 
-            node = assert_straggler_handled(
-                api, namespace, read, "Job", "vslow", uid, alert_sink, eventually, alert_kind="VolcanoJob"
-            )
-            assert core.read_namespaced_pod("vslow-worker-1", namespace).spec.node_name == node
-            described = describe_cli(kubeconfig, namespace, "vcjob/vslow")
-            assert "Kind:         VolcanoJob (batch.volcano.sh/v1alpha1)" in described
-            assert f"  Remediation: cordoned and tainted {node}" in described
-    finally:
-        uncordon_job(api, namespace, "vslow", via="test")
+        node = assert_straggler_handled(
+            api, namespace, read, "Job", "vslow", uid, alert_sink, eventually, alert_kind="VolcanoJob"
+        )
+        assert core.read_namespaced_pod("vslow-worker-1", namespace).spec.node_name == node
+        described = describe_cli(kubeconfig, namespace, "vcjob/vslow")
+        assert "Kind:         VolcanoJob (batch.volcano.sh/v1alpha1)" in described
+        assert f"  Remediation: cordoned and tainted {node}" in described
 
 
 def test_a_rank_that_never_calls_hangs_a_jobset_and_is_named_on_it(
-    webhook, jobset_controller, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl, unwatched_namespace,
-    eventually, alert_sink, tmp_path,
+    watching, jobset_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink
 ):  # fmt: skip
-    from rankwatch.operator.remediation.cordon import uncordon_job
-
     namespace = unwatched_namespace
     objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
     hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
-    try:
-        with group_operator(processes, chart_rbac_kubeconfig, kubeconfig, namespace, webhook, alert_sink, tmp_path):
-            wait_for_webhook(kubectl, namespace, eventually)
-            jobset = objects.create_namespaced_custom_object(
-                *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("stuck", hang)
-            )
-            uid = jobset["metadata"]["uid"]
+    with watching("stuck"):
+        jobset = objects.create_namespaced_custom_object(
+            *JOBSET_API[:2], namespace, JOBSET_API[2], standin_jobset("stuck", hang)
+        )
+        uid = jobset["metadata"]["uid"]
 
-            def hung() -> dict[str, Any]:
-                owner = objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "stuck")
-                record = diagnosis_on(owner["metadata"].get("annotations"))
-                return record.get("active") and record.get("alertedTime") and record.get("remediation") and record
+        def hung() -> dict[str, Any]:
+            owner = objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "stuck")
+            record = diagnosis_on(owner["metadata"].get("annotations"))
+            return record.get("active") and record.get("alertedTime") and record.get("remediation") and record
 
-            record = eventually(hung, PATIENCE_S, interval=1, what="the JobSet's Hang diagnosis, cordon and alert")
-            assert record["kind"] == "Hang" and record["ranks"] == [2], record
-            [pod_name] = record["pods"]
-            node = core.read_namespaced_pod(pod_name, namespace).spec.node_name
-            assert record["nodes"] == [node] and record["remediation"] == f"cordoned and tainted {node}"
-            events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
-            assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["JobSet"]
-            [alert] = eventually(
-                lambda: alert_sink.alerts(jobkind="JobSet", trainingjob="stuck", alertname="TrainingJobHang"),
-                PATIENCE_S,
-                what="the hang's alert",
-            )
-            assert alert["labels"]["node"] == node
-    finally:
-        uncordon_job(api, namespace, "stuck", via="test")
+        record = eventually(hung, PATIENCE_S, interval=1, what="the JobSet's Hang diagnosis, cordon and alert")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [pod_name] = record["pods"]
+        node = core.read_namespaced_pod(pod_name, namespace).spec.node_name
+        assert record["nodes"] == [node] and record["remediation"] == f"cordoned and tainted {node}"
+        events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
+        assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["JobSet"]
+        [alert] = eventually(
+            lambda: alert_sink.alerts(jobkind="JobSet", trainingjob="stuck", alertname="TrainingJobHang"),
+            PATIENCE_S,
+            what="the hang's alert",
+        )
+        assert alert["labels"]["node"] == node

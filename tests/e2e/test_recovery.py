@@ -11,13 +11,10 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import kubernetes
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the diagnosis tests' job helpers
-from test_diagnosis import SENSITIVITY, condition, create_job, events, get_job, report, standin_job
+from trainingjobs import SENSITIVITY, condition, create_job, events, get_job, report, standin_job
 
 pytestmark = pytest.mark.e2e
 

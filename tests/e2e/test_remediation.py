@@ -21,6 +21,8 @@ from pathlib import Path
 import kubernetes
 import pytest
 import yaml
+from api_relay import ApiRelay
+from cordons import GPU_NODES, bare_pod, job_on_nodes, policy, reset_node, suspect
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
@@ -29,48 +31,21 @@ from rankwatch.kube import TimedApiClient
 from rankwatch.operator.remediation import node_actions, node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
-    CordonRequest,
     Outcome,
-    RemediationPolicy,
     Safeguards,
     expire_cordons,
     remediate,
     uncordon,
 )
-from rankwatch.operator.spec import Remediation
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the relay beside this file
-from api_relay import ApiRelay
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).parents[2]
-GPU_NODES = [f"gpu-node-{i}" for i in range(4)]
 EXTRA_LABEL = "rankwatch.io/e2e-extra-node"
-NO_BREAKER = Safeguards(breaker=BreakerSettings(max_share=1.0))
 NODE_PATCH = ("PATCH", r"^/api/v1/nodes/[^/?]+(\?|$)", None)
 
 
 # ---- fixtures ---------------------------------------------------------------------------------
-
-
-def _reset_node(core: kubernetes.client.CoreV1Api, name: str) -> None:
-    """Remove everything rankwatch (or a test) put on the node."""
-    try:
-        node = core.read_node(name)
-    except ApiException as error:
-        if error.status == 404:
-            return
-        raise
-    keys = [*node_marks.MARK_ANNOTATIONS, node_marks.UNCORDONED_AT, node_marks.UNCORDON_REQUEST]
-    taints = [
-        core.api_client.sanitize_for_serialization(t) for t in node.spec.taints or [] if t.key != node_marks.TAINT_KEY
-    ]
-    patch = {
-        "metadata": {"annotations": dict.fromkeys(keys), "labels": {node_marks.OPT_OUT_LABEL: None}},
-        "spec": {"unschedulable": None, "taints": taints or None},
-    }
-    core.patch_node(name, patch, _content_type="application/merge-patch+json")
 
 
 @pytest.fixture
@@ -82,68 +57,14 @@ def core(api):
 def clean_nodes(core):
     """The GPU nodes untouched and without rankwatch Events before; as found after; extra nodes deleted."""
     for name in GPU_NODES:
-        _reset_node(core, name)
+        reset_node(core, name)
         for event in node_events(core, name):
             core.delete_namespaced_event(event.metadata.name, "default")
     yield
     for node in core.list_node(label_selector=EXTRA_LABEL).items:
         core.delete_node(node.metadata.name)
     for name in GPU_NODES:
-        _reset_node(core, name)
-
-
-def create_job(api, namespace: str, name: str, nodes: list[str], **remediation) -> CordonRequest:
-    """A TrainingJob (nobody runs it) with one worker pod bound to each node; the CordonRequest's job part."""
-    job = kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-        "rankwatch.io",
-        "v1alpha1",
-        namespace,
-        "trainingjobs",
-        {
-            "apiVersion": "rankwatch.io/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {
-                "replicas": max(1, len(nodes)),
-                "nprocPerNode": 1,
-                "remediation": remediation,
-                "template": {"spec": {"containers": [{"name": "trainer", "image": "trainer:1"}]}},
-            },
-        },
-    )
-    uid = job["metadata"]["uid"]
-    owner = {"apiVersion": "rankwatch.io/v1alpha1", "kind": "TrainingJob", "name": name, "uid": uid, "controller": True}
-    for index, node in enumerate(nodes):
-        kubernetes.client.CoreV1Api(api).create_namespaced_pod(
-            namespace,
-            {
-                "metadata": {
-                    "name": f"{name}-worker-{index}",
-                    "labels": {"rankwatch.io/job-name": name, "rankwatch.io/replica-index": str(index)},
-                    "ownerReferences": [owner],
-                },
-                "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "trainer:1"}]},
-            },
-        )
-    return CordonRequest(namespace, name, uid, "straggler", (), confidence=0.9, summary="rank 13 is 24% slower")
-
-
-def suspect(base: CordonRequest, *nodes: str) -> CordonRequest:
-    return CordonRequest(
-        base.job_namespace,
-        base.job_name,
-        base.job_uid,
-        base.kind,
-        tuple(nodes),
-        (13,),
-        base.confidence,
-        base.summary,
-        {"wait_ms": 0.4, "median_wait_ms": 9.8},
-    )
-
-
-def policy(safeguards: Safeguards = NO_BREAKER, **job) -> RemediationPolicy:
-    return RemediationPolicy(Remediation(**job), safeguards)
+        reset_node(core, name)
 
 
 def node_events(core, node: str, reason: str | None = None):
@@ -172,7 +93,7 @@ def test_straggler_on_one_node_cordons_taints_and_annotates_only_that_node(
     api, core, kubectl, unwatched_namespace, clean_nodes
 ):
     namespace = unwatched_namespace
-    job = create_job(api, namespace, "llama", GPU_NODES[:3])
+    job = job_on_nodes(api, namespace, "llama", GPU_NODES[:3])
     # gpu-node-3 ran no pod of the job: named by mistake, it must be refused.
     result = remediate(api, suspect(job, "gpu-node-1", "gpu-node-3"), policy())
 
@@ -206,22 +127,11 @@ def test_straggler_on_one_node_cordons_taints_and_annotates_only_that_node(
     assert "CordonRefused" in describe and "no pod of" in describe
 
 
-def bare_pod(api, namespace: str, name: str, node: str, labels: dict[str, str]) -> None:
-    """A pod nobody's controller owns, bound by ``nodeName`` to ``node``: what any tenant may create."""
-    kubernetes.client.CoreV1Api(api).create_namespaced_pod(
-        namespace,
-        {
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox:1"}]},
-        },
-    )
-
-
 def test_a_bare_pod_carrying_the_jobs_label_does_not_make_another_node_the_jobs(
     api, core, unwatched_namespace, clean_nodes
 ):
     """The attack: a tenant binds a labelled pod to another team's node and gets a diagnosis to name it."""
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
     labels = {"rankwatch.io/job-name": "llama", "rankwatch.io/replica-index": "7"}
     bare_pod(api, unwatched_namespace, "llama-worker-7", "gpu-node-3", labels)
 
@@ -240,7 +150,7 @@ def test_a_node_shared_with_another_namespace_is_cordoned_only_until_the_expiry(
     other = f"rw-own-other-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": other}})
     try:
-        job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+        job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
         bare_pod(api, other, "their-trainer", "gpu-node-1", {"app": "theirs"})
         expiry = Safeguards(breaker=BreakerSettings(max_share=1.0), shared_expiry_seconds=600)
         own_only = not node_actions.shared_with_others(api, "gpu-node-0", unwatched_namespace)
@@ -268,7 +178,7 @@ def test_a_node_shared_with_another_namespace_is_cordoned_only_until_the_expiry(
 def test_running_again_after_a_restart_changes_nothing_and_posts_no_new_event(
     api, core, unwatched_namespace, clean_nodes
 ):
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
     first = remediate(api, suspect(job, "gpu-node-0"), policy())
     version = core.read_node("gpu-node-0").metadata.resource_version
     # Nothing is remembered in the process: a new operator reads the same state from the node.
@@ -300,7 +210,7 @@ def test_a_cordon_answered_503_then_its_answer_lost_is_finished_by_its_tries_wit
     """The node patch meets a 503 (tried again), then a partition that lets it land but loses its answer
     (a timeout, tried again: 409, the node changed): the cordon finds its own mark and posts its Events,
     once, and the operator's next follow-up of the same diagnosis posts nothing more."""
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
     request = dataclasses.replace(suspect(job, "gpu-node-1"), diagnosis="2026-11-26T19:00:00.000000Z")
     refused = relay.answer(*NODE_PATCH, 503)
     lost = relay.lose_answer(*NODE_PATCH)
@@ -326,7 +236,7 @@ def test_a_cordon_answered_503_then_its_answer_lost_is_finished_by_its_tries_wit
 
 
 def test_dry_run_annotates_and_posts_events_but_cordons_nothing(api, core, unwatched_namespace, clean_nodes):
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2], dryRun=True)
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2], dryRun=True)
     result = remediate(api, suspect(job, "gpu-node-1"), policy(dryRun=True))
     remediate(api, suspect(job, "gpu-node-1"), policy(dryRun=True))
 
@@ -343,7 +253,7 @@ def test_dry_run_annotates_and_posts_events_but_cordons_nothing(api, core, unwat
 
 def test_opted_out_node_and_per_job_limit_are_respected(api, core, unwatched_namespace, clean_nodes):
     core.patch_node("gpu-node-0", {"metadata": {"labels": {"rankwatch.io/remediation": "disabled"}}})
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES, maxNodesPerJob=1)
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES, maxNodesPerJob=1)
     result = remediate(api, suspect(job, "gpu-node-0", "gpu-node-1", "gpu-node-2"), policy(maxNodesPerJob=1))
 
     assert {d.node: d.outcome for d in result.decisions} == {
@@ -385,7 +295,9 @@ def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
     guarded = Safeguards(breaker=breaker)
     blamed = [*GPU_NODES, *extra][:12]
     jobs = [
-        suspect(create_job(api, unwatched_namespace, f"job-{i}", blamed[2 * i : 2 * i + 2]), *blamed[2 * i : 2 * i + 2])
+        suspect(
+            job_on_nodes(api, unwatched_namespace, f"job-{i}", blamed[2 * i : 2 * i + 2]), *blamed[2 * i : 2 * i + 2]
+        )
         for i in range(6)
     ]
 
@@ -411,7 +323,7 @@ def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
     # As operator replicas would, without a shared lock: the re-count after writing still keeps
     # the cap (racing replicas may take back more than needed; the next diagnosis tries again).
     for name in blamed:
-        _reset_node(core, name)
+        reset_node(core, name)
     monkeypatch.setattr("rankwatch.operator.remediation.cordon._LOCK", _NoLock())
     cordoned, results = all_at_once()
     assert len(cordoned) <= cap, (cordoned, cap, total)
@@ -430,7 +342,7 @@ class _NoLock:
 
 
 def test_uncordon_cli_restores_prior_state(api, core, kubeconfig, unwatched_namespace, clean_nodes):
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
     core.patch_node("gpu-node-1", {"spec": {"unschedulable": True}})  # someone else's cordon, before rankwatch
     result = remediate(api, suspect(job, "gpu-node-0", "gpu-node-1"), policy())
     assert [d.outcome for d in result.decisions] == [Outcome.CORDONED, Outcome.TAINTED]
@@ -475,10 +387,10 @@ def test_nodes_cli_lists_what_rankwatch_cordoned_for_which_job_since_when(
 
     empty = nodes()
     assert empty.returncode == 0 and empty.stdout.strip() == "no node carries rankwatch's mark", empty.stderr
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
     core.patch_node("gpu-node-1", {"spec": {"unschedulable": True}})  # someone else's cordon, before rankwatch
     remediate(api, suspect(job, "gpu-node-0", "gpu-node-1"), policy())
-    other = create_job(api, unwatched_namespace, "gpt", GPU_NODES[2:3], dryRun=True)
+    other = job_on_nodes(api, unwatched_namespace, "gpt", GPU_NODES[2:3], dryRun=True)
     remediate(api, suspect(other, "gpu-node-2"), policy(dryRun=True))
     since = {name: core.read_node(name).metadata.annotations[node_marks.TIME] for name in GPU_NODES[:3]}
 
@@ -511,7 +423,7 @@ def test_uncordon_annotation_makes_the_operator_undo_the_cordon(
 ):
     # The session operator watches nodes cluster-wide, once a namespace it serves exists (kopf
     # pairs every resource with the served namespaces); the job lives where it makes no pods.
-    job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+    job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
     assert remediate(api, suspect(job, "gpu-node-1"), policy()).cordoned == ("gpu-node-1",)
 
     core.patch_node("gpu-node-1", {"metadata": {"annotations": {"rankwatch.io/uncordon": "true"}}})
@@ -559,7 +471,7 @@ def test_remediation_works_with_only_its_rbac_role_and_nothing_more(
     try:
         as_operator = kubernetes.client.CoreV1Api(restricted)
         eventually(lambda: _allowed(lambda: as_operator.list_node(limit=1)), 30, what="the role binding to apply")
-        job = create_job(api, unwatched_namespace, "llama", GPU_NODES[:2])
+        job = job_on_nodes(api, unwatched_namespace, "llama", GPU_NODES[:2])
 
         result = remediate(restricted, suspect(job, "gpu-node-1"), policy())
         assert result.cordoned == ("gpu-node-1",)

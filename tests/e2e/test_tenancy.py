@@ -5,14 +5,9 @@ a node rankwatch cordoned by tolerating the cordon (the real scheduler decides).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import kubernetes
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # importlib mode: the remediation tests' job helpers
-from test_remediation import GPU_NODES, _reset_node, bare_pod, create_job, policy, suspect
+from cordons import GPU_NODES, bare_pod, job_on_nodes, policy, reset_node, suspect
 
 from rankwatch.operator import api as names
 from rankwatch.operator.config import WorkerPodSettings
@@ -26,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 def test_ending_an_attempt_deletes_only_the_pods_the_job_controls(api, unwatched_namespace):
     namespace = unwatched_namespace
-    job = create_job(api, namespace, "llama", ["gpu-node-0", "gpu-node-1"])
+    job = job_on_nodes(api, namespace, "llama", ["gpu-node-0", "gpu-node-1"])
     labels = {"rankwatch.io/job-name": "llama", "rankwatch.io/replica-index": "0", "rankwatch.io/attempt": "0"}
     bare_pod(api, namespace, "someone-elses-pod", "gpu-node-2", labels)
 
@@ -61,10 +56,10 @@ def nodes_as_found(api):
     """The GPU nodes without rankwatch's marks or a cordon, before and after."""
     core = kubernetes.client.CoreV1Api(api)
     for name in GPU_NODES:
-        _reset_node(core, name)
+        reset_node(core, name)
     yield
     for name in GPU_NODES:
-        _reset_node(core, name)
+        reset_node(core, name)
 
 
 def test_a_template_tolerating_the_cordon_is_still_kept_off_a_node_rankwatch_cordoned(
@@ -73,7 +68,7 @@ def test_a_template_tolerating_the_cordon_is_still_kept_off_a_node_rankwatch_cor
     """``node.kubernetes.io/unschedulable`` tolerated gets a pod past a plain cordon; rankwatch's taint keeps
     it off the node rankwatch cordoned (and a template tolerating that taint is refused: test_pod_spec.py)."""
     namespace, core = unwatched_namespace, kubernetes.client.CoreV1Api(api)
-    request = create_job(api, namespace, "tolerant", ["gpu-node-3"])
+    request = job_on_nodes(api, namespace, "tolerant", ["gpu-node-3"])
     remediate(api, suspect(request, "gpu-node-3"), policy())
     kubectl("cordon", "gpu-node-2")  # someone else's plain cordon, no taint
     job = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(

@@ -8,15 +8,11 @@ kept as a regression test in tests/fuzz/test_fuzz_regressions.py."""
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
-
-sys.path.insert(0, str(Path(__file__).parent))
-
 import fuzz_targets as targets
+from hypothesis import HealthCheck, given, settings
 
 SCALE = float(os.environ.get("RANKWATCH_FUZZ_SCALE", "1"))
 

@@ -8,15 +8,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from dataclasses import asdict
-from pathlib import Path
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 import fuzz_targets as targets
+import pytest
 
 from rankwatch import protocol
 

@@ -14,12 +14,9 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # nccl_wheels (pytest runs in importlib mode)
 from nccl_wheels import WHEELS, nccl_home
 
 from rankwatch.analysis.load import load_path

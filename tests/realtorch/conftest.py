@@ -1,6 +1,6 @@
 """Real torch.distributed jobs (gloo on CPU, under torchrun) with the flight recorder on.
 
-The PyTorch environment is cached outside the repository (tests/realtorch/torch_env.py; ``make test``
+The PyTorch environment is cached outside the repository (tests/support/torch_env.py; ``make test``
 builds it first). Each scenario runs once per session; its dumps are shared by the tests.
 """
 
@@ -8,19 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # torch_env and nccl_style (pytest runs in importlib mode)
 import torch_env
 import torchrun
-
-LAYOUT = {"tp": 2, "pp": 2, "world": 8}
-SLOW_RANK, STOPPED_RANK, MISMATCH_RANK = 3, 5, 5
+from torchrun import LAYOUT, MISMATCH_RANK, SLOW_RANK, STOPPED_RANK
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-from conftest import LAYOUT, MISMATCH_RANK, SLOW_RANK, STOPPED_RANK
 from nccl_style import derive
+from torchrun import LAYOUT, MISMATCH_RANK, SLOW_RANK, STOPPED_RANK
 
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path

@@ -3,26 +3,17 @@ figure worse than published by more than the tolerance fails, in the direction t
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import check_results
+from figures import Figure
 
 BENCH = Path(__file__).parents[2] / "bench"
 
 
-@pytest.fixture(scope="module")
-def check_results():
-    sys.path.insert(0, str(BENCH))  # bench scripts import figures.py from their own folder
-    try:
-        yield importlib.import_module("check_results")
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-def test_every_published_row_names_a_bench_that_exists(check_results):
+def test_every_published_row_names_a_bench_that_exists():
     rows = check_results.published(check_results.RESULTS.read_text())
     assert len({row.name for row in rows}) == len(rows) >= 5
     for row in rows:
@@ -31,9 +22,7 @@ def test_every_published_row_names_a_bench_that_exists(check_results):
         assert "emit(Figure(" in (BENCH.parent / script).read_text(), f"{script} prints no FIGURE line"
 
 
-def test_a_figure_worse_by_more_than_the_tolerance_fails_in_its_direction(check_results):
-    from figures import Figure
-
+def test_a_figure_worse_by_more_than_the_tolerance_fails_in_its_direction():
     lower = check_results.Published("t.seconds", 10.0, "ratio", "lower", "python bench/x.py")
     higher = check_results.Published("t.rate", 100.0, "value", "higher", "python bench/x.py")
     assert check_results.verdict(lower, Figure("t.seconds", 50.0, "s", 4.0), 0.3) == (12.5, "ok")

@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "alerting"))
 
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
 from fake_feishu import FakeFeishu

@@ -8,7 +8,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-JOB = Path(__file__).parent / "megatron_job.py"
+JOB = Path(__file__).parents[1] / "realtorch" / "megatron_job.py"
 
 
 def free_port() -> int:
@@ -47,3 +47,9 @@ def run_job(
     if result.returncode != 0 and check:
         raise RuntimeError(f"torchrun failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return out
+
+
+LAYOUT = {"tp": 2, "pp": 2, "world": 8}  # of the real-PyTorch test jobs
+
+
+SLOW_RANK, STOPPED_RANK, MISMATCH_RANK = 3, 5, 5

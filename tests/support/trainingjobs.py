@@ -1,0 +1,114 @@
+"""The stand-in TrainingJob the e2e tests run (2 pods x 4 ranks on the stand-in NCCL, a fault on one
+rank) and the reads they make of it: its status, conditions, Events, report and the nodes it marked."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import kubernetes
+
+JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
+SENSITIVITY = 10
+WINDOW = 2
+STANDIN_DEVICE = os.environ.get("RANKWATCH_E2E_STANDIN_DEVICE", "async")
+"""The stand-in GPU model of the jobs: ``async`` (NCCL calls return at once, the collectives run on the
+device's streams, as on a real GPU); ``sync`` only for comparison."""
+
+
+def standin_job(
+    name: str,
+    faults: dict[str, str] | None = None,
+    gpu_timing: bool | None = None,
+    remediation: dict | None = None,
+    device: str | None = None,
+    pipeline: int = 1,
+    driver_args: tuple[str, ...] = (),
+    replicas: int = 2,
+    tensor: int = 4,
+    gpus: bool = True,
+) -> dict[str, Any]:
+    """2 pods x 4 ranks, TP 4 (one TP group per pod), DP 2 (or, with ``pipeline=2``, PP 2: pod 0 the first
+    stage, pod 1 the second), on the ``STANDIN_DEVICE``; faults on the rank RANKWATCH_STANDIN_FAULT_RANK names
+    (``device`` overrides the device for one job; ``driver_args``: more `simulate-pod` flags). GPU timing as
+    the CRD defaults it (on) unless ``gpu_timing`` says. Nodes are not cordoned unless ``remediation`` says so
+    (the tests share four nodes). ``replicas`` pods of ``tensor`` ranks each (one TP group per pod), each
+    asking for a GPU per rank unless ``gpus`` is off (many small jobs on the four nodes at once)."""
+    env = [{"name": "RANKWATCH_STANDIN_DEVICE", "value": device or STANDIN_DEVICE}]
+    env += [{"name": key, "value": value} for key, value in (faults or {}).items()]
+    tracing: dict[str, Any] = {"sensitivitySeconds": SENSITIVITY, "windowSeconds": WINDOW}
+    if gpu_timing is not None:
+        tracing["gpuTiming"] = gpu_timing
+    command = ["rankwatch", "simulate-pod", "--tp", str(tensor), "--pp", str(pipeline), "--steps", "1000000",
+               *driver_args]  # fmt: skip
+    trainer: dict[str, Any] = {"name": "trainer", "image": "rankwatch/rankwatch:0.1.0", "command": command, "env": env}
+    if gpus:
+        trainer["resources"] = {"limits": {"nvidia.com/gpu": tensor}}
+    return {
+        "apiVersion": "rankwatch.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "nprocPerNode": tensor,
+            "parallelism": {"tensor": tensor, "pipeline": pipeline},
+            "template": {"spec": {"containers": [trainer]}},
+            "tracing": tracing,
+            "remediation": remediation or {"cordon": False},
+            # Diagnosis only: recovery's default restart after a hang would reset the conditions under test.
+            "recovery": {"policy": "None"},
+        },
+    }
+
+
+def get_job(api, namespace: str, name: str) -> dict:
+    return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], name
+    )
+
+
+def create_job(api, namespace: str, manifest: dict) -> None:
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        *JOB_API[:2], namespace, JOB_API[2], manifest
+    )
+
+
+def condition(job: dict, type_: str) -> dict:
+    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def node_of_pod(api, namespace: str, pod: str) -> str:
+    return kubernetes.client.CoreV1Api(api).read_namespaced_pod(pod, namespace).spec.node_name
+
+
+def events(api, namespace: str, job: str) -> list:
+    items = kubernetes.client.CoreV1Api(api).list_namespaced_event(namespace).items
+    return [e for e in items if e.involved_object.kind == "TrainingJob" and e.involved_object.name == job]
+
+
+def wait_running(api, namespace: str, name: str, eventually) -> float:
+    eventually(lambda: get_job(api, namespace, name).get("status", {}).get("phase") == "Running", 60, what="Running")
+    return time.monotonic()
+
+
+def diagnosed(api, namespace: str, name: str, type_: str):
+    job = get_job(api, namespace, name)
+    return job if condition(job, type_).get("status") == "True" else None
+
+
+def report(api, namespace: str, job: dict) -> dict:
+    configmap = kubernetes.client.CoreV1Api(api).read_namespaced_config_map(
+        job["status"]["diagnosis"]["report"], namespace
+    )
+    assert configmap.metadata.owner_references[0].name == job["metadata"]["name"]
+    return json.loads(configmap.data["report.json"])
+
+
+def node_marks(api, name: str) -> tuple[bool, list[str], dict[str, str]]:
+    """(unschedulable, taint keys, rankwatch annotations) of a node."""
+    node = kubernetes.client.CoreV1Api(api).read_node(name)
+    taints = [f"{t.key}={t.value}:{t.effect}" for t in node.spec.taints or []]
+    marks = {k: v for k, v in (node.metadata.annotations or {}).items() if k.startswith("rankwatch.io/")}
+    return bool(node.spec.unschedulable), taints, marks
