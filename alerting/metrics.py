@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from rankwatch.alerting.model import Level
 
@@ -13,9 +13,7 @@ SOURCES = ("rankwatch", "alertmanager")
 
 
 class AlertMetrics:
-    _default: AlertMetrics | None = None
-
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.received = Counter(
             "rankwatch_alerts_received",
@@ -65,8 +63,6 @@ class AlertMetrics:
                     self.failed.labels(level, receiver, reason)
 
     @classmethod
-    def default(cls) -> AlertMetrics:
-        """One set per process on the global registry (registering twice is an error in prometheus_client)."""
-        if cls._default is None:
-            cls._default = cls()
-        return cls._default
+    def uncounted(cls) -> AlertMetrics:
+        """Series nobody serves (a private registry): for a caller outside the operator, such as the CLI."""
+        return cls(CollectorRegistry())

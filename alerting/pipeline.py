@@ -68,7 +68,7 @@ class AlertPipeline:
     ) -> None:
         self.config = config
         self.receivers = dict(receivers) if receivers is not None else build_receivers(config)
-        self.metrics = metrics or AlertMetrics.default()
+        self.metrics = metrics or AlertMetrics.uncounted()
         self._clock = clock
         self._store = store
         self._owns_store = store is None

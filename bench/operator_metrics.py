@@ -26,10 +26,9 @@ from operator_cpu import summaries
 from prometheus_client import REGISTRY, generate_latest
 
 from rankwatch import protocol
-from rankwatch.operator.diagnosis import metrics as _diagnosis_metrics  # noqa: F401  (the operator's counters)
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.operator.diagnosis.job_state import JobStore
-from rankwatch.operator.remediation.metrics import RemediationMetrics
+from rankwatch.operator.operator_metrics import OperatorMetrics
 
 SCRAPE_INTERVAL_S = 30.0  # the chart's ServiceMonitor default
 RUNNING = {
@@ -82,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=20)
     args = parser.parse_args()
-    RemediationMetrics.default()
+    OperatorMetrics.create()  # the operator's own series, as at its start
     _, base_s, base_bytes, base_series = measure(args.scrapes)
     print(f"baseline (no per-job series): {base_series} series, {base_bytes / 1024:.1f} KiB, {base_s * 1e3:.2f} ms")
     print(f"{'jobs':>5} {'ranks/job':>9} {'series':>7} {'per job':>7} {'KiB':>7} {'ms as is':>9} {'ms frozen':>9} "

@@ -15,7 +15,7 @@ import datetime
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -23,28 +23,30 @@ from kubernetes.client.exceptions import ApiException
 from rankwatch.operator.config import AlertingSettings
 from rankwatch.operator.events import EventTarget, post_event
 
+if TYPE_CHECKING:
+    from rankwatch.alerting.metrics import AlertMetrics
+
 log = logging.getLogger(__name__)
 
 NOT_READY_REASON = "AlertingNotReady"
 
 
-async def start_alerting(settings: AlertingSettings, kube: kubernetes.client.ApiClient) -> Any:
+async def start_alerting(settings: AlertingSettings, kube: kubernetes.client.ApiClient, metrics: AlertMetrics) -> Any:
     """The running ``AlertPipeline``, or None when alerting is off or cannot start (then reported)."""
     if not settings.config_path:
         return None
     from rankwatch.alerting import AlertPipeline, kubernetes_resolver, load_config, open_store
-    from rankwatch.alerting.metrics import AlertMetrics
 
     try:
         secrets = kubernetes_resolver(settings.namespace, kube)
         alerting = await asyncio.to_thread(load_config, Path(settings.config_path), secrets)
         store = await asyncio.to_thread(open_store, alerting.store, kube, settings.namespace)
-        pipeline = AlertPipeline(alerting, store=store)
+        pipeline = AlertPipeline(alerting, store=store, metrics=metrics)
         await pipeline.start()
     except Exception as error:  # alerting, whatever its fault, must not take the operator down
         # ConfigError and StoreError messages name a Secret by its source, never its value.
         problem = f"alerting config {settings.config_path}: {error}"
-        AlertMetrics.default().ready.set(0)
+        metrics.ready.set(0)
         log.error("alerting is off until the operator restarts: %s", problem)
         await asyncio.to_thread(_report_on_own_pod, kube, problem)
         return None

@@ -32,6 +32,7 @@ from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.kinds import group_watch, unwatched, webhook
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync, now
+from rankwatch.operator.operator_metrics import OperatorMetrics
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 from rankwatch.operator.watch import Watch
@@ -62,10 +63,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.connect_timeout = timeout
     settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
-    memo.unwatched = unwatched.UnwatchedPods(memo.kube)
+    if "metrics" not in memo:  # once per process: a series registers once
+        memo.metrics = OperatorMetrics.create()
+    memo.unwatched = unwatched.UnwatchedPods(memo.kube, memo.metrics.diagnosis.unwatched_pods)
     memo.group_pods = group_watch.GroupPods(memo.kube)
     memo.groups_with_token = webhook.GroupsWithToken()
-    memo.watch = Watch(memo.config, memo.kube, memo.leading)
+    memo.watch = Watch(memo.config, memo.kube, memo.leading, memo.metrics)
     await memo.watch.start()
 
 

@@ -23,6 +23,7 @@ from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSetti
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.monitor import Monitor
 from rankwatch.operator.metrics_server import MetricsServer
+from rankwatch.operator.operator_metrics import OperatorMetrics
 from rankwatch.operator.recovery.reconcile import Recovery
 from rankwatch.operator.remediation.cordon import expire_cordons_periodically
 
@@ -30,8 +31,14 @@ log = logging.getLogger(__name__)
 
 
 class Watch:
-    def __init__(self, config: OperatorConfig, kube: kubernetes.client.ApiClient, leading: Callable[[], bool]) -> None:
-        self.config, self.kube, self.leading = config, kube, leading
+    def __init__(
+        self,
+        config: OperatorConfig,
+        kube: kubernetes.client.ApiClient,
+        leading: Callable[[], bool],
+        metrics: OperatorMetrics,
+    ) -> None:
+        self.config, self.kube, self.leading, self.metrics = config, kube, leading, metrics
         self.collector: Collector | None = None
         self.monitor: Monitor | None = None
         self.recovery: Recovery | None = None
@@ -42,8 +49,8 @@ class Watch:
 
     async def start(self) -> None:
         config = self.config
-        self.alerts = await start_alerting(config.alerting, self.kube)
-        store, tokens = JobStore(), SecretTokens(self.kube)
+        self.alerts = await start_alerting(config.alerting, self.kube, self.metrics.alerting)
+        store, tokens = JobStore(on_drop=self.metrics.diagnosis.dropped), SecretTokens(self.kube)
         self.job_metrics = JobMetrics(
             store, JobMetricsSettings(rank_series_per_job=config.metrics_ranks_per_job), leading=self.leading
         )
@@ -61,8 +68,17 @@ class Watch:
             node_alerts=config.node_alerts,
             sidecar_endpoint_hosts=config.pods.sidecar_endpoint_hosts,
             no_telemetry_seconds=config.no_telemetry_seconds,
+            metrics=self.metrics.diagnosis,
+            remediation_metrics=self.metrics.remediation,
         )
-        self.collector = Collector(store, tokens, config.collector, on_stall=self.monitor.wake, jobs=self._job_limits)
+        self.collector = Collector(
+            store,
+            tokens,
+            config.collector,
+            on_stall=self.monitor.wake,
+            jobs=self._job_limits,
+            metrics=self.metrics.diagnosis,
+        )
         if self.alerts is not None:
             from rankwatch.alerting import add_routes
 
@@ -72,7 +88,9 @@ class Watch:
             self.metrics_server = MetricsServer(*config.metrics_listen)
             await self.metrics_server.start()
         self.monitor.start()
-        self.cordon_expiry = asyncio.create_task(expire_cordons_periodically(self.kube), name="cordon-expiry")
+        self.cordon_expiry = asyncio.create_task(
+            expire_cordons_periodically(self.kube, self.metrics.remediation), name="cordon-expiry"
+        )
         self.recovery = Recovery(
             self.kube, config, tokens, new_attempt=self.monitor.new_attempt, diagnosing=self.monitor.diagnosing
         )

@@ -33,9 +33,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch import http_logging, protocol
 from rankwatch.operator import api, metrics_server
-from rankwatch.operator.diagnosis import metrics
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits, SummaryDigest
 from rankwatch.operator.diagnosis.message_parser import MessageParser, Refusal
+from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,9 @@ class Collector:
         on_stall: Callable[[str, str], None] | None = None,
         *,
         jobs: JobLimits,
+        metrics: DiagnosisMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or DiagnosisMetrics.uncounted()
         self.store = store
         self.tokens = tokens
         self.settings = settings
@@ -275,7 +277,7 @@ class Collector:
             429: "rate_limited",
             503: "busy",
         }.get(response.status, "error")
-        metrics.COLLECTOR_MESSAGES.labels(kind, result).inc()
+        self.metrics.collector_messages.labels(kind, result).inc()
         return response
 
     async def _handle(self, request: web.Request, kind: str) -> web.Response:
@@ -376,7 +378,7 @@ class Collector:
                     f"the newest window taken from it ({newest} ns): replayed or sent out of order; not taken",
                 )
             state.add_digest(message)
-            metrics.COLLECTOR_RANK_WINDOWS.inc(len(message.ranks))
+            self.metrics.collector_rank_windows.inc(len(message.ranks))
         else:
             if state.duplicate((message.pod, message.detected_ns, -1)):
                 return web.json_response({"duplicate": True}, status=208)

@@ -19,6 +19,7 @@ from rankwatch.operator.diagnosis.diagnose import Diagnosis
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult
 from rankwatch.operator.remediation.cordon_decision import Safeguards
+from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import TrainingJobSpec
 
 if TYPE_CHECKING:  # alerting is imported only where alerts are sent
@@ -53,7 +54,9 @@ class JobRecord(Protocol):
 
     def post_diagnosis_event(self, body: dict[str, Any], diagnosis: dict[str, Any]) -> None: ...
 
-    async def remediate(self, body: dict[str, Any], finding: Finding, safeguards: Safeguards) -> RemediationResult: ...
+    async def remediate(
+        self, body: dict[str, Any], finding: Finding, safeguards: Safeguards, metrics: RemediationMetrics
+    ) -> RemediationResult: ...
 
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert: ...
 
@@ -108,8 +111,10 @@ class TrainingJobRecord:
     def post_diagnosis_event(self, body: dict[str, Any], diagnosis: dict[str, Any]) -> None:
         writer.post_diagnosis_event(self.kube, body, diagnosis)
 
-    async def remediate(self, body: dict[str, Any], finding: Finding, safeguards: Safeguards) -> RemediationResult:
-        return await remediation.remediate(self.kube, body, finding, safeguards)
+    async def remediate(
+        self, body: dict[str, Any], finding: Finding, safeguards: Safeguards, metrics: RemediationMetrics
+    ) -> RemediationResult:
+        return await remediation.remediate(self.kube, body, finding, safeguards, metrics)
 
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert:
         from rankwatch.alerting import alert_from_finding

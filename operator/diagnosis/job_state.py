@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
-from rankwatch.operator.diagnosis import metrics
 from rankwatch.protocol import CommWindow, StallReport, WindowSummary
 
 HISTORY_WINDOWS = 12
@@ -53,8 +52,8 @@ class StateLimits:
         return cls(ranks=max(1, world_size), pods=2 * max(1, replicas) + 8)
 
 
-def _dropped(what: str, count: int = 1) -> None:
-    metrics.COLLECTOR_DROPPED.labels(what).inc(count)
+def _not_counted(what: str, count: int = 1) -> None:
+    pass
 
 
 def collective_wait(comm: CommWindow) -> float | None:
@@ -212,6 +211,8 @@ class JobState:
     dropped: int = 0
     """Ranks, pods and communicators not kept because the job's limits were reached."""
     _seen: OrderedDict[tuple[str, int, int], None] = field(default_factory=OrderedDict, repr=False)
+    on_drop: Callable[[str, int], None] = field(default=_not_counted, repr=False, compare=False)
+    """Told of what is not kept (``DiagnosisMetrics.dropped``: rankwatch_collector_dropped_total)."""
     derived: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
     """What readers (the detector) derive from who reports on which communicator, keyed by how they
     derived it: emptied whenever a rank or a rank's communicator is added or replaced."""
@@ -359,7 +360,7 @@ class JobState:
 
     def _drop(self, what: str) -> None:
         self.dropped += 1
-        _dropped(what)
+        self.on_drop(what, 1)
 
     def recent_step_time(self) -> float | None:
         """Median of the last 8 step-time points (one per pod summary), None before the first."""
@@ -374,8 +375,9 @@ class JobState:
 class JobStore:
     """The per-job states, keyed by (namespace, name)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_drop: Callable[[str, int], None] = _not_counted) -> None:
         self.jobs: dict[tuple[str, str], JobState] = {}
+        self.on_drop = on_drop
 
     def get(self, namespace: str, name: str, limits: StateLimits | None = None) -> JobState:
         """The job's state, made on first use; ``limits`` (when given) replace the job's current ones
@@ -383,7 +385,7 @@ class JobStore:
         key = (namespace, name)
         state = self.jobs.get(key)
         if state is None:
-            state = self.jobs[key] = JobState(namespace, name, limits=limits or StateLimits())
+            state = self.jobs[key] = JobState(namespace, name, limits=limits or StateLimits(), on_drop=self.on_drop)
         elif limits is not None and limits != state.limits:
             state.limits = limits
         return state
@@ -399,7 +401,7 @@ class JobStore:
         old = self.jobs.get((namespace, name))
         ended = frozenset(ended_pods) | (old.ended_pods if old else frozenset())
         if len(ended) > ENDED_PODS_KEPT:  # the newest attempts' pods matter; older ones have ended long ago
-            _dropped("ended_pod", len(ended) - ENDED_PODS_KEPT)
+            self.on_drop("ended_pod", len(ended) - ENDED_PODS_KEPT)
             ended = frozenset(sorted(ended_pods)[:ENDED_PODS_KEPT])
         limits = old.limits if old else StateLimits()
-        self.jobs[(namespace, name)] = JobState(namespace, name, ended_pods=ended, limits=limits)
+        self.jobs[(namespace, name)] = JobState(namespace, name, ended_pods=ended, limits=limits, on_drop=self.on_drop)

@@ -28,19 +28,21 @@ import kubernetes
 from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.operator.config import DiagnosisLimits
-from rankwatch.operator.diagnosis import metrics, telemetry_watch, writer
+from rankwatch.operator.diagnosis import telemetry_watch, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
 from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, diagnose
 from rankwatch.operator.diagnosis.job_metrics import JobMetrics
 from rankwatch.operator.diagnosis.job_record import JobRecord, TrainingJobRecord
 from rankwatch.operator.diagnosis.job_state import JobState, JobStore, StateLimits
+from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.diagnosis.slots import DiagnosisSlots
 from rankwatch.operator.diagnosis.worker import WorkerFailed
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon_decision import Safeguards
+from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 
@@ -125,7 +127,11 @@ class Monitor:
         node_alerts: NodeAlertSources | None = None,
         sidecar_endpoint_hosts: tuple[str, ...] = (),
         no_telemetry_seconds: float = 120.0,
+        metrics: DiagnosisMetrics | None = None,
+        remediation_metrics: RemediationMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or DiagnosisMetrics.uncounted()
+        self.remediation_metrics = remediation_metrics or RemediationMetrics.uncounted()
         self.kube = kube
         self.store = store
         self.tokens = tokens
@@ -135,7 +141,7 @@ class Monitor:
         self.safeguards = safeguards
         self.alerts = alerts  # an AlertPipeline, when alerting is configured
         self.leading = leading
-        self.slots = DiagnosisSlots(limits.concurrency, on_change=metrics.diagnoses_in_progress)
+        self.slots = DiagnosisSlots(limits.concurrency, on_change=self.metrics.diagnoses_in_progress)
         self.job_metrics = job_metrics
         self.node_alerts = node_alerts
         self.no_telemetry_seconds = no_telemetry_seconds
@@ -262,11 +268,11 @@ class Monitor:
             await asyncio.to_thread(job.record.write_step_time, _format_step(step))
             job.step_written = (step, now)
 
-        with metrics.DETECTOR_SECONDS.time():
+        with self.metrics.detector_seconds.time():
             suspicions = detect(state, job.thresholds, job.layout, now)
         kinds = {s.kind for s in suspicions}
         for kind in kinds - set(job.suspected_since):
-            metrics.SUSPICIONS.labels(kind.value).inc()
+            self.metrics.suspicions.labels(kind.value).inc()
             job.suspected_since[kind] = now
         for kind in set(job.suspected_since) - kinds:
             del job.suspected_since[kind]
@@ -323,7 +329,7 @@ class Monitor:
         written = await asyncio.to_thread(job.record.write_recovered, why, _now())
         if written is not None:
             kind = (job.status.get("diagnosis") or {}).get("kind", "unknown")
-            metrics.RECOVERIES.labels(kind).inc()
+            self.metrics.recoveries.labels(kind).inc()
             log.info("%s recovered: %s", job.record.label, why)
             if self.alerts is not None:
                 await self.alerts.resolve(labels=job.record.alert_labels)
@@ -371,18 +377,18 @@ class Monitor:
         except asyncio.CancelledError:
             raise
         except WorkerFailed as error:
-            metrics.DIAGNOSES.labels(error.reason).inc()
+            self.metrics.diagnoses.labels(error.reason).inc()
             log.error("diagnosis of %s failed: %s", job.record.label, error)
             job.retry_after[suspicion.kind] = time.monotonic() + NO_FINDING_RETRY_S
             return
         except Exception:
-            metrics.DIAGNOSES.labels("failed").inc()
+            self.metrics.diagnoses.labels("failed").inc()
             log.exception("diagnosis of %s failed", job.record.label)
             job.retry_after[suspicion.kind] = time.monotonic() + FAILED_RETRY_S
             return
-        metrics.DIAGNOSIS_PEAK_BYTES.observe(examination.peak_rss_bytes)
+        self.metrics.diagnosis_peak_bytes.observe(examination.peak_rss_bytes)
         if diagnosis is None:
-            metrics.DIAGNOSES.labels("no_finding").inc()
+            self.metrics.diagnoses.labels("no_finding").inc()
             reachable = examination.pods_answered > 0  # no sidecar answered: asking again at once will not help
             quick = suspicion.kind is FindingKind.HANG and reachable  # a hang's evidence grows with time
             retry = job.thresholds.window_s * 2 if quick else NO_FINDING_RETRY_S
@@ -395,7 +401,7 @@ class Monitor:
                 retry,
             )
             return
-        metrics.DIAGNOSES.labels("finding").inc()
+        self.metrics.diagnoses.labels("finding").inc()
         if not self.leading():
             return
         written = await asyncio.to_thread(job.record.write_diagnosis, diagnosis, _now())
@@ -405,7 +411,7 @@ class Monitor:
         elapsed = time.monotonic() - started
         if self.job_metrics is not None:
             self.job_metrics.detected(job.namespace, job.name, diagnosis.kind.value)
-        metrics.DIAGNOSIS_SECONDS.observe(elapsed)
+        self.metrics.diagnosis_seconds.observe(elapsed)
         log.warning(
             "%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
             job.record.label,
@@ -456,7 +462,7 @@ class Monitor:
         done = True
         if writer.REMEDIATION in pending and self.leading():
             try:
-                result = await job.record.remediate(body, finding, self.safeguards)
+                result = await job.record.remediate(body, finding, self.safeguards, self.remediation_metrics)
             except Exception:
                 log.exception("remediation of %s (%s on %s) failed; retrying", job.record.label, finding.reason,
                               finding.nodes)  # fmt: skip

@@ -33,6 +33,7 @@ from rankwatch.operator.kinds.adapter import Group, KindAdapter, read_owner
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult
 from rankwatch.operator.remediation.cordon_decision import Safeguards
+from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import Remediation, TrainingJobSpec
 
 if TYPE_CHECKING:
@@ -197,12 +198,14 @@ class GroupRecord:
             log.warning("Event %s on %s not posted: HTTP %s", reason, self.group, error.status)
 
     # -- follow-ups ----------------------------------------------------------------------------------
-    async def remediate(self, body: dict[str, Any], finding: Finding, safeguards: Safeguards) -> RemediationResult:
+    async def remediate(
+        self, body: dict[str, Any], finding: Finding, safeguards: Safeguards, metrics: RemediationMetrics
+    ) -> RemediationResult:
         pods = await asyncio.to_thread(self.pods)
         nodes = frozenset(pod["spec"]["nodeName"] for pod in pods if (pod.get("spec") or {}).get("nodeName"))
         diagnosis = ((body.get("status") or {}).get("diagnosis") or {}).get("time", "")
         return await remediation.remediate_group(
-            self.kube, self.group, nodes, finding, diagnosis, self.remediation, safeguards
+            self.kube, self.group, nodes, finding, diagnosis, self.remediation, safeguards, metrics
         )
 
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert:

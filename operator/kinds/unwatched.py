@@ -31,12 +31,6 @@ from rankwatch.operator.kinds.registry import adapter_for
 
 log = logging.getLogger(__name__)
 
-UNWATCHED_PODS = Gauge(
-    "rankwatch_unwatched_pods",
-    "Opted-in pods (annotation rankwatch.io/inject=true) running without rankwatch's injection, so not "
-    "watched, by the kind owning them (unsupported: no kind rankwatch knows)",
-    ["kind"],
-)
 FINISHED = ("Succeeded", "Failed")
 REPORT_DELAY_S = 2.0
 """Pods of one group seen within this delay make one report (a Job's pods come together)."""
@@ -57,7 +51,8 @@ class _Report:
 
 
 class UnwatchedPods:
-    def __init__(self, kube: kubernetes.client.ApiClient) -> None:
+    def __init__(self, kube: kubernetes.client.ApiClient, gauge: Gauge) -> None:
+        self.gauge = gauge  # DiagnosisMetrics.unwatched_pods
         self.kube = kube
         self._pods: dict[str, tuple[tuple[str, ...], str, str]] = {}  # uid -> (report key, kind, name)
         self._reports: dict[tuple[str, ...], _Report] = {}
@@ -88,7 +83,7 @@ class UnwatchedPods:
             group, key, kind = None, ("Pod", namespace, uid), "unsupported"
             target = EventTarget("v1", "Pod", name, uid, namespace)
         self._pods[uid] = (key, kind, name)
-        UNWATCHED_PODS.labels(kind).inc()
+        self.gauge.labels(kind).inc()
         report = self._reports.setdefault(key, _Report(target, group, adapter))
         report.pods[name] = why
         self._schedule(key)
@@ -98,7 +93,7 @@ class UnwatchedPods:
         if known is None:
             return
         key, kind, name = known
-        UNWATCHED_PODS.labels(kind).dec()
+        self.gauge.labels(kind).dec()
         report = self._reports.get(key)
         if report is not None:
             report.pods.pop(name, None)

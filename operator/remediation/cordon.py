@@ -92,6 +92,7 @@ def remediate(
     *,
     now: datetime.datetime | None = None,
     job_nodes: frozenset[str] | None = None,
+    metrics: RemediationMetrics | None = None,
 ) -> RemediationResult:
     """Cordon what ``policy`` allows of the nodes ``request`` names.
 
@@ -100,7 +101,7 @@ def remediate(
     that node's ``FAILED`` outcome; failing to read the nodes or the job's pods raises ``ApiException``
     (nothing was changed then; call again later).
     """
-    metrics = RemediationMetrics.default()
+    metrics = metrics or RemediationMetrics.uncounted()
     with _LOCK:
         moment = now or node_marks.now()
         if job_nodes is None:
@@ -147,10 +148,15 @@ def remediate(
 
 
 async def remediate_async(
-    api: client.ApiClient, request: CordonRequest, policy: RemediationPolicy, job_nodes: frozenset[str] | None = None
+    api: client.ApiClient,
+    request: CordonRequest,
+    policy: RemediationPolicy,
+    job_nodes: frozenset[str] | None = None,
+    *,
+    metrics: RemediationMetrics | None = None,
 ) -> RemediationResult:
     """:func:`remediate` off the event loop."""
-    return await asyncio.to_thread(remediate, api, request, policy, job_nodes=job_nodes)
+    return await asyncio.to_thread(remediate, api, request, policy, job_nodes=job_nodes, metrics=metrics)
 
 
 def _expiry(
@@ -338,7 +344,12 @@ class UncordonResult:
 
 
 def uncordon(
-    api: client.ApiClient, node: str, *, via: str = "cli", now: datetime.datetime | None = None
+    api: client.ApiClient,
+    node: str,
+    *,
+    via: str = "cli",
+    now: datetime.datetime | None = None,
+    metrics: RemediationMetrics | None = None,
 ) -> UncordonResult:
     """Undo rankwatch's cordon of ``node``: taint off, schedulable again unless it was unschedulable
     before rankwatch, annotations cleared (``uncordoned-at`` stays for the cooldown), Events on the
@@ -369,7 +380,7 @@ def uncordon(
         message += "it stays unschedulable, as rankwatch found it"
     else:
         message = f"uncordoned {node} and removed rankwatch's taint (TrainingJob {mark.job})"
-    RemediationMetrics.default().uncordoned.labels(via=via).inc()
+    (metrics or RemediationMetrics.uncounted()).uncordoned.labels(via=via).inc()
     log.warning("%s (via %s)", message, via)
     posts = [(EventTarget.node(view.name, view.uid), "UncordonedByRankwatch")]
     if mark is not None and "/" in mark.job:
@@ -381,7 +392,9 @@ def uncordon(
     return UncordonResult(node, True, message)
 
 
-def expire_cordons(api: client.ApiClient, *, now: datetime.datetime | None = None) -> list[UncordonResult]:
+def expire_cordons(
+    api: client.ApiClient, *, now: datetime.datetime | None = None, metrics: RemediationMetrics | None = None
+) -> list[UncordonResult]:
     """Undo every cordon of rankwatch whose expiry (``rankwatch.io/cordon-expires-at``) has passed."""
     moment = now or node_marks.now()
     due = [
@@ -389,14 +402,16 @@ def expire_cordons(api: client.ApiClient, *, now: datetime.datetime | None = Non
         for view in node_actions.list_nodes(api).values()
         if (mark := view.mark) is not None and mark.expires is not None and mark.expires <= moment
     ]
-    return [uncordon(api, node, via="expiry", now=moment) for node in sorted(due)]
+    return [uncordon(api, node, via="expiry", now=moment, metrics=metrics) for node in sorted(due)]
 
 
-async def expire_cordons_periodically(api: client.ApiClient, interval_seconds: float = 60.0) -> None:
+async def expire_cordons_periodically(
+    api: client.ApiClient, metrics: RemediationMetrics, interval_seconds: float = 60.0
+) -> None:
     """:func:`expire_cordons` every ``interval_seconds`` (the leader runs it); a failed pass is logged."""
     while True:
         try:
-            await asyncio.to_thread(expire_cordons, api)
+            await asyncio.to_thread(expire_cordons, api, metrics=metrics)
         except ApiException as error:
             log.error("could not expire rankwatch's cordons: HTTP %s %s", error.status, error.reason)
         await asyncio.sleep(interval_seconds)
@@ -409,6 +424,8 @@ def uncordon_job(api: client.ApiClient, namespace: str, name: str, *, via: str =
     return [uncordon(api, node, via=via) for node in sorted(marked)]
 
 
-async def uncordon_async(api: client.ApiClient, node: str, *, via: str) -> UncordonResult:
+async def uncordon_async(
+    api: client.ApiClient, node: str, *, via: str, metrics: RemediationMetrics | None = None
+) -> UncordonResult:
     """:func:`uncordon` off the event loop."""
-    return await asyncio.to_thread(uncordon, api, node, via=via)
+    return await asyncio.to_thread(uncordon, api, node, via=via, metrics=metrics)

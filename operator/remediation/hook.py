@@ -18,13 +18,18 @@ from rankwatch.analysis.findings import Finding
 from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.remediation.cordon import RemediationResult, remediate_async
 from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards
+from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import Remediation, TrainingJobSpec
 
 log = logging.getLogger(__name__)
 
 
 async def remediate(
-    kube: kubernetes.client.ApiClient, job: dict[str, Any], finding: Finding, safeguards: Safeguards
+    kube: kubernetes.client.ApiClient,
+    job: dict[str, Any],
+    finding: Finding,
+    safeguards: Safeguards,
+    metrics: RemediationMetrics,
 ) -> RemediationResult:
     """Cordon what the job's policy and the safeguards allow of the nodes ``finding`` blames; raises
     when the cluster could not be read (nothing was changed then: call again later)."""
@@ -34,7 +39,9 @@ async def remediate(
     diagnosis = ((job.get("status") or {}).get("diagnosis") or {}).get("time", "")  # the same across its retries
     request = CordonRequest.from_finding(metadata["namespace"], metadata["name"], metadata.get("uid", ""), finding,
                                          diagnosis)  # fmt: skip
-    result = await remediate_async(kube, request, RemediationPolicy.for_job(spec.remediation, safeguards))
+    result = await remediate_async(
+        kube, request, RemediationPolicy.for_job(spec.remediation, safeguards), metrics=metrics
+    )
     for decision in result.decisions:
         log.info("TrainingJob %s: node %s: %s (%s)", name, decision.node, decision.outcome.value, decision.message)
     return result
@@ -48,6 +55,7 @@ async def remediate_group(
     diagnosis: str,
     remediation: Remediation,
     safeguards: Safeguards,
+    metrics: RemediationMetrics,
 ) -> RemediationResult:
     """As :func:`remediate`, for a group of another kind: its policy from its pods' annotations, its nodes
     those its own pods (as its adapter finds them) run on."""
@@ -56,7 +64,8 @@ async def remediate_group(
         job_kind=group.kind,
         job_api_version=group.api_version,
     )
-    result = await remediate_async(kube, request, RemediationPolicy.for_job(remediation, safeguards), job_nodes)
+    policy = RemediationPolicy.for_job(remediation, safeguards)
+    result = await remediate_async(kube, request, policy, job_nodes, metrics=metrics)
     for decision in result.decisions:
         log.info("%s: node %s: %s (%s)", group, decision.node, decision.outcome.value, decision.message)
     return result

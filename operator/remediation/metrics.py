@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 
 class RemediationMetrics:
-    _default: RemediationMetrics | None = None
-
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.cordoned = Counter(
             "rankwatch_nodes_cordoned",
             "Nodes rankwatch cordoned and tainted (dry_run=true: only annotated), by finding kind.",
@@ -39,8 +37,6 @@ class RemediationMetrics:
         )
 
     @classmethod
-    def default(cls) -> RemediationMetrics:
-        """One set per process on the global registry (registering twice is an error in prometheus_client)."""
-        if cls._default is None:
-            cls._default = cls()
-        return cls._default
+    def uncounted(cls) -> RemediationMetrics:
+        """Series nobody serves (a private registry): for a caller outside the operator, such as the CLI."""
+        return cls(CollectorRegistry())

@@ -20,5 +20,5 @@ from rankwatch.operator.remediation import cordon, node_marks
 
 @kopf.on.event("nodes", annotations={node_marks.UNCORDON_REQUEST: "true"})
 async def uncordon_requested(name: str, logger: kopf.Logger, memo: kopf.Memo, **_: Any) -> None:
-    result = await cordon.uncordon_async(memo.kube, name, via="annotation")
+    result = await cordon.uncordon_async(memo.kube, name, via="annotation", metrics=memo.metrics.remediation)
     logger.info("uncordon requested by annotation: %s", result.message)

@@ -24,7 +24,7 @@ import yaml
 from api_relay import ApiRelay
 from cordons import GPU_NODES, bare_pod, job_on_nodes, policy, reset_node, suspect
 from kubernetes.client.exceptions import ApiException
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
 from rankwatch.kube import TimedApiClient
@@ -37,6 +37,7 @@ from rankwatch.operator.remediation.cordon import (
     remediate,
     uncordon,
 )
+from rankwatch.operator.remediation.metrics import RemediationMetrics
 
 pytestmark = pytest.mark.e2e
 
@@ -301,9 +302,14 @@ def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
         for i in range(6)
     ]
 
+    registry = CollectorRegistry()
+    metrics = RemediationMetrics(registry)
+
     def all_at_once() -> tuple[list[str], list]:
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            results = list(pool.map(lambda s: remediate(api, s, policy(guarded, maxNodesPerJob=2)), jobs))
+            results = list(
+                pool.map(lambda s: remediate(api, s, policy(guarded, maxNodesPerJob=2), metrics=metrics), jobs)
+            )
         return [n.metadata.name for n in core.list_node().items if n.spec.unschedulable], results
 
     cordoned, results = all_at_once()
@@ -311,7 +317,7 @@ def test_circuit_breaker_caps_cordons_when_many_jobs_blame_many_nodes(
     assert sorted(cordoned) == sorted(n for r in results for n in r.cordoned)
     refused = [d for r in results for d in r.decisions if d.outcome is Outcome.BREAKER_OPEN]
     assert len(refused) == 12 - cap
-    assert REGISTRY.get_sample_value("rankwatch_circuit_breaker_tripped") == 1
+    assert registry.get_sample_value("rankwatch_circuit_breaker_tripped") == 1
     tripped = [r.request.job_name for r in results if r.breaker_open]
     warnings = job_events(core, unwatched_namespace, tripped[0], "CircuitBreakerOpen")
     assert warnings and warnings[0].type == "Warning" and "circuit breaker open" in warnings[0].message

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
+from rankwatch.alerting.metrics import AlertMetrics
 from rankwatch.operator.alerting_start import start_alerting
 from rankwatch.operator.config import AlertingSettings
 
@@ -14,11 +15,12 @@ def test_a_bad_alerting_config_returns_no_pipeline_and_reports_not_ready(tmp_pat
     monkeypatch.delenv("POD_NAME", raising=False)  # outside a pod: no Event, the metric and the log remain
     config = tmp_path / "alerting.yaml"
     config.write_text("route: {receiver: nobody}\n")  # no receivers
-    pipeline = asyncio.run(start_alerting(AlertingSettings(config_path=str(config)), kube=None))
+    registry = CollectorRegistry()
+    pipeline = asyncio.run(start_alerting(AlertingSettings(config_path=str(config)), None, AlertMetrics(registry)))
     assert pipeline is None
-    assert REGISTRY.get_sample_value("rankwatch_alerting_ready") == 0
+    assert registry.get_sample_value("rankwatch_alerting_ready") == 0
     assert "alerting is off until the operator restarts" in caplog.text and "receivers" in caplog.text
 
 
 def test_alerting_off_starts_nothing():
-    assert asyncio.run(start_alerting(AlertingSettings(config_path=None), kube=None)) is None
+    assert asyncio.run(start_alerting(AlertingSettings(config_path=None), None, AlertMetrics.uncounted())) is None

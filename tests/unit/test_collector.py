@@ -74,7 +74,7 @@ def followed(namespace: str, name: str) -> StateLimits | None:
 
 
 @pytest.fixture
-async def collector() -> AsyncIterator[tuple[Collector, str]]:
+async def collector(operator_metrics) -> AsyncIterator[tuple[Collector, str]]:
     stalls: list[tuple[str, str]] = []
     server = Collector(
         JobStore(),
@@ -82,6 +82,7 @@ async def collector() -> AsyncIterator[tuple[Collector, str]]:
         CollectorSettings(host="127.0.0.1", port=0, rate_per_job=1000, burst_per_job=1000),
         on_stall=lambda ns, name: stalls.append((ns, name)),
         jobs=followed,
+        metrics=operator_metrics.diagnosis,
     )
     server.stalls_seen = stalls  # type: ignore[attr-defined]
     await server.start()
@@ -284,13 +285,13 @@ async def test_metrics_endpoint_counts_messages_by_result(collector):
     assert "rankwatch_detector_duration_seconds_count" in text, "the monitor's detector time is served too"
 
 
-async def test_with_metrics_on_their_own_port_the_collector_port_names_no_job():
+async def test_with_metrics_on_their_own_port_the_collector_port_names_no_job(operator_metrics):
     """Sidecars of every team reach the collector's port; /metrics (every job's name, namespace and
     health) is only on the metrics port, which the chart's NetworkPolicy opens to Prometheus alone."""
     from rankwatch.operator.metrics_server import MetricsServer
 
     settings = CollectorSettings(host="127.0.0.1", port=0, serves_metrics=False)
-    server = Collector(JobStore(), Tokens(), settings, jobs=followed)
+    server = Collector(JobStore(), Tokens(), settings, jobs=followed, metrics=operator_metrics.diagnosis)
     scrape = MetricsServer("127.0.0.1", 0)
     await server.start()
     await scrape.start()

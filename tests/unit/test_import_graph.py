@@ -110,3 +110,36 @@ def test_the_walk_sees_a_cycle_hidden_in_a_function(tmp_path):
     found = {name: imports_of(name, path, known) for name, path in known.items()}
     assert found == {"pkg.a": {"pkg.b"}, "pkg.b": {"pkg.a"}, "pkg.c": set()}
     assert cycles(found) == [["pkg.a", "pkg.b"]]
+
+
+IMPORT_EVERYTHING = """
+import importlib, json, pkgutil
+from prometheus_client import REGISTRY
+
+def names():
+    return {family.name for family in REGISTRY.collect()}
+
+before = names()
+imported = 0
+for package in PACKAGES:
+    for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        if not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+            imported += 1
+print(json.dumps({"imported": imported, "registered": sorted(names() - before)}))
+"""
+
+
+def test_importing_every_module_registers_no_metric():
+    """Metrics are made when the operator starts and passed in (``OperatorMetrics``): a module that
+    registered one at import would clash with a second registry user and hide who counts what."""
+    import json
+    import subprocess
+    import sys
+
+    packages = sorted(name for name, path in modules().items() if name.count(".") <= 1 and path.name == "__init__.py")
+    code = f"PACKAGES = {packages!r}\n" + IMPORT_EVERYTHING
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["imported"] > 100
+    assert result["registered"] == []

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 
 
@@ -33,13 +34,17 @@ def summary(pod: str, ranks: list[RankWindow], window_index: int = 1) -> WindowS
     )  # fmt: skip
 
 
+REGISTRY = CollectorRegistry()
+METRICS = DiagnosisMetrics(REGISTRY)
+
+
 def dropped(what: str) -> float:
     return REGISTRY.get_sample_value("rankwatch_collector_dropped_total", {"what": what}) or 0.0
 
 
 def test_pods_ranks_and_communicators_are_capped_and_counted():
     limits = StateLimits(ranks=16, pods=4, comms_per_rank=3)
-    state = JobStore().get("team-a", "llama", limits)
+    state = JobStore(on_drop=METRICS.dropped).get("team-a", "llama", limits)
     before = {what: dropped(what) for what in ("pod", "rank", "comm")}
     for index in range(10):  # ten pods, each claiming ranks far beyond the world size
         state.add_summary(summary(f"pod-{index}", [window(index), window(1000 + index), window(10**12)]), now=1.0)
