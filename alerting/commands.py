@@ -18,6 +18,7 @@ from rankwatch.alerting import cards
 from rankwatch.alerting.cluster_store import open_store
 from rankwatch.alerting.config import AlertingConfig, ConfigError, load_config
 from rankwatch.alerting.delivery import DeliveryError
+from rankwatch.alerting.metrics import AlertMetrics
 from rankwatch.alerting.model import Level
 from rankwatch.alerting.pipeline import AlertPipeline
 from rankwatch.alerting.secrets import SecretResolver, file_resolver, kubernetes_resolver
@@ -155,7 +156,7 @@ async def _serve(config: AlertingConfig, host: str, port: int) -> int:
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    pipeline = AlertPipeline(config)
+    pipeline = AlertPipeline(config, metrics=AlertMetrics(REGISTRY))  # this process's series, served below
     await pipeline.start()
     app = web.Application()
     add_routes(app, pipeline)

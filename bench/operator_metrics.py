@@ -81,7 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=20)
     args = parser.parse_args()
-    OperatorMetrics.create()  # the operator's own series, as at its start
+    OperatorMetrics.of()  # the operator's own series, as at its start
     _, base_s, base_bytes, base_series = measure(args.scrapes)
     print(f"baseline (no per-job series): {base_series} series, {base_bytes / 1024:.1f} KiB, {base_s * 1e3:.2f} ms")
     print(f"{'jobs':>5} {'ranks/job':>9} {'series':>7} {'per job':>7} {'KiB':>7} {'ms as is':>9} {'ms frozen':>9} "

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +32,14 @@ log = logging.getLogger(__name__)
 NOT_READY_REASON = "AlertingNotReady"
 
 
-async def start_alerting(settings: AlertingSettings, kube: kubernetes.client.ApiClient, metrics: AlertMetrics) -> Any:
-    """The running ``AlertPipeline``, or None when alerting is off or cannot start (then reported)."""
+async def start_alerting(
+    settings: AlertingSettings, kube: kubernetes.client.ApiClient, make_metrics: Callable[[], AlertMetrics]
+) -> Any:
+    """The running ``AlertPipeline``, or None when alerting is off or cannot start (then reported).
+    ``make_metrics`` is called only when alerting is configured: off, it has no series."""
     if not settings.config_path:
         return None
+    metrics = make_metrics()
     from rankwatch.alerting import AlertPipeline, kubernetes_resolver, load_config, open_store
 
     try:

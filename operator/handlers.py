@@ -63,8 +63,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.connect_timeout = timeout
     settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
-    if "metrics" not in memo:  # once per process: a series registers once
-        memo.metrics = OperatorMetrics.create()
+    memo.metrics = OperatorMetrics.of()  # the process's series (made on the first start)
     memo.unwatched = unwatched.UnwatchedPods(memo.kube, memo.metrics.diagnosis.unwatched_pods)
     memo.group_pods = group_watch.GroupPods(memo.kube)
     memo.groups_with_token = webhook.GroupsWithToken()

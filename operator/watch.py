@@ -49,7 +49,7 @@ class Watch:
 
     async def start(self) -> None:
         config = self.config
-        self.alerts = await start_alerting(config.alerting, self.kube, self.metrics.alerting)
+        self.alerts = await start_alerting(config.alerting, self.kube, lambda: self.metrics.alerting)
         store, tokens = JobStore(on_drop=self.metrics.diagnosis.dropped), SecretTokens(self.kube)
         self.job_metrics = JobMetrics(
             store, JobMetricsSettings(rank_series_per_job=config.metrics_ranks_per_job), leading=self.leading

@@ -9,6 +9,6 @@ from rankwatch.operator.operator_metrics import OperatorMetrics
 
 @pytest.fixture(scope="session")
 def operator_metrics() -> OperatorMetrics:
-    """The operator's series on the process's registry (what /metrics serves), made once per process as
-    the operator makes them at its start."""
-    return OperatorMetrics.create()
+    """The operator's series on the process's registry (what /metrics serves), as the operator's start
+    makes them (the same objects when the e2e tests' in-process operator made them first)."""
+    return OperatorMetrics.of()

@@ -12,6 +12,7 @@ import sys
 
 from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.operator_metrics import OperatorMetrics
 
 JOB = ("team-a", "llama")
 
@@ -33,7 +34,8 @@ async def main() -> None:
         body_timeout_s=float(os.environ.get("HOSTILE_BODY_TIMEOUT", "15")),
         idle_timeout_s=float(os.environ.get("HOSTILE_IDLE_TIMEOUT", "15")),
     )
-    collector = Collector(JobStore(), tokens, settings, jobs=jobs)
+    metrics = OperatorMetrics.of().diagnosis  # served at /metrics, as the operator makes them at start
+    collector = Collector(JobStore(on_drop=metrics.dropped), tokens, settings, jobs=jobs, metrics=metrics)
     await collector.start()
     print(f"port {collector.port}", flush=True)
     await asyncio.Event().wait()

@@ -16,11 +16,15 @@ def test_a_bad_alerting_config_returns_no_pipeline_and_reports_not_ready(tmp_pat
     config = tmp_path / "alerting.yaml"
     config.write_text("route: {receiver: nobody}\n")  # no receivers
     registry = CollectorRegistry()
-    pipeline = asyncio.run(start_alerting(AlertingSettings(config_path=str(config)), None, AlertMetrics(registry)))
+    pipeline = asyncio.run(
+        start_alerting(AlertingSettings(config_path=str(config)), None, lambda: AlertMetrics(registry))
+    )
     assert pipeline is None
     assert registry.get_sample_value("rankwatch_alerting_ready") == 0
     assert "alerting is off until the operator restarts" in caplog.text and "receivers" in caplog.text
 
 
 def test_alerting_off_starts_nothing():
-    assert asyncio.run(start_alerting(AlertingSettings(config_path=None), None, AlertMetrics.uncounted())) is None
+    registry = CollectorRegistry()
+    assert asyncio.run(start_alerting(AlertingSettings(config_path=None), None, lambda: AlertMetrics(registry))) is None
+    assert registry.get_sample_value("rankwatch_alerting_ready") is None, "alerting off: no readiness series"
