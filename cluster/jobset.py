@@ -107,8 +107,7 @@ class JobSetController:
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         }
         (self.work_dir / "config.yaml").write_text(yaml.safe_dump(config))
-        self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(module_dir() / CRD))
-        self._kubectl("wait", "--for=condition=Established", "crd/jobsets.jobset.x-k8s.io", "--timeout=120s")
+        self._install_crd(patience_s)
         log = open(self.work_dir / "jobset-controller.log", "ab")  # noqa: SIM115 (the child holds it)
         self.process = subprocess.Popen(
             [str(binary), "--config", str(self.work_dir / "config.yaml"), "--kubeconfig", self.kubeconfig],
@@ -121,6 +120,20 @@ class JobSetController:
             self.namespace, f"https://127.0.0.1:{webhook_port}", (certs / "ca.crt").read_bytes()
         )
         self._kubectl("apply", "-f", "-", input=yaml.safe_dump_all(self.configurations))
+
+    def _install_crd(self, patience_s: float) -> None:
+        """Apply the JobSet CRD until it is Established. Right after another controller's CRDs were
+        removed (the Kueue e2e's) the first apply and wait failed once; the next one held."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(module_dir() / CRD))
+                self._kubectl("wait", "--for=condition=Established", "crd/jobsets.jobset.x-k8s.io", "--timeout=30s")
+                return
+            except subprocess.CalledProcessError as error:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"the JobSet CRD was not Established: {error.stderr.strip()[-500:]}") from None
+                time.sleep(2)
 
     def _wait_ready(self, port: int, patience_s: float) -> None:
         deadline = time.monotonic() + patience_s

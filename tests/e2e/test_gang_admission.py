@@ -42,6 +42,11 @@ def kueue(kubeconfig: str) -> Iterator[None]:
     yield
     local.stop(state, print)
     state.save(cluster.state_path)
+    # Its CRDs go too (their conversion webhook points at the stopped Kueue): the cluster as found.
+    extensions = kubernetes.client.ApiextensionsV1Api(kubernetes.config.new_client_from_config(kubeconfig))
+    for crd in extensions.list_custom_resource_definition().items:
+        if crd.spec.group == KUEUE[0]:
+            extensions.delete_custom_resource_definition(crd.metadata.name)
 
 
 def custom(api) -> kubernetes.client.CustomObjectsApi:
