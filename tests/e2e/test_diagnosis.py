@@ -49,7 +49,7 @@ def uncordon_afterwards(api, namespace):
 
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "cordon"])
 def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
-    api, kubectl, namespace, pod_runner, eventually, uncordon_afterwards, dry_run
+    api, kubectl, kubeconfig, namespace, pod_runner, eventually, uncordon_afterwards, dry_run
 ):
     name = "slow-dry" if dry_run else "slow"
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
@@ -79,7 +79,8 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
     assert "rank 5 (tp 1, dp 1, pp 0)" in described
     # `rankwatch describe` says the same of a TrainingJob as of a job of any other kind
     ours = subprocess.run(
-        [sys.executable, "-m", "rankwatch", "describe", f"tj/{name}", "-n", namespace],
+        # as a user runs it, with their own kubeconfig (not the operator's, which e2e-rbac's $KUBECONFIG is)
+        [sys.executable, "-m", "rankwatch", "describe", f"tj/{name}", "-n", namespace, "--kubeconfig", kubeconfig],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "Health:       Degraded" in ours and "  Kind:        Straggler" in ours and "  Ranks:       5" in ours
