@@ -159,3 +159,14 @@ def ensure_token_secret(kube: kubernetes.client.ApiClient, adapter: KindAdapter,
             return False
         raise
     return True
+
+
+def annotation_index(pod: Mapping[str, Any], key: str) -> int | None:
+    """A pod's index from its annotation ``key`` (a Job's completion index, a Volcano task's index)."""
+    value = (pod.get("metadata", {}).get("annotations") or {}).get(key, "")
+    return int(value) if value.isdigit() else None
+
+
+def annotation_field(key: str) -> pod_spec.FieldPath:
+    """The downward-API path of annotation ``key``: the index as an environment variable of the pod."""
+    return pod_spec.FieldPath(f"metadata.annotations['{key}']")

@@ -17,7 +17,7 @@ from typing import Any
 import kubernetes
 
 from rankwatch.operator import api
-from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
+from rankwatch.operator.kinds.adapter import Group, annotation_field, annotation_index, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
@@ -46,11 +46,10 @@ class IndexedJob:
         )
 
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
-        value = (pod.get("metadata", {}).get("annotations") or {}).get(COMPLETION_INDEX, "")
-        return int(value) if value.isdigit() else None
+        return annotation_index(pod, COMPLETION_INDEX)
 
     def index_field(self) -> FieldPath:
-        return FieldPath(f"metadata.annotations['{COMPLETION_INDEX}']")
+        return annotation_field(COMPLETION_INDEX)
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
         completions = (owner.get("spec") or {}).get("completions")

@@ -21,13 +21,13 @@ from typing import Any
 import kubernetes
 
 from rankwatch.operator import api
-from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
+from rankwatch.operator.kinds.adapter import Group, annotation_field, annotation_index, owned_by, pods_claimed
+from rankwatch.operator.kinds.indexed_job import COMPLETION_INDEX
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 
 class JobSetAdapter:
@@ -46,11 +46,10 @@ class JobSetAdapter:
         return Group(self.api_version, self.kind, self.plural, metadata.get("namespace", ""), name, uid)
 
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
-        value = (pod.get("metadata", {}).get("annotations") or {}).get(COMPLETION_INDEX, "")
-        return int(value) if value.isdigit() else None
+        return annotation_index(pod, COMPLETION_INDEX)
 
     def index_field(self) -> FieldPath:
-        return FieldPath(f"metadata.annotations['{COMPLETION_INDEX}']")
+        return annotation_field(COMPLETION_INDEX)
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
         total = 0

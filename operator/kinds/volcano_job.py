@@ -19,7 +19,7 @@ from typing import Any
 import kubernetes
 
 from rankwatch.operator import api
-from rankwatch.operator.kinds.adapter import Group, owned_by, pods_claimed
+from rankwatch.operator.kinds.adapter import Group, annotation_field, annotation_index, owned_by, pods_claimed
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -42,11 +42,10 @@ class VolcanoJob:
         return Group(API_VERSION, self.kind, self.plural, namespace, owner["name"], owner["uid"], self.key)
 
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
-        value = (pod.get("metadata", {}).get("annotations") or {}).get(TASK_INDEX, "")
-        return int(value) if value.isdigit() else None
+        return annotation_index(pod, TASK_INDEX)
 
     def index_field(self) -> FieldPath:
-        return FieldPath(f"metadata.annotations['{TASK_INDEX}']")
+        return annotation_field(TASK_INDEX)
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
         replicas = [task.get("replicas", 1) for task in (owner.get("spec") or {}).get("tasks") or []]
