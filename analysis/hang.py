@@ -259,23 +259,41 @@ def _stalled_long_enough(
     return kept
 
 
-def _undecided_stop_finding(candidates: set[int], waits_for: dict[int, set[int]]) -> Finding:
+def _without_records(trace: Trace, members_of: dict[int, set[int]]) -> set[int]:
+    """Ranks the job has (communicator members, or below the layout's world size) that left no record:
+    stopped before they could dump, or their dump was lost."""
+    known = set().union(*members_of.values()) if members_of else set()
+    if trace.layout is not None:
+        known |= set(range(trace.layout.world_size))
+    return known - set(trace.ranks)
+
+
+def _undecided_stop_finding(candidates: set[int], waits_for: dict[int, set[int]], undumped: set[int]) -> Finding:
     """A stop the records cannot pin on one rank: several ranks are awaited in collectives they never
-    entered, and each may be inside a send/receive the source does not record with another of them."""
+    entered, and each may be inside a send/receive the source does not record with another of them, or
+    several ranks left no records at all."""
     ranks = sorted(candidates)
     waiting = sorted(rank for rank, targets in waits_for.items() if targets & candidates and rank not in candidates)
+    if len(undumped) > 1 and undumped <= candidates:
+        summary = (
+            f"the job stopped: ranks {', '.join(map(str, waiting))} wait for ranks that left no records "
+            f"({', '.join(map(str, sorted(undumped)))}): a rank that stopped before it could dump and one whose "
+            "dump was lost look the same, so which one stopped is not localisable"
+        )
+    else:
+        summary = (
+            f"the job stopped: ranks {', '.join(map(str, ranks))} never entered collectives their peers wait in, "
+            "and each may be waiting for another of them in a send/receive the dumps do not record (gloo): "
+            "which one stopped is not localisable; NCCL's flight recorder records sends and receives"
+        )
     return Finding(
         kind="hang",
         ranks=[],
         nodes=[],
         communicator=None,
         confidence=0.3,
-        summary=(
-            f"the job stopped: ranks {', '.join(map(str, ranks))} never entered collectives their peers wait in, "
-            "and each may be waiting for another of them in a send/receive the dumps do not record (gloo): "
-            "which one stopped is not localisable; NCCL's flight recorder records sends and receives"
-        ),
-        evidence={"candidates": ranks, "waiting_ranks": waiting},
+        summary=summary,
+        evidence={"candidates": ranks, "waiting_ranks": waiting, "without_records": sorted(undumped)},
     )
 
 
@@ -434,6 +452,12 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     roots = _stalled_long_enough(trace, roots, end, stall_seconds)
     if not completion_known:
         _merge_stopped_together(trace, stalled, roots, members_of, stuck)
+    undumped = _without_records(trace, members_of)
+    if len(undumped) > 1 and undumped & set(roots):
+        # Several ranks left no records: a stopped rank and a healthy one whose dump was lost look the
+        # same, and every rank that waited for either is a root. Nobody can be named from these records.
+        undecided_stop |= set(roots) | undumped
+        roots = {}
 
     findings = []
     for culprit, waiters in sorted(roots.items()):
@@ -486,7 +510,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
 
     findings += [_stuck_pair_finding(trace, pair, stalled) for pair in undecided_pairs if pair.isdisjoint(roots)]
     if undecided_stop:
-        findings.append(_undecided_stop_finding(undecided_stop, waits_for))
+        findings.append(_undecided_stop_finding(undecided_stop, waits_for, undumped))
     for (comm_id, seq), rows in stuck.items():
         if any(int(r) in roots for r in rows["rank"]):
             continue

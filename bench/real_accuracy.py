@@ -11,7 +11,11 @@ flight recorder's dumps as pickle or JSON, a ring small enough to wrap in some r
 the fault: ``healthy``, ``noisy`` (healthy, with a process burning a CPU beside the job), ``slow-P``
 (one random rank computes P% longer all run), ``onset-P`` (P% longer from a random step on),
 ``mismatch-K`` (at a random step one random rank calls, at its first TP collective, a broadcast where its
-TP peers all-reduce (K ``op``), twice their elements (``count``) or float64 (``dtype``); layouts with TP > 1).
+TP peers all-reduce (K ``op``), twice their elements (``count``) or float64 (``dtype``); layouts with TP > 1),
+``stop-D`` (at a random step one random rank stops outside any collective; its peers time out and dump;
+D ``dump``: it dumps too, as NCCL's dump-on-timeout makes every rank dump; ``nodump``: it writes none;
+``partial``: it writes none and each other rank's dump is lost with probability 1/4, as when some pods
+die before their dump is collected).
 
 Scored per run from the JSON document: *culprit first* (the first finding names the slowed rank,
 alone; for mismatches, as a ``mismatch`` of cause ``software``, which is never cordoned), *other named* (any
@@ -24,6 +28,7 @@ line; the table is printed at the end with the machine's load average.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -44,8 +49,13 @@ from rankwatch.analysis.topology import Layout
 
 SLOWDOWNS = (10, 20, 30, 50, 100, 200)
 MISMATCHES = ("op", "count", "dtype")
-CELLS = ("healthy", "noisy", *(f"slow-{p}" for p in SLOWDOWNS), "onset-50", *(f"mismatch-{k}" for k in MISMATCHES))
-MISMATCH_TIMEOUT_S = 8  # the process groups' timeout: how long the mismatched TP group waits before it dumps
+STOPS = ("dump", "nodump", "partial")
+CELLS = (
+    "healthy", "noisy", *(f"slow-{p}" for p in SLOWDOWNS), "onset-50",
+    *(f"mismatch-{k}" for k in MISMATCHES), *(f"stop-{d}" for d in STOPS),
+)  # fmt: skip
+TIMEOUT_S = 8  # the process groups' timeout: how long a hung group waits before it dumps
+LOST_DUMP = 0.25  # stop-partial: the chance that a surviving rank's dump is lost
 LAYOUTS = {8: [(2, 2), (1, 2), (2, 1), (4, 2), (1, 1), (1, 4)], 16: [(2, 2), (4, 2), (1, 4), (2, 4), (4, 1)]}
 KINDS = ("sleep", "sleep", "spin", "tensor")  # sleep twice as often: 16 CPU-bound ranks on 2 shared cores crawl
 TRAIN_MS = 2500  # about this much training per run
@@ -68,6 +78,8 @@ class Run:
     onset_step: int = 0
     mismatch: str = ""
     mismatch_step: int = -1
+    stop: str = ""
+    stop_step: int = -1
 
 
 def draw(cell: str, seed: int) -> Run:
@@ -93,6 +105,9 @@ def draw(cell: str, seed: int) -> Run:
     if cell.startswith("mismatch-"):
         run.culprit, run.mismatch = rng.randrange(world), cell.split("-")[1]
         run.mismatch_step = rng.randrange(1, steps)
+    if cell.startswith("stop-"):
+        run.culprit, run.stop = rng.randrange(world), cell.split("-")[1]
+        run.stop_step = rng.randrange(1, steps)
     return run
 
 
@@ -100,7 +115,10 @@ def execute(run: Run, python: Path, out: Path) -> Path:
     args = ["--steps", str(run.steps), "--compute-ms", str(run.compute_ms), "--compute-kind", run.kind]
     if run.mismatch:
         args += ["--mismatch-rank", str(run.culprit), "--mismatch-step", str(run.mismatch_step)]
-        args += ["--mismatch", run.mismatch, "--timeout-s", str(MISMATCH_TIMEOUT_S)]
+        args += ["--mismatch", run.mismatch, "--timeout-s", str(TIMEOUT_S)]
+    elif run.stop:
+        args += ["--stop-rank", str(run.culprit), "--stop-step", str(run.stop_step), "--timeout-s", str(TIMEOUT_S)]
+        args += ["--stop-dumps"] if run.stop == "dump" else []
     elif run.culprit >= 0:
         args += ["--slow-rank", str(run.culprit), "--slow-pct", str(run.slow_pct)]
         args += ["--slow-from-step", str(run.onset_step)]
@@ -145,10 +163,23 @@ def measure(run: Run, python: Path, keep: Path | None) -> dict:
         return {**record, "failed": str(error)[-300:]}
     finally:
         record["job_s"] = round(time.monotonic() - started, 1)
+    if run.stop == "partial":
+        record["lost_dumps"] = lose_dumps(run, out)
     record.update(judged(run, out))
     if keep is None:
         subprocess.run(["rm", "-rf", str(out)], check=False)
     return record
+
+
+def lose_dumps(run: Run, out: Path) -> list[int]:
+    """Delete each surviving rank's dump with probability ``LOST_DUMP`` (the same ranks for a seed),
+    keeping at least one; the ranks whose dumps are gone."""
+    rng = random.Random(f"{run.cell}/{run.seed}/lost")
+    dumps = sorted(out.glob("nccl_trace_rank_*"), key=lambda path: int(path.name.rsplit("_", 1)[1]))
+    lost = [path for path in dumps if rng.random() < LOST_DUMP][: len(dumps) - 1]
+    for path in lost:
+        path.unlink()
+    return [int(path.name.rsplit("_", 1)[1]) for path in lost]
 
 
 def judged(run: Run, out: Path) -> dict:
@@ -174,17 +205,24 @@ def reanalysed(kept: Path) -> list[dict]:
 
 
 def table(records: list[dict]) -> str:
-    """One row per cell, then per cell and way of computing: a sleep, or CPU-bound work (a loop, tensor
-    products) that 8-16 ranks on a few shared cores stretch unevenly."""
+    """One row per PyTorch version and cell, then per way of computing: a sleep, or CPU-bound work (a
+    loop, tensor products) that 8-16 ranks on a few shared cores stretch unevenly."""
     lines = [
-        "| cell | compute | runs | culprit first | other rank named | not localisable | false findings | job failed |",
-        "|---|---|---|---|---|---|---|---|",
+        "| torch | cell | compute | runs | culprit first | other rank named | not localisable | false findings"
+        " | job failed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for cell in CELLS:
-        for compute in ("all", "sleep", "CPU-bound"):
-            mine = [r for r in records if r["cell"] == cell and compute in ("all", _compute_of(r))]
-            if mine:
-                lines.append(_row(cell, compute, mine))
+    versions = sorted({r.get("torch", "?") for r in records})
+    for version in versions:
+        for cell in CELLS:
+            for compute in ("all", "sleep", "CPU-bound"):
+                mine = [
+                    r
+                    for r in records
+                    if r["cell"] == cell and r.get("torch", "?") == version and compute in ("all", _compute_of(r))
+                ]
+                if mine:
+                    lines.append(f"| {version} " + _row(cell, compute, mine))
     loads = [r["load"] for r in records if r["load"] == r["load"]]  # NaN: reanalysed, no load of its own
     if loads:
         lines.append(f"\nload average (1 min) during the runs: {min(loads):.1f} to {max(loads):.1f}")
@@ -211,7 +249,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=CELLS)
-    parser.add_argument("--torch", default=torch_env.TORCH_VERSION, help="PyTorch version (cached environment)")
+    parser.add_argument(
+        "--torch", nargs="+", default=[torch_env.TORCH_VERSION], help="PyTorch versions (cached environments)"
+    )
     parser.add_argument("--results", type=Path, help="append each run as a JSON line; the table counts them all")
     parser.add_argument("--keep", type=Path, help="keep the runs' dumps under this directory")
     parser.add_argument("--table-only", action="store_true", help="print the table of --results and exit")
@@ -224,20 +264,20 @@ def main() -> int:
     if args.results and args.results.exists():
         records = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
     if not args.table_only:
-        python = torch_env.python(args.torch)
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
-            for cell in args.cells:
-                record = {**measure(draw(cell, seed), python, args.keep), "torch": args.torch}
-                records.append(record)
-                verdict = {
-                    k: record[k] for k in ("first", "other", "not_localisable", "false", "failed") if k in record
-                }
-                named = [f["ranks"] for f in record.get("findings", [])]
-                shape = f"{record['world']} ranks TP{record['tp']} PP{record['pp']} {record['compute_ms']} ms"
-                print(f"{cell} seed {seed} ({shape} {record['kind']}): {verdict} {named}", flush=True)
-                if args.results:
-                    with args.results.open("a") as handle:
-                        handle.write(json.dumps(record) + "\n")
+        pythons = {version: torch_env.python(version) for version in args.torch}
+        for seed, cell, version in itertools.product(
+            range(args.first_seed, args.first_seed + args.seeds), args.cells, args.torch
+        ):
+            keep = args.keep / version if args.keep and len(args.torch) > 1 else args.keep
+            record = {**measure(draw(cell, seed), pythons[version], keep), "torch": version}
+            records.append(record)
+            verdict = {k: record[k] for k in ("first", "other", "not_localisable", "false", "failed") if k in record}
+            named = [f["ranks"] for f in record.get("findings", [])]
+            shape = f"{record['world']} ranks TP{record['tp']} PP{record['pp']} {record['compute_ms']} ms"
+            print(f"torch {version} {cell} seed {seed} ({shape} {record['kind']}): {verdict} {named}", flush=True)
+            if args.results:
+                with args.results.open("a") as handle:
+                    handle.write(json.dumps(record) + "\n")
     print(table(records))
     return 0
 

@@ -94,6 +94,23 @@ def test_without_a_layout_no_other_rank_is_blamed_for_the_stop(stopped_run):
     assert any(f"rank {STOPPED_RANK}" in problem for problem in document["problems"])
 
 
+def test_a_lost_dump_beside_the_stopped_ranks_names_nobody(stopped_run, dumps_of, tmp_path):
+    """The stopped rank wrote no dump and a healthy rank's dump was lost too (its pod died before the
+    dump was collected): both left no records, each is awaited, and the records cannot tell a stop from
+    a loss. Naming either would cordon a healthy node half the time (was: the healthy one, alone)."""
+    directory = tmp_path / "partial"
+    directory.mkdir()
+    lost = 0 if STOPPED_RANK else 1
+    for dump in dumps_of(stopped_run).glob("nccl_trace_rank_*"):
+        if dump.name != f"nccl_trace_rank_{lost}":
+            (directory / dump.name).write_bytes(dump.read_bytes())
+    document = findings_of(directory)
+    assert [f["ranks"] for f in document["findings"]] == [[]], document["findings"]
+    evidence = document["findings"][0]["evidence"]
+    assert evidence["without_records"] == sorted([lost, STOPPED_RANK])
+    assert {lost, STOPPED_RANK} <= set(evidence["candidates"])
+
+
 def test_stopped_rank_that_dumps_too_is_the_one_culprit(stopped_all_dump_run, tmp_path):
     """Dump-on-timeout: every rank dumps, the stopped one too. Its dump ends a collective short of its
     TP peer's: as NCCL records it (sends and receives too) it is named, and nobody else."""
