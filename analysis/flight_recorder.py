@@ -406,7 +406,7 @@ def _layout_group(
     for axes in LAYOUT_AXES:
         fixed = [axis for axis in range(3) if axis not in axes]
         group = {r for r in range(layout.world_size) if all(layout.coords(r)[a] == coords[a] for a in fixed)}
-        if observed <= group and group & dumped == observed:
+        if observed <= group and group & dumped == observed and group not in fits:  # TP 1: TPxDP is DP
             fits.append(group)
             if axes in in_use:
                 used.append(group)
@@ -445,12 +445,46 @@ def _unfinished_by_members(dumps: list[_RankDump], members: dict[str, list[int]]
                 if last_seq.get((member, record.group), 0) < record.seq:
                     record.completed, record.t_completed, record.duration_ms = False, 0, None
                     break
+    timed_out = _timed_out(dumps, instances, members)
     # ... and one every member entered completed for all once any saw it complete (a dump can be
     # written between a collective's return and its retirement)
-    for (group, _), entered in instances.items():
-        if len(entered) == len(members.get(group, ())) and any(r.completed for r in entered):
+    for key, entered in instances.items():
+        if key not in timed_out and len(entered) == len(members.get(key[0], ())) and any(r.completed for r in entered):
             for record in entered:
                 record.completed = True
+
+
+def _timed_out(
+    dumps: list[_RankDump], instances: dict[tuple[str, int], list[_Record]], members: dict[str, list[int]]
+) -> set[tuple[str, int]]:
+    """Collectives gloo retired because they timed out: every member that entered one made no call
+    after it until its dump, written at least half the collective's timeout later (a collective that
+    returned is followed by the rank's next call within a step; a dump written as the timeout fires can
+    carry a file time rounded down by a copy, hence half), and not every member left a record of it retired
+    (one did not retire it, or some member left no dump to show it entered). Their records are made
+    pending again: the members wait there. A rank that stopped outside NCCL after a collective that
+    completed keeps it: its peers went on to later calls."""
+    last_call = {d.rank: max((r.t_call for r in d.records), default=0) for d in dumps}
+    written = {d.rank: d.written_ns for d in dumps}
+    rank_of = {id(r): d.rank for d in dumps for r in d.records}
+    timed_out = set()
+    for key, entered in instances.items():
+        if not any(r.completed for r in entered):
+            continue
+        everyone_retired = len(entered) == len(members.get(key[0], ())) and all(r.completed for r in entered)
+        if everyone_retired:
+            continue
+        silent = all(
+            r.timeout_ns > 0
+            and r.t_call >= last_call[rank_of[id(r)]]
+            and 2 * (written[rank_of[id(r)]] - r.t_call) >= r.timeout_ns
+            for r in entered
+        )
+        if silent:
+            timed_out.add(key)
+            for record in entered:
+                record.completed, record.t_completed, record.duration_ms = False, 0, None
+    return timed_out
 
 
 def _rows(d: _RankDump, members: dict[str, list[int]], timed: bool) -> np.ndarray:

@@ -148,7 +148,9 @@ def score(run: Run, document: dict) -> dict:
     if run.mismatch:
         first = first and (findings[0]["kind"], findings[0]["cause"]) == ("mismatch", "software")
     other = any(ranks - {run.culprit} for ranks in named)
-    unlocalised = not named and any("not localisable" in p for p in document["problems"])
+    # a hang found but pinned on nobody says why in its summary; a straggler too weak to name, in problems
+    said = [*document["problems"], *(f["summary"] for f in findings)]
+    unlocalised = not any(named) and any("not localisable" in text for text in said)
     return {"first": first, "other": other, "not_localisable": unlocalised}
 
 

@@ -1,0 +1,62 @@
+"""Stopped ranks in dumps real PyTorch wrote (gloo; tests/analysis/gloo/README.md): runs the real-run
+bench once got wrong, each a healthy rank named. Kept as files, so the decision is checked on the same
+bytes every time rather than on whatever timing a new run happens to get."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
+from rankwatch.analysis.topology import Layout
+
+ARCHIVE = Path(__file__).parent / "gloo" / "stops.tar.xz"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("gloo-stops")
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(directory, filter="data")  # keeps the modification times: when each dump was written
+    return directory
+
+
+def findings(runs: Path, run: str, world: int, tp: int, pp: int) -> list[dict]:
+    layout = Layout(tp, pp, world)
+    trace = load_path(runs / run, layout=layout)
+    trace.layout = layout
+    return analyze(trace)["findings"]
+
+
+@pytest.mark.parametrize(
+    ("run", "world", "tp", "pp", "stopped"),
+    [("torch-2.15.0-stop-nodump-2", 16, 4, 1, 9), ("torch-2.15.0-stop-nodump-4", 8, 2, 1, 3)],
+)
+def test_the_stopped_rank_is_named_though_its_peers_timeouts_retired_their_calls(runs, run, world, tp, pp, stopped):
+    """Gloo retires a collective that timed out as it retires one that completed. The TP peers of the
+    stopped rank that timed out first looked as if they had left their collective and stopped outside
+    NCCL, and the ranks waiting for them in DP were blamed on them (was: [[11], [9]] and [[2]])."""
+    assert [f["ranks"] for f in findings(runs, run, world, tp, pp)] == [[stopped]]
+
+
+def test_lost_dumps_beside_the_stopped_rank_name_nobody(runs):
+    """Ranks 3 and 5 lost their dumps, 7 stopped: each is awaited, and a lost dump looks like a stop
+    (was: rank 3, healthy, alone)."""
+    [finding] = findings(runs, "torch-2.8.0-stop-partial-0", 8, 2, 2)
+    assert finding["ranks"] == [] and "not localisable" in finding["summary"]
+    assert finding["evidence"]["without_records"] == [3, 5, 7]
+
+
+def test_groups_completed_from_the_layout_with_tp_1(runs):
+    """With TP 1 the layout's TPxDP groups are its DP groups: the group of two ranks whose peers lost
+    their dumps was left at two, and they were named stuck inside it (was: [5, 6], healthy)."""
+    named = [f["ranks"] for f in findings(runs, "torch-2.15.0-stop-partial-2", 8, 1, 2)]
+    assert named == [[]], named
+
+
+def test_a_stopped_rank_that_dumped_is_named(runs):
+    """A collective that completed before a rank stopped outside NCCL stays completed: its peers went on."""
+    assert [f["ranks"] for f in findings(runs, "torch-2.15.0-stop-dump-4", 8, 4, 2)] == [[2]]
