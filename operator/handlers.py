@@ -27,6 +27,7 @@ import kopf
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
 from rankwatch import tenant_text
 from rankwatch.kube import api_client
+from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.kinds import group_watch, unwatched, webhook
@@ -124,7 +125,8 @@ def create_workers(
         _fail(body, patch, "NameConflict", str(error), generation)
         return
     if created:
-        kopf.event(body, type="Normal", reason="Created", message=tenant_text.one_line(f"created {', '.join(created)}"))
+        message = tenant_text.one_line(f"created {', '.join(created)}")
+        kopf.event(body, type="Normal", reason=event_reasons.CREATED, message=message)
     if not status.get("conditions"):
         patch.status.update(
             phase=job_status.SUSPENDED if job_spec.suspend else job_status.PENDING,
