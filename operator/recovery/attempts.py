@@ -158,7 +158,8 @@ def _finding_closed(status: Mapping[str, Any], why: str, moment: str, generation
         )  # fmt: skip
     return {
         "conditions": conditions,
-        **(diagnosis.resolved(moment).to_status() if diagnosis else {}),
+        # a job without a diagnosis (a worker failed) gets an inactive, empty one, resolved now
+        **(diagnosis or DiagnosisStatus(active=False, reason="")).resolved(moment).to_status(),
         "health": "Unknown",
         "suspects": "",
         "handledDiagnosis": key_of(diagnosis),

@@ -87,10 +87,12 @@ class DiagnosisStatus:
 
     # -- writing -------------------------------------------------------------------------------------
     def to_record(self) -> dict[str, Any]:
-        """The record, key by key as the CRD names them (None: unset)."""
+        """The record, key by key as the CRD names them. None is unset (a status merge patch removes
+        the key): so are an empty ``kind`` and ``time``, which the CRD's enum and date-time format
+        would refuse as empty strings."""
         return {
             "active": self.active,
-            "kind": self.reason,
+            "kind": self.reason or None,
             "ranks": list(self.ranks),
             "nodes": list(self.nodes),
             "pods": list(self.pods),
@@ -101,7 +103,7 @@ class DiagnosisStatus:
             "nodeAlerts": list(self.node_alerts),
             "problems": list(self.problems),
             "communicator": self.communicator,
-            "time": self.time,
+            "time": self.time or None,
             "resolvedTime": self.resolved_time,
             "suspicion": self.suspicion,
             "report": self.report,

@@ -123,3 +123,15 @@ def test_an_old_or_unknown_record_reads_with_defaults_never_a_crash():
     for nothing in (None, {}, {"phase": "Running"}, {"diagnosis": {}}, {"diagnosis": "Hang"}):
         assert DiagnosisStatus.from_status(nothing) is None
     assert key_of(None) == "//"
+
+
+def test_an_empty_kind_or_time_is_written_unset_never_as_a_value_the_crd_refuses():
+    """An attempt ended by a failed worker closes a diagnosis the job may not have (before the model
+    the record was ``{active: false, resolvedTime}``); read back and closed again it stays valid."""
+    closed_before = {"diagnosis": {"active": False, "resolvedTime": "2026-11-28T10:00:00Z"}}
+    diagnosis = DiagnosisStatus.from_status(closed_before)
+    assert diagnosis is not None and diagnosis.reason == "" and diagnosis.condition is None
+    record = diagnosis.resolved("2026-11-28T11:00:00Z").to_record()
+    assert record["kind"] is None and record["time"] is None and record["cause"] is None
+    assert record["active"] is False and record["resolvedTime"] == "2026-11-28T11:00:00Z"
+    assert DiagnosisStatus.from_record(record) == diagnosis.resolved("2026-11-28T11:00:00Z")
