@@ -266,7 +266,7 @@ class Recovery:
             layout = _layout(spec)
             manifest = evidence.Manifest(
                 namespace, name, metadata["uid"], attempt, reason, moment,
-                diagnosis=diagnosis.to_record() if diagnosis else {},
+                diagnosis=diagnosis.stored() if diagnosis else {},
             )  # fmt: skip
             if layout is not None:
                 manifest.layout = {"tensor": layout.tp, "pipeline": layout.pp, "world_size": layout.world_size}

@@ -111,6 +111,10 @@ class DiagnosisStatus:
             FollowUp.ALERTED.value: self.alerted_time,
         }
 
+    def stored(self) -> dict[str, Any]:
+        """The record as the API server keeps it once written (a merge patch leaves unset keys out)."""
+        return {key: value for key, value in self.to_record().items() if value is not None}
+
     def to_status(self) -> dict[str, Any]:
         """The status fields that write it (``{"diagnosis": record}``)."""
         return {STATUS_KEY: self.to_record()}

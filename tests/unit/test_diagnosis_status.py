@@ -56,6 +56,9 @@ def test_a_status_written_before_the_model_reads_back_field_by_field_and_writes_
     assert diagnosis.pending(alerting=True) == []
     assert diagnosis.key == "2026-11-28T10:35:36Z/StuckInCollective/3,11"
     assert diagnosis.to_status() == {"diagnosis": WRITTEN_BEFORE}
+    pending = DiagnosisStatus.from_record({key: value for key, value in WRITTEN_BEFORE.items() if key != "remediation"})
+    assert pending is not None and pending.stored() == {k: v for k, v in WRITTEN_BEFORE.items() if v is not None
+                                                          and k != "remediation"}  # fmt: skip
 
 
 def test_the_record_has_exactly_the_keys_the_crd_stores():
