@@ -119,10 +119,10 @@ def create_workers(
         existing = {pod.name for pod in worker_pods.get((namespace, name), [])}
         created = children.ensure_children(memo.kube, dict(body), job_spec, memo.config.pods, existing)
     except InvalidSpec as error:
-        _fail(body, patch, "InvalidSpec", str(error), generation)
+        _fail(body, patch, event_reasons.INVALID_SPEC, str(error), generation)
         return
     except children.NameConflict as error:
-        _fail(body, patch, "NameConflict", str(error), generation)
+        _fail(body, patch, event_reasons.NAME_CONFLICT, str(error), generation)
         return
     if created:
         message = tenant_text.one_line(f"created {', '.join(created)}")

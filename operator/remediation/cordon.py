@@ -384,10 +384,10 @@ def uncordon(
         message = f"uncordoned {node} and removed rankwatch's taint (TrainingJob {mark.job})"
     (metrics or RemediationMetrics.uncounted()).uncordoned.labels(via=via).inc()
     log.warning("%s (via %s)", message, via)
-    posts = [(EventTarget.node(view.name, view.uid), "UncordonedByRankwatch")]
+    posts = [(EventTarget.node(view.name, view.uid), event_reasons.UNCORDONED_BY_RANKWATCH)]
     if mark is not None and "/" in mark.job:
         namespace, name = mark.job.split("/", 1)
-        posts.append((EventTarget.job(namespace, name, mark.job_uid), "NodeUncordoned"))
+        posts.append((EventTarget.job(namespace, name, mark.job_uid), event_reasons.NODE_UNCORDONED))
     key = f"uncordon/{node_marks.format_time(moment)}"
     for target, reason in posts:
         _post(api, target, "Normal", reason, f"{message} (via {via})", key, False, moment)

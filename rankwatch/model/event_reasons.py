@@ -6,6 +6,8 @@ from __future__ import annotations
 
 # the job's lifecycle
 CREATED = "Created"
+INVALID_SPEC = "InvalidSpec"  # also the Failed condition's reason
+NAME_CONFLICT = "NameConflict"  # also the Failed condition's reason
 SUSPENDING = "Suspending"
 RESUMED = "Resumed"
 RECREATED = "Recreated"
@@ -26,6 +28,8 @@ CORDON_FAILED = "CordonFailed"
 CORDON_SKIPPED = "CordonSkipped"
 CORDON_CAP_REACHED = "CordonCapReached"
 CIRCUIT_BREAKER_OPEN = "CircuitBreakerOpen"
+UNCORDONED_BY_RANKWATCH = "UncordonedByRankwatch"
+NODE_UNCORDONED = "NodeUncordoned"
 
 # recovery
 RESTARTING = "Restarting"
