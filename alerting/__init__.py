@@ -5,8 +5,9 @@ The operator uses:
 - ``load_config(text, secrets=kubernetes_resolver(namespace, kube))`` once at startup;
 - ``AlertPipeline(config, store=open_store(config.store, kube, namespace))``: ``await start()`` /
   ``await stop()`` in the operator's event loop,
-  ``await submit([alert_from_finding(namespace, job, finding, spec.alerting)])`` when a diagnosis
-  finds something, ``await resolve(labels={"namespace": ns, "trainingjob": job})`` when it clears;
+  ``await submit([alert_from_finding(namespace, job, finding, route, level)])`` when a diagnosis
+  finds something (``route`` and ``level``: the job's ``spec.alerting``),
+  ``await resolve(labels={"namespace": ns, "trainingjob": job})`` when it clears;
 - ``add_routes(app, pipeline)`` on its aiohttp app for the Alertmanager webhook and silences.
 """
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rankwatch import tenant_text
+from rankwatch.alerting.findings import NODE_ALERTS_ANNOTATION
 from rankwatch.alerting.messages import Message, Notification, StormSummary, TestMessage, WeeklyReport
 from rankwatch.alerting.model import Alert, Level, job_of, node_of, rfc3339
 
@@ -126,8 +127,8 @@ def _alert_elements(alert: Alert, resolved: bool) -> list[dict[str, Any]]:
     ]
     if alert.annotations.get("cause"):
         elements.append(_markdown(f"**Cause**\n{_escape(_cut(alert.annotations['cause'], MAX_TEXT))}"))
-    if alert.annotations.get("node_alerts"):
-        text = _cut(alert.annotations["node_alerts"], MAX_TEXT)
+    if alert.annotations.get(NODE_ALERTS_ANNOTATION):
+        text = _cut(alert.annotations[NODE_ALERTS_ANNOTATION], MAX_TEXT)
         elements.append(_markdown(f"**Firing on its node**\n{_escape(text)}"))
     evidence = evidence_of(alert)
     if evidence:

@@ -1,4 +1,4 @@
-"""Training-job findings (``rankwatch.analysis.findings.Finding``) as alerts.
+"""Training-job findings (``rankwatch.model.finding.Finding``) as alerts.
 
 Labels (the identity) say what and where: kind, job, nodes, ranks, communicator. The same culprit
 found again by the next diagnosis is the same alert (deduplicated, repeated at repeat_interval);
@@ -18,8 +18,8 @@ from typing import Any
 
 from rankwatch import tenant_text
 from rankwatch.alerting.model import Alert, Level
-from rankwatch.analysis.findings import Finding
-from rankwatch.operator.spec import Alerting
+from rankwatch.model.evidence import node_alert_lines
+from rankwatch.model.finding import Finding
 
 MAX_RANKS_IN_LABEL = 16
 MAX_LABEL = 256
@@ -30,6 +30,8 @@ MAX_EVIDENCE_STRING = 256
 MAX_EVIDENCE = 8 << 10
 """The evidence annotation (JSON): entries past it are left out, and named under ``omitted``."""
 MAX_NODE_ALERTS = 4000
+NODE_ALERTS_ANNOTATION = "node_alerts"
+"""The alert annotation with the finding's firing node alerts, one a line (a card shows it)."""
 
 
 def bounded_evidence(evidence: dict[str, Any]) -> str:
@@ -51,14 +53,15 @@ def alert_from_finding(
     namespace: str,
     job: str,
     finding: Finding,
-    alerting: Alerting | None = None,
+    route: str = "default",
+    level: str | None = None,
     now: float | None = None,
     report_url: str = "",
     job_kind: str = "TrainingJob",
 ) -> Alert:
-    """The alert for one finding of job ``namespace/job``, levelled by the job's ``spec.alerting``; a job
-    of another kind (``job_kind``: Job, JobSet...) carries its kind as label ``jobkind``."""
-    alerting = alerting or Alerting()
+    """The alert for one finding of job ``namespace/job``, with the job's ``spec.alerting``: its
+    ``route`` label and the ``level`` it gives the finding's kind (default: the kind's own). A job of
+    another kind (``job_kind``: Job, JobSet...) carries its kind as label ``jobkind``."""
     ranks = sorted(finding.ranks)
     rank_label = ",".join(map(str, ranks[:MAX_RANKS_IN_LABEL]))
     if len(ranks) > MAX_RANKS_IN_LABEL:
@@ -68,7 +71,7 @@ def alert_from_finding(
         "kind": finding.kind.value,
         "namespace": namespace,
         "trainingjob": job,
-        "route": alerting.route,
+        "route": route,
         "node": tenant_text.bounded(",".join(sorted(finding.nodes)), MAX_LABEL),
         "rank": rank_label,
     }
@@ -82,14 +85,14 @@ def alert_from_finding(
         "confidence": f"{finding.confidence:.2f}",
         "evidence": bounded_evidence(finding.evidence),
     }
-    node_alerts = [str(alert.get("text", "")) for alert in finding.evidence.get("node_alerts") or []]
+    node_alerts = node_alert_lines(finding.evidence)
     if node_alerts:
-        annotations["node_alerts"] = tenant_text.bounded("\n".join(node_alerts), MAX_NODE_ALERTS)
+        annotations[NODE_ALERTS_ANNOTATION] = tenant_text.bounded("\n".join(node_alerts), MAX_NODE_ALERTS)
     if report_url:
         annotations["report_url"] = report_url
     return Alert(
         labels={k: v for k, v in labels.items() if v},
-        level=Level.parse(alerting.levels.for_finding(finding.kind)),
+        level=Level.parse(level or finding.kind.default_level),
         starts_at=time.time() if now is None else now,
         annotations=annotations,
     )

@@ -32,10 +32,10 @@ import numpy as np
 from operator_cpu import RANKS_PER_POD, summaries
 
 from rankwatch import protocol
-from rankwatch.analysis.findings import FindingKind
 from rankwatch.analysis.ring_writer import write_rings
 from rankwatch.analysis.scenario import Scenario, generate
 from rankwatch.analysis.topology import Layout
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.config import DiagnosisLimits
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, pods_to_ask, records_limit

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.model import event_reasons
 from rankwatch.operator.config import AlertingSettings
 from rankwatch.operator.events import EventTarget, post_event
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NOT_READY_REASON = "AlertingNotReady"
+NOT_READY_REASON = event_reasons.ALERTING_NOT_READY
 
 
 async def start_alerting(

@@ -27,6 +27,7 @@ import kopf
 import rankwatch.operator.remediation.node_handlers  # noqa: F401  (registers the Node handler: undo by annotation)
 from rankwatch import tenant_text
 from rankwatch.kube import api_client
+from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.kinds import group_watch, unwatched, webhook
@@ -118,13 +119,14 @@ def create_workers(
         existing = {pod.name for pod in worker_pods.get((namespace, name), [])}
         created = children.ensure_children(memo.kube, dict(body), job_spec, memo.config.pods, existing)
     except InvalidSpec as error:
-        _fail(body, patch, "InvalidSpec", str(error), generation)
+        _fail(body, patch, event_reasons.INVALID_SPEC, str(error), generation)
         return
     except children.NameConflict as error:
-        _fail(body, patch, "NameConflict", str(error), generation)
+        _fail(body, patch, event_reasons.NAME_CONFLICT, str(error), generation)
         return
     if created:
-        kopf.event(body, type="Normal", reason="Created", message=tenant_text.one_line(f"created {', '.join(created)}"))
+        message = tenant_text.one_line(f"created {', '.join(created)}")
+        kopf.event(body, type="Normal", reason=event_reasons.CREATED, message=message)
     if not status.get("conditions"):
         patch.status.update(
             phase=job_status.SUSPENDED if job_spec.suspend else job_status.PENDING,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankwatch.analysis.findings import FindingKind
+from rankwatch.model.finding import FindingKind
 
 
 class InvalidSpec(ValueError):
@@ -106,11 +106,11 @@ class Recovery:
 class AlertLevels:
     """Alert level (P0..P3) per finding kind; keys are the CRD's spelling of the kinds."""
 
-    hang: str = "P0"
-    straggler: str = "P1"
-    slowLink: str = "P1"
-    degradation: str = "P2"
-    mismatch: str = "P0"  # mismatched collectives: the job is stuck in its own code; its owner is paged
+    hang: str = FindingKind.HANG.default_level
+    straggler: str = FindingKind.STRAGGLER.default_level
+    slowLink: str = FindingKind.SLOW_LINK.default_level
+    degradation: str = FindingKind.FAIL_SLOW.default_level
+    mismatch: str = FindingKind.MISMATCH.default_level
 
     def for_finding(self, kind: FindingKind) -> str:
         """The level of a finding kind (its ``level_key`` names the field)."""

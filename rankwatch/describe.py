@@ -17,6 +17,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.operator import api
 from rankwatch.operator.kinds import group_record
 from rankwatch.operator.kinds.adapter import KindAdapter
@@ -103,7 +104,7 @@ def render(kind: KindRef, found: Mapping[str, Any], events: list[Mapping[str, An
     annotations = metadata.get("annotations") or {}
     if kind is TRAININGJOB:
         status = found.get("status") or {}
-        diagnosis = status.get("diagnosis") or {}
+        diagnosis = DiagnosisStatus.from_status(status)
         health, step = status.get("health"), status.get("stepTime")
         suspects = status.get("suspects")
     else:
@@ -126,23 +127,23 @@ def render(kind: KindRef, found: Mapping[str, Any], events: list[Mapping[str, An
     if diagnosis:
         lines.append("Diagnosis:")
         fields = (
-            ("Kind", diagnosis.get("kind")),
-            ("Active", str(bool(diagnosis.get("active"))).lower()),
-            ("Summary", diagnosis.get("summary")),
-            ("Ranks", ",".join(map(str, diagnosis.get("ranks") or [])) or None),
-            ("Nodes", ",".join(diagnosis.get("nodes") or []) or None),
-            ("Pods", ",".join(diagnosis.get("pods") or []) or None),
-            ("Confidence", f"{float(diagnosis.get('confidence') or 0):.2f}"),
-            ("Cause", diagnosis.get("cause") and f"{diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}"),
-            ("Time", diagnosis.get("time")),
-            ("Resolved", diagnosis.get("resolvedTime")),
-            ("Remediation", diagnosis.get("remediation") or "pending"),
-            ("Alerted", diagnosis.get("alertedTime") or "no"),
+            ("Kind", diagnosis.reason),
+            ("Active", str(diagnosis.active).lower()),
+            ("Summary", diagnosis.summary),
+            ("Ranks", ",".join(map(str, diagnosis.ranks)) or None),
+            ("Nodes", ",".join(diagnosis.nodes) or None),
+            ("Pods", ",".join(diagnosis.pods) or None),
+            ("Confidence", f"{diagnosis.confidence:.2f}"),
+            ("Cause", diagnosis.cause and f"{diagnosis.cause.value}: {diagnosis.cause_evidence}"),
+            ("Time", diagnosis.time),
+            ("Resolved", diagnosis.resolved_time),
+            ("Remediation", diagnosis.remediation or "pending"),
+            ("Alerted", diagnosis.alerted_time or "no"),
         )
         lines += [f"  {label + ':':<13}{value}" for label, value in fields if value]
-        if diagnosis.get("report"):
+        if diagnosis.report:
             lines.append(
-                f"  {'Report:':<13}kubectl get configmap -n {metadata['namespace']} {diagnosis['report']} "
+                f"  {'Report:':<13}kubectl get configmap -n {metadata['namespace']} {diagnosis.report} "
                 "-o jsonpath='{.data.report\\.txt}'"
             )
     else:

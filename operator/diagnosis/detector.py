@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rankwatch.analysis.cause import starved
-from rankwatch.analysis.findings import FindingKind
 from rankwatch.analysis.topology import Layout
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.diagnosis.job_state import CommState, JobState
 
 WAIT_WINDOWS = 3

@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from rankwatch.analysis.cause import attribute
-from rankwatch.analysis.findings import AnalysisReport, Cause, Finding, FindingKind
+from rankwatch.analysis.findings import AnalysisReport
 from rankwatch.analysis.topology import Layout
+from rankwatch.model.evidence import HOST_STARVED, NODE_ALERTS, SOURCE, node_alert_lines
+from rankwatch.model.finding import Cause, Finding, FindingKind
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.differential_profile import with_differential_profile
@@ -83,58 +85,13 @@ class Examination:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """What is written on the job: the finding it rests on, the pods it blames, and the examination."""
+    """What is written on the job: the finding it rests on, the pods it blames, when, and the
+    examination (the job keeps it as ``writer.diagnosis_status``)."""
 
     finding: Finding
     pods: list[str]
     time: str
     examination: Examination = field(repr=False)
-
-    @property
-    def kind(self) -> FindingKind:
-        return self.finding.kind
-
-    @property
-    def reason(self) -> str:
-        return self.finding.reason
-
-    @property
-    def condition(self) -> str:
-        return self.finding.condition
-
-    @property
-    def ranks(self) -> list[int]:
-        return sorted(self.finding.ranks)
-
-    @property
-    def nodes(self) -> list[str]:
-        return sorted(self.finding.nodes)
-
-    @property
-    def confidence(self) -> float:
-        return round(float(self.finding.confidence), 2)
-
-    @property
-    def summary(self) -> str:
-        return self.finding.summary
-
-    @property
-    def node_alerts(self) -> list[str]:
-        """The firing alerts of the nodes it names, one line each (``with_node_alerts``)."""
-        return node_alert_lines(self.finding)
-
-    @property
-    def problems(self) -> list[str]:
-        """What the diagnosis could not read or judge (unanswered sidecars, an unreachable Prometheus)."""
-        return list(self.examination.report.problems)
-
-
-NODE_ALERTS_EVIDENCE = "node_alerts"
-
-
-def node_alert_lines(finding: Finding) -> list[str]:
-    """The node alerts attached to ``finding`` (its evidence), one line each."""
-    return [str(alert.get("text", "")) for alert in finding.evidence.get(NODE_ALERTS_EVIDENCE) or []]
 
 
 async def with_node_alerts(finding: Finding, sources: NodeAlertSources | None) -> tuple[Finding, list[str]]:
@@ -145,7 +102,7 @@ async def with_node_alerts(finding: Finding, sources: NodeAlertSources | None) -
     alerts, problems = await firing_on(finding.nodes, sources)
     if not alerts:
         return finding, problems
-    evidence = {**finding.evidence, NODE_ALERTS_EVIDENCE: [{**a.to_json(), "text": a.text} for a in alerts]}
+    evidence = {**finding.evidence, NODE_ALERTS: [alert.as_evidence() for alert in alerts]}
     return dataclasses.replace(finding, evidence=evidence), problems
 
 
@@ -257,7 +214,7 @@ def host_starved_finding(suspicion: Suspicion, node_of_rank: dict[int, str], lay
             f"collective against {first['other_groups_wait_s'] * 1e3:.2f} ms in the job's other groups, while the "
             f"rank's process waits {share:.0f} ms per second for a CPU against {peers:.0f} ms/s of the other ranks"
         ),
-        evidence={"source": "host_starved", **first},
+        evidence={SOURCE: HOST_STARVED, **first},
     )
 
 
@@ -334,7 +291,7 @@ async def diagnose(
         if not finding.ranks and finding.kind not in (FindingKind.HANG, FindingKind.MISMATCH):
             report.problems.append(f"job-wide, no rank behind it (not a diagnosis): {finding.summary}")
     blaming = [finding for finding in report.findings if finding.ranks]
-    if not blaming and suspicion.evidence.get("source") == "host_starved":
+    if not blaming and suspicion.evidence.get(SOURCE) == HOST_STARVED:
         starved = attribute(host_starved_finding(suspicion, node_of_rank, layout), host)
         if starved.cause is Cause.HOST:  # still starved now, by the same rule the detector used
             report.findings.insert(0, starved)
@@ -349,7 +306,7 @@ async def diagnose(
         text += "".join(f"\nwarning: {problem}" for problem in profile_problems + alert_problems)
         if finding.summary != blaming[0].summary:
             text += f"\n{finding.summary}"
-        text += "".join(f"\nnode alert: {line}" for line in node_alert_lines(finding))
+        text += "".join(f"\nnode alert: {line}" for line in node_alert_lines(finding.evidence))
     examination = Examination(report, text, names, answered, limit, suspicion, result.peak_rss_bytes)
     if not blaming:
         # A stopped job whose culprit the evidence cannot single out is still hung: it is reported as

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from rankwatch import protocol
-from rankwatch.analysis.findings import Finding, FindingKind
+from rankwatch.model.finding import Finding, FindingKind
 from rankwatch.operator.diagnosis.job_state import JobState
 
 PROFILE_SECONDS = 3

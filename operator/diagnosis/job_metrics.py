@@ -33,7 +33,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rankwatch.analysis.findings import FindingKind
+from rankwatch.model.diagnosis_status import DiagnosisStatus
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.diagnosis.job_state import JobState, JobStore
 from rankwatch.operator.lifecycle import job_status
 
@@ -94,9 +95,8 @@ class JobMetrics(Collector):
         view.conditions = {
             str(c["type"]): c.get("status") == "True" for c in status.get("conditions") or [] if c.get("type")
         }
-        diagnosis = status.get("diagnosis") or {}
-        ranks = diagnosis.get("ranks") if diagnosis.get("active") else None
-        view.suspects = tuple(r for r in ranks or [] if isinstance(r, int))
+        diagnosis = DiagnosisStatus.from_status(status)
+        view.suspects = diagnosis.ranks if diagnosis and diagnosis.active else ()
 
     def observe_pods(self, namespace: str, name: str, pods: Iterable[str]) -> None:
         view = self.jobs.get((namespace, name))

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import kubernetes
 
-from rankwatch.analysis.findings import Finding
+from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
+from rankwatch.model.finding import Finding
 from rankwatch.operator import api, ownership
 from rankwatch.operator.diagnosis import telemetry_watch, writer
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
@@ -48,11 +49,11 @@ class JobRecord(Protocol):
 
     def write_recovered(self, why: str, now: str) -> dict[str, Any] | None: ...
 
-    def record_follow_up(self, time: str, field: str, value: str) -> bool: ...
+    def record_follow_up(self, time: str, field: FollowUp, value: str) -> bool: ...
 
     def stored_finding(self, time: str) -> Finding | None: ...
 
-    def post_diagnosis_event(self, body: dict[str, Any], diagnosis: dict[str, Any]) -> None: ...
+    def post_diagnosis_event(self, body: dict[str, Any], diagnosis: DiagnosisStatus) -> None: ...
 
     async def remediate(
         self, body: dict[str, Any], finding: Finding, safeguards: Safeguards, metrics: RemediationMetrics
@@ -102,13 +103,13 @@ class TrainingJobRecord:
     def write_recovered(self, why: str, now: str) -> dict[str, Any] | None:
         return writer.write_recovered(self.kube, self.namespace, self.name, why, now)
 
-    def record_follow_up(self, time: str, field: str, value: str) -> bool:
+    def record_follow_up(self, time: str, field: FollowUp, value: str) -> bool:
         return writer.record_follow_up(self.kube, self.namespace, self.name, time, field, value)
 
     def stored_finding(self, time: str) -> Finding | None:
         return writer.stored_finding(self.kube, self.namespace, self.name, time)
 
-    def post_diagnosis_event(self, body: dict[str, Any], diagnosis: dict[str, Any]) -> None:
+    def post_diagnosis_event(self, body: dict[str, Any], diagnosis: DiagnosisStatus) -> None:
         writer.post_diagnosis_event(self.kube, body, diagnosis)
 
     async def remediate(
@@ -119,7 +120,9 @@ class TrainingJobRecord:
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert:
         from rankwatch.alerting import alert_from_finding
 
-        return alert_from_finding(self.namespace, self.name, finding, spec.alerting)
+        alerting = spec.alerting
+        return alert_from_finding(self.namespace, self.name, finding, alerting.route,
+                                  alerting.levels.for_finding(finding.kind))  # fmt: skip
 
     @property
     def alert_labels(self) -> dict[str, str]:

@@ -25,8 +25,9 @@ from typing import Any
 
 import kubernetes
 
-from rankwatch.analysis.findings import HUNG, Finding, FindingKind
 from rankwatch.analysis.topology import Layout, LayoutError
+from rankwatch.model.diagnosis_status import DiagnosisStatus
+from rankwatch.model.finding import HUNG, Finding, FindingKind
 from rankwatch.operator.config import DiagnosisLimits
 from rankwatch.operator.diagnosis import telemetry_watch, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
@@ -97,6 +98,11 @@ class WatchedJob:
     @property
     def key(self) -> tuple[str, str]:
         return self.namespace, self.name
+
+    @property
+    def diagnosis(self) -> DiagnosisStatus | None:
+        """The diagnosis its status carries, as last read or written."""
+        return DiagnosisStatus.from_status(self.status)
 
     @property
     def thresholds(self) -> Thresholds:
@@ -180,11 +186,11 @@ class Monitor:
             self.forget(namespace, name)
 
     def track_group(
-        self, namespace: str, name: str, spec: TrainingJobSpec, record: JobRecord, diagnosis: dict[str, Any],
+        self, namespace: str, name: str, spec: TrainingJobSpec, record: JobRecord, diagnosis: DiagnosisStatus | None,
         world_size_known: bool,
     ) -> None:  # fmt: skip
         """Follow a group of another kind (``name``: its collector name) as a TrainingJob (checked once
-        ``group_running`` says so): ``diagnosis`` is the record its owner carries."""
+        ``group_running`` says so): ``diagnosis`` is the one its owner carries."""
         key = (namespace, name)
         job = self.jobs.get(key)
         if job is None:
@@ -194,7 +200,7 @@ class Monitor:
                 layout = None
             job = self.jobs[key] = WatchedJob(namespace, name, spec, layout if world_size_known else None, record,
                                               world_size_known)  # fmt: skip
-            job.status = {"diagnosis": diagnosis}
+            job.status = diagnosis.to_status() if diagnosis else {}
 
     def group_running(self, namespace: str, name: str, running: bool) -> None:
         job = self.jobs.get((namespace, name))
@@ -328,17 +334,18 @@ class Monitor:
         )
         written = await asyncio.to_thread(job.record.write_recovered, why, _now())
         if written is not None:
-            kind = (job.status.get("diagnosis") or {}).get("kind", "unknown")
+            kind = job.diagnosis.reason if job.diagnosis else "unknown"
             self.metrics.recoveries.labels(kind).inc()
             log.info("%s recovered: %s", job.record.label, why)
             if self.alerts is not None:
                 await self.alerts.resolve(labels=job.record.alert_labels)
-        job.status = {**job.status, "diagnosis": {**(job.status.get("diagnosis") or {}), "active": False}}
+        if job.diagnosis is not None:
+            job.status = {**job.status, **job.diagnosis.inactive().to_status()}
         job.clear_since = None
 
     @staticmethod
     def _already_reported(job: WatchedJob, suspicion: Suspicion) -> bool:
-        ranks = set((job.status.get("diagnosis") or {}).get("ranks") or [])
+        ranks = set(job.diagnosis.ranks) if job.diagnosis else set()
         return not suspicion.ranks or set(suspicion.ranks) <= ranks or suspicion.kind is FindingKind.FAIL_SLOW
 
     @staticmethod
@@ -406,16 +413,17 @@ class Monitor:
             return
         written = await asyncio.to_thread(job.record.write_diagnosis, diagnosis, _now())
         if written is None:
-            log.info("%s already carries %s on %s", job.record.label, diagnosis.reason, diagnosis.nodes)
+            log.info("%s already carries %s on %s", job.record.label, diagnosis.finding.reason,
+                     sorted(diagnosis.finding.nodes))  # fmt: skip
             return
         elapsed = time.monotonic() - started
         if self.job_metrics is not None:
-            self.job_metrics.detected(job.namespace, job.name, diagnosis.kind.value)
+            self.job_metrics.detected(job.namespace, job.name, diagnosis.finding.kind.value)
         self.metrics.diagnosis_seconds.observe(elapsed)
         log.warning(
             "%s: %s (diagnosed in %.1f s, %.1f s after the first suspicion)",
             job.record.label,
-            diagnosis.summary,
+            diagnosis.finding.summary,
             elapsed,
             time.monotonic() - suspected,
         )
@@ -426,10 +434,10 @@ class Monitor:
     # -- follow-ups ------------------------------------------------------------------------------------
     async def _follow_up_written(self, job: WatchedJob, now: float) -> None:
         """Finish the follow-ups of a diagnosis this process did not write (a previous leader did)."""
-        diagnosis = job.status.get("diagnosis") or {}
+        diagnosis = job.diagnosis
         if (
             self.slots.busy(job.key)  # its own diagnosis carries out what it writes
-            or job.followed_up == diagnosis.get("time")
+            or job.followed_up == (diagnosis.time if diagnosis else None)
             or now < job.follow_up_after
             or not writer.pending_follow_ups(job.status, self.alerts is not None)
         ):
@@ -439,10 +447,11 @@ class Monitor:
         if body is None:
             return
         status = body.get("status") or {}
-        if not writer.pending_follow_ups(status, self.alerts is not None):
-            job.status, job.followed_up = status, (status.get("diagnosis") or {}).get("time")
+        written = DiagnosisStatus.from_status(status)
+        if written is None or not written.pending(self.alerts is not None):
+            job.status, job.followed_up = status, (written.time if written else None)
             return
-        time_ = status["diagnosis"]["time"]
+        time_ = written.time
         finding = await asyncio.to_thread(job.record.stored_finding, time_)
         if finding is None:
             log.warning("%s: the finding of the diagnosis of %s is gone; its follow-ups are not carried out",
@@ -450,14 +459,15 @@ class Monitor:
             job.followed_up = time_
             return
         log.info("%s: finishing the follow-ups of the diagnosis of %s (%s)", job.record.label, time_,
-                 ", ".join(writer.pending_follow_ups(status, self.alerts is not None)))  # fmt: skip
-        await asyncio.to_thread(job.record.post_diagnosis_event, body, status["diagnosis"])
+                 ", ".join(written.pending(self.alerts is not None)))  # fmt: skip
+        await asyncio.to_thread(job.record.post_diagnosis_event, body, written)
         await self._follow_up(job, body, finding)
 
     async def _follow_up(self, job: WatchedJob, body: dict[str, Any], finding: Finding) -> None:
         """Remediation and the alert of the diagnosis in ``body``'s status, each unless recorded done."""
         status = body.get("status") or {}
-        time_ = status["diagnosis"]["time"]
+        diagnosis = DiagnosisStatus.from_status(status)
+        time_ = diagnosis.time if diagnosis else ""
         pending = writer.pending_follow_ups(status, self.alerts is not None)
         done = True
         if writer.REMEDIATION in pending and self.leading():

@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 
 from rankwatch import tenant_text
+from rankwatch.model.evidence import NodeAlertEvidence
 
 NODE_LABELS = ("node", "Hostname", "kubernetes_node", "nodename", "instance")
 """Labels that name the node an alert is about, as the common exporters and relabellings spell it."""
@@ -75,6 +76,10 @@ class NodeAlert:
 
     def to_json(self) -> dict[str, str]:
         return asdict(self)
+
+    def as_evidence(self) -> NodeAlertEvidence:
+        """The entry of a finding's ``evidence[NODE_ALERTS]``."""
+        return NodeAlertEvidence(**asdict(self), text=self.text)
 
 
 def node_of(labels: dict[str, str], nodes: set[str]) -> str | None:

@@ -12,7 +12,7 @@ import dataclasses
 import re
 from collections import defaultdict
 
-from rankwatch.analysis.findings import Cause, Finding, FindingKind
+from rankwatch.model.finding import Cause, Finding, FindingKind
 from rankwatch.operator.diagnosis.job_state import JobState
 
 FRAMES_IN_EVIDENCE = 6

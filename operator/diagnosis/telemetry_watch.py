@@ -18,6 +18,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.model import event_reasons
 from rankwatch.operator import events
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.status_patch import update_status
@@ -71,7 +72,7 @@ def write(kube: kubernetes.client.ApiClient, namespace: str, name: str, silent: 
             kube,
             events.EventTarget.job(namespace, name, job["metadata"]["uid"]),
             type="Warning" if silent else "Normal",
-            reason=NO_TELEMETRY if silent else "TelemetryResumed",
+            reason=event_reasons.NO_TELEMETRY if silent else event_reasons.TELEMETRY_RESUMED,
             message=message if silent else "window summaries arrive from the sidecars again",
             key=f"{NO_TELEMETRY}/{silent}/{now}",
             repeat=False,

@@ -23,7 +23,10 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.analysis.findings import HUNG, Finding, FindingKind
+from rankwatch.model import event_reasons
+from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
+from rankwatch.model.evidence import node_alert_lines
+from rankwatch.model.finding import DEGRADED, HUNG, Finding
 from rankwatch.operator import api, events
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
 from rankwatch.operator.lifecycle import job_status
@@ -36,7 +39,7 @@ SUSPECT_RANKS_ANNOTATION = "rankwatch.io/suspect-ranks"
 REPORT_MAX_BYTES = 512 << 10
 """The report ConfigMap stays well under the 1 MiB object limit; longer reports are cut, saying so."""
 MAX_LISTED = 32
-REMEDIATION, ALERTED = "remediation", "alertedTime"
+REMEDIATION, ALERTED = FollowUp.REMEDIATION, FollowUp.ALERTED
 
 
 def report_configmap_name(job_name: str) -> str:
@@ -48,25 +51,28 @@ def listed(values: list[Any]) -> str:
     return text + (f",+{len(values) - MAX_LISTED}" if len(values) > MAX_LISTED else "")
 
 
-def condition_of(reason: str | None) -> str | None:
-    kind = FindingKind.from_reason(reason or "")
-    return kind.condition if kind else None
-
-
-def same_diagnosis(previous: dict[str, Any] | None, diagnosis: Diagnosis) -> bool:
+def same_diagnosis(previous: DiagnosisStatus | None, diagnosis: Diagnosis) -> bool:
     """The job already carries this finding (active, same condition, same culprit ranks)."""
-    if not previous or not previous.get("active"):
+    if previous is None or not previous.active:
         return False
     return (
-        condition_of(previous.get("kind")) == diagnosis.condition
-        and sorted(previous.get("ranks") or []) == diagnosis.ranks[:MAX_LISTED]
+        previous.condition == diagnosis.finding.condition
+        and sorted(previous.ranks) == sorted(diagnosis.finding.ranks)[:MAX_LISTED]
     )
 
 
 def active_condition(status: dict[str, Any]) -> str | None:
     """``Hung`` or ``Degraded`` when the job carries an active diagnosis, else None."""
-    diagnosis = status.get("diagnosis") or {}
-    return condition_of(diagnosis.get("kind")) if diagnosis.get("active") else None
+    diagnosis = DiagnosisStatus.from_status(status)
+    return diagnosis.active_condition if diagnosis else None
+
+
+def suspect_annotations(finding: Finding) -> dict[str, str | None]:
+    """The annotations that name the suspect nodes and ranks (all of them, cut at MAX_LISTED, +N)."""
+    return {
+        SUSPECT_NODES_ANNOTATION: listed(sorted(finding.nodes)),
+        SUSPECT_RANKS_ANNOTATION: listed(sorted(finding.ranks)),
+    }
 
 
 def event_message(
@@ -180,29 +186,27 @@ def _annotate(kube: kubernetes.client.ApiClient, namespace: str, name: str, anno
     )
 
 
-def diagnosis_record(diagnosis: Diagnosis, report_name: str) -> dict[str, Any]:
+def diagnosis_status(diagnosis: Diagnosis, report_name: str) -> DiagnosisStatus:
     """What a job keeps of an active diagnosis (a TrainingJob's ``status.diagnosis``; the annotation
     ``rankwatch.io/diagnosis`` of another kind's owner); its follow-ups pending."""
-    return {
-        "active": True,
-        "kind": diagnosis.reason,
-        "ranks": diagnosis.ranks[:MAX_LISTED],
-        "nodes": diagnosis.nodes[:MAX_LISTED],
-        "pods": diagnosis.pods[:MAX_LISTED],
-        "confidence": diagnosis.confidence,
-        "summary": diagnosis.summary,
-        "cause": diagnosis.finding.cause.value,
-        "causeEvidence": diagnosis.finding.cause_evidence,
-        "nodeAlerts": diagnosis.node_alerts[:MAX_LISTED],
-        "problems": diagnosis.problems[:MAX_LISTED],
-        "communicator": diagnosis.finding.communicator,
-        "time": diagnosis.time,
-        "resolvedTime": None,
-        "suspicion": diagnosis.examination.suspicion.summary,
-        "report": report_name,
-        REMEDIATION: None,
-        ALERTED: None,
-    }
+    finding = diagnosis.finding
+    return DiagnosisStatus(
+        active=True,
+        reason=finding.reason,
+        ranks=tuple(sorted(finding.ranks)[:MAX_LISTED]),
+        nodes=tuple(sorted(finding.nodes)[:MAX_LISTED]),
+        pods=tuple(diagnosis.pods[:MAX_LISTED]),
+        confidence=round(float(finding.confidence), 2),
+        summary=finding.summary,
+        cause=finding.cause,
+        cause_evidence=finding.cause_evidence,
+        node_alerts=tuple(node_alert_lines(finding.evidence)[:MAX_LISTED]),
+        problems=tuple(diagnosis.examination.report.problems[:MAX_LISTED]),
+        communicator=finding.communicator,
+        time=diagnosis.time,
+        suspicion=diagnosis.examination.suspicion.summary,
+        report=report_name,
+    )
 
 
 def write_diagnosis(
@@ -217,49 +221,46 @@ def write_diagnosis(
         if error.status == 404:
             return None
         raise
-    if same_diagnosis((job.get("status") or {}).get("diagnosis"), diagnosis):
+    if same_diagnosis(DiagnosisStatus.from_status(job.get("status")), diagnosis):
         return None
     report_name = store_report(kube, job, diagnosis)
+    record = diagnosis_status(diagnosis, report_name)
+    finding = diagnosis.finding
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
         status = job.get("status") or {}
-        if same_diagnosis(status.get("diagnosis"), diagnosis):
+        if same_diagnosis(DiagnosisStatus.from_status(status), diagnosis):
             return None
         generation = job["metadata"].get("generation", 1)
         conditions = list(status.get("conditions") or [])
         superseded = active_condition(status)
-        if superseded and superseded != diagnosis.condition:  # one active finding at a time
+        if superseded and superseded != finding.condition:  # one active finding at a time
             conditions = job_status.set_condition(
-                conditions, superseded, "False", "Superseded", f"superseded by {diagnosis.reason}", now, generation
+                conditions, superseded, "False", "Superseded", f"superseded by {finding.reason}", now, generation
             )
         conditions = job_status.set_condition(
-            conditions, diagnosis.condition, "True", diagnosis.reason, diagnosis.summary, now, generation
+            conditions, finding.condition, "True", finding.reason, finding.summary, now, generation
         )
         return {
-            "health": diagnosis.condition,
-            "suspects": listed(diagnosis.nodes),
+            "health": finding.condition,
+            "suspects": listed(sorted(finding.nodes)),
             "conditions": conditions,
-            "diagnosis": diagnosis_record(diagnosis, report_name),
+            **record.to_status(),
         }
 
     written = update_status(namespace, name, kube=kube, change=change)
     if written is None:
         return None
     job, fields = written
-    _annotate(
-        kube,
-        namespace,
-        name,
-        {SUSPECT_NODES_ANNOTATION: listed(diagnosis.nodes), SUSPECT_RANKS_ANNOTATION: listed(diagnosis.ranks)},
-    )
-    post_diagnosis_event(kube, job, fields["diagnosis"])
+    _annotate(kube, namespace, name, suspect_annotations(finding))
+    post_diagnosis_event(kube, job, record)
     return {**job, "status": {**(job.get("status") or {}), **fields}}
 
 
 def post_diagnosis_event(
     kube: kubernetes.client.ApiClient,
     job: dict[str, Any],
-    diagnosis: dict[str, Any],
+    diagnosis: DiagnosisStatus,
     target: events.EventTarget | None = None,
 ) -> None:
     """The Warning Event of the diagnosis in ``status.diagnosis``, named after it: a second post (a new
@@ -268,48 +269,44 @@ def post_diagnosis_event(
     whoever finishes them posts the Event first: it is not lost to a control-plane restart."""
     metadata = job["metadata"]
     target = target or events.EventTarget.job(metadata["namespace"], metadata["name"], metadata["uid"])
-    cause = f"cause {diagnosis['cause']}: {diagnosis.get('causeEvidence') or ''}" if diagnosis.get("cause") else ""
-    message = event_message(diagnosis["summary"], float(diagnosis.get("confidence") or 0), metadata["namespace"],
-                            metadata["name"], cause, diagnosis.get("nodeAlerts") or [],
-                            diagnosis.get("report"))  # fmt: skip
+    cause = f"cause {diagnosis.cause.value}: {diagnosis.cause_evidence}" if diagnosis.cause is not None else ""
+    message = event_message(diagnosis.summary, diagnosis.confidence, metadata["namespace"], metadata["name"], cause,
+                            list(diagnosis.node_alerts), diagnosis.report or None)  # fmt: skip
     try:
         events.post_event(
             kube,
             target,
             type="Warning",
-            reason=diagnosis["kind"],
+            reason=diagnosis.reason,
             message=message,
-            key=f"diagnosis/{diagnosis['kind']}/{diagnosis['time']}",
+            key=f"diagnosis/{diagnosis.reason}/{diagnosis.time}",
             repeat=False,
             now=datetime.datetime.now(datetime.UTC),
         )
     except ApiException as error:
         if error.status is None or error.status >= 500 or error.status == 429:
             raise
-        log.warning("Event %s on %s %s/%s not posted: HTTP %s", diagnosis["kind"], target.kind, metadata["namespace"],
+        log.warning("Event %s on %s %s/%s not posted: HTTP %s", diagnosis.reason, target.kind, metadata["namespace"],
                     metadata["name"], error.status)  # fmt: skip
 
 
-def pending_follow_ups(status: dict[str, Any], alerting: bool) -> list[str]:
+def pending_follow_ups(status: dict[str, Any], alerting: bool) -> list[FollowUp]:
     """What the active diagnosis in ``status`` still calls for (``remediation``, ``alertedTime``)."""
-    diagnosis = status.get("diagnosis") or {}
-    if not diagnosis.get("active") or not diagnosis.get("time"):
-        return []
-    pending = [REMEDIATION] if not diagnosis.get(REMEDIATION) else []
-    return pending + ([ALERTED] if alerting and not diagnosis.get(ALERTED) else [])
+    diagnosis = DiagnosisStatus.from_status(status)
+    return diagnosis.pending(alerting) if diagnosis else []
 
 
 def record_follow_up(
-    kube: kubernetes.client.ApiClient, namespace: str, name: str, time: str, field: str, value: str
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, time: str, field: FollowUp, value: str
 ) -> bool:
     """Mark one follow-up of the diagnosis written at ``time`` done; False when the job carries
     another diagnosis by now (or is gone)."""
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
-        diagnosis = (job.get("status") or {}).get("diagnosis") or {}
-        if diagnosis.get("time") != time or diagnosis.get(field):
+        diagnosis = DiagnosisStatus.from_status(job.get("status"))
+        if diagnosis is None or diagnosis.time != time or diagnosis.follow_up_done(field):
             return None
-        return {"diagnosis": {**diagnosis, field: value}}
+        return diagnosis.with_follow_up(field, value).to_status()
 
     return update_status(namespace, name, kube=kube, change=change) is not None
 
@@ -329,30 +326,41 @@ def write_recovered(kube: kubernetes.client.ApiClient, namespace: str, name: str
         conditions = job_status.set_condition(
             list(status.get("conditions") or []), condition, "False", "Recovered", message, now, generation
         )
-        diagnosis = {**status["diagnosis"], "active": False, "resolvedTime": now}
-        return {"health": "Healthy", "suspects": "", "conditions": conditions, "diagnosis": diagnosis}
+        diagnosis = DiagnosisStatus.from_status(status).resolved(now)
+        return {"health": "Healthy", "suspects": "", "conditions": conditions, **diagnosis.to_status()}
 
     written = update_status(namespace, name, kube=kube, change=change)
     if written is None:
         return None
     job, _ = written
     _annotate(kube, namespace, name, {SUSPECT_NODES_ANNOTATION: None, SUSPECT_RANKS_ANNOTATION: None})
-    previous = (job.get("status") or {}).get("diagnosis") or {}
+    previous = DiagnosisStatus.from_status(job.get("status"))
     metadata = job["metadata"]
     try:
         events.post_event(
             kube,
             events.EventTarget.job(namespace, name, metadata["uid"]),
             type="Normal",
-            reason="Recovered",
-            message=f"{previous.get('kind', 'finding')} cleared: {why} (was: {previous.get('summary', '')})",
-            key=f"recovered/{previous.get('kind')}/{previous.get('time')}",
+            reason=event_reasons.RECOVERED,
+            message=recovered_message(previous, why),
+            key=recovered_key(previous),
             repeat=False,
             now=datetime.datetime.now(datetime.UTC),
         )
     except ApiException as error:
         log.warning("Event Recovered on TrainingJob %s/%s not posted: HTTP %s", namespace, name, error.status)
     return job
+
+
+def recovered_message(previous: DiagnosisStatus | None, why: str) -> str:
+    """The ``Recovered`` Event's text: what was cleared, why, and what it said."""
+    kind = previous.reason if previous else "finding"
+    return f"{kind} cleared: {why} (was: {previous.summary if previous else ''})"
+
+
+def recovered_key(previous: DiagnosisStatus | None) -> str:
+    """Names the ``Recovered`` Event after the diagnosis it clears (a second post finds the first)."""
+    return f"recovered/{previous.reason if previous else None}/{previous.time if previous else None}"
 
 
 def write_telemetry_flowing(kube: kubernetes.client.ApiClient, namespace: str, name: str, now: str,
@@ -363,7 +371,7 @@ def write_telemetry_flowing(kube: kubernetes.client.ApiClient, namespace: str, n
         status = job.get("status") or {}
         conditions = list(status.get("conditions") or [])
         waiting = [
-            c for c in conditions if c.get("type") in (HUNG, "Degraded") and c.get("reason") == "AwaitingTelemetry"
+            c for c in conditions if c.get("type") in (HUNG, DEGRADED) and c.get("reason") == "AwaitingTelemetry"
         ]
         if not waiting or status.get("phase") in job_status.TERMINAL:
             return None

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
-from rankwatch.analysis.findings import Finding
+from rankwatch.model import event_reasons
+from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
+from rankwatch.model.finding import Finding
 from rankwatch.operator import api, events
 from rankwatch.operator.diagnosis import writer
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
@@ -55,21 +57,27 @@ def _json(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":"), default=str)
 
 
-def diagnosis_of(owner: dict[str, Any]) -> dict[str, Any]:
-    """The diagnosis record the owner carries, {} when none (or one that does not parse)."""
+def diagnosis_of(owner: dict[str, Any]) -> DiagnosisStatus | None:
+    """The diagnosis the owner carries, None when none (or one that does not parse)."""
     text = ((owner.get("metadata") or {}).get("annotations") or {}).get(api.DIAGNOSIS_ANNOTATION)
     if not text:
-        return {}
+        return None
     try:
         record = json.loads(text)
     except ValueError:
         record = None
-    if not isinstance(record, dict) or not isinstance(record.get("time"), str):
+    diagnosis = DiagnosisStatus.from_record(record)
+    if diagnosis is None or not isinstance(record.get("time"), str):
         metadata = owner.get("metadata") or {}
         log.warning("%s/%s: annotation %s is not a diagnosis rankwatch wrote; ignored", metadata.get("namespace"),
                     metadata.get("name"), api.DIAGNOSIS_ANNOTATION)  # fmt: skip
-        return {}
-    return record
+        return None
+    return diagnosis
+
+
+def _status(diagnosis: DiagnosisStatus | None) -> dict[str, Any]:
+    """The owner's diagnosis as a TrainingJob's status would carry it (what the monitor reads)."""
+    return diagnosis.to_status() if diagnosis else {}
 
 
 class GroupRecord:
@@ -82,7 +90,7 @@ class GroupRecord:
     # -- reading -------------------------------------------------------------------------------------
     def read(self) -> dict[str, Any] | None:
         owner = read_owner(self.kube, self.group)
-        return None if owner is None else {**owner, "status": {"diagnosis": diagnosis_of(owner)}}
+        return None if owner is None else {**owner, "status": _status(diagnosis_of(owner))}
 
     def pods(self) -> list[dict[str, Any]]:
         return self.adapter.member_pods(self.kube, self.group)
@@ -127,7 +135,8 @@ class GroupRecord:
 
     def write_no_telemetry(self, silent: bool, message: str, now: str) -> None:
         text = message if silent else "window summaries arrive from the sidecars again"
-        self._post("Warning" if silent else "Normal", "NoTelemetry" if silent else "TelemetryResumed", text,
+        reason = event_reasons.NO_TELEMETRY if silent else event_reasons.TELEMETRY_RESUMED
+        self._post("Warning" if silent else "Normal", reason, text,
                    f"NoTelemetry/{silent}/{now}")  # fmt: skip
 
     def write_diagnosis(self, diagnosis: Diagnosis, now: str) -> dict[str, Any] | None:
@@ -135,48 +144,46 @@ class GroupRecord:
         if owner is None or writer.same_diagnosis(diagnosis_of(owner), diagnosis):
             return None
         name = writer.store_report(self.kube, owner, diagnosis, report_name(self.group), self.group.owner_reference)
-        record = writer.diagnosis_record(diagnosis, name)
+        record = writer.diagnosis_status(diagnosis, name)
 
         def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
             if writer.same_diagnosis(diagnosis_of(owner), diagnosis):
                 return None
             return {
-                api.DIAGNOSIS_ANNOTATION: _json(record),
-                HEALTH_ANNOTATION: diagnosis.condition,
-                writer.SUSPECT_NODES_ANNOTATION: writer.listed(diagnosis.nodes),
-                writer.SUSPECT_RANKS_ANNOTATION: writer.listed(diagnosis.ranks),
+                api.DIAGNOSIS_ANNOTATION: _json(record.to_record()),
+                HEALTH_ANNOTATION: diagnosis.finding.condition,
+                **writer.suspect_annotations(diagnosis.finding),
             }
 
         written = self._update(change)
         if written is None:
             return None
-        body = {**written, "status": {"diagnosis": record}}
+        body = {**written, "status": record.to_status()}
         self.post_diagnosis_event(body, record)
         return body
 
-    def post_diagnosis_event(self, body: dict[str, Any], diagnosis: dict[str, Any]) -> None:
+    def post_diagnosis_event(self, body: dict[str, Any], diagnosis: DiagnosisStatus) -> None:
         writer.post_diagnosis_event(self.kube, body, diagnosis, self.group.event_target)
 
-    def record_follow_up(self, time: str, field: str, value: str) -> bool:
+    def record_follow_up(self, time: str, field: FollowUp, value: str) -> bool:
         def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
             record = diagnosis_of(owner)
-            if record.get("time") != time or record.get(field):
+            if record is None or record.time != time or record.follow_up_done(field):
                 return None
-            return {api.DIAGNOSIS_ANNOTATION: _json({**record, field: value})}
+            return {api.DIAGNOSIS_ANNOTATION: _json(record.with_follow_up(field, value).to_record())}
 
         return self._update(change) is not None
 
     def write_recovered(self, why: str, now: str) -> dict[str, Any] | None:
-        previous: dict[str, Any] = {}
+        previous: list[DiagnosisStatus] = []
 
         def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
             record = diagnosis_of(owner)
-            if not record.get("active"):
+            if record is None or not record.active:
                 return None
-            previous.clear()
-            previous.update(record)
+            previous[:] = [record]
             return {
-                api.DIAGNOSIS_ANNOTATION: _json({**record, "active": False, "resolvedTime": now}),
+                api.DIAGNOSIS_ANNOTATION: _json(record.resolved(now).to_record()),
                 HEALTH_ANNOTATION: "Healthy",
                 writer.SUSPECT_NODES_ANNOTATION: None,
                 writer.SUSPECT_RANKS_ANNOTATION: None,
@@ -185,9 +192,9 @@ class GroupRecord:
         written = self._update(change)
         if written is None:
             return None
-        self._post("Normal", "Recovered",
-                   f"{previous.get('kind', 'finding')} cleared: {why} (was: {previous.get('summary', '')})",
-                   f"recovered/{previous.get('kind')}/{previous.get('time')}")  # fmt: skip
+        cleared = previous[0] if previous else None
+        self._post("Normal", event_reasons.RECOVERED, writer.recovered_message(cleared, why),
+                   writer.recovered_key(cleared))  # fmt: skip
         return written
 
     def _post(self, type_: str, reason: str, message: str, key: str) -> None:
@@ -203,7 +210,8 @@ class GroupRecord:
     ) -> RemediationResult:
         pods = await asyncio.to_thread(self.pods)
         nodes = frozenset(pod["spec"]["nodeName"] for pod in pods if (pod.get("spec") or {}).get("nodeName"))
-        diagnosis = ((body.get("status") or {}).get("diagnosis") or {}).get("time", "")
+        written = DiagnosisStatus.from_status(body.get("status"))
+        diagnosis = written.time if written else ""
         return await remediation.remediate_group(
             self.kube, self.group, nodes, finding, diagnosis, self.remediation, safeguards, metrics
         )
@@ -211,8 +219,9 @@ class GroupRecord:
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert:
         from rankwatch.alerting import alert_from_finding
 
-        return alert_from_finding(self.group.namespace, self.group.name, finding, spec.alerting,
-                                  job_kind=self.group.kind_key)  # fmt: skip
+        alerting = spec.alerting
+        return alert_from_finding(self.group.namespace, self.group.name, finding, alerting.route,
+                                  alerting.levels.for_finding(finding.kind), job_kind=self.group.kind_key)  # fmt: skip
 
     @property
     def alert_labels(self) -> dict[str, str]:

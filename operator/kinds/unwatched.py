@@ -23,6 +23,7 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import Gauge
 
+from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.events import EventTarget, post_event
 from rankwatch.operator.kinds import injection
@@ -132,8 +133,8 @@ class UnwatchedPods:
             )
             now = datetime.datetime.now(datetime.UTC)
             post_event(
-                self.kube, report.target, type="Warning", reason="Unwatched", message=message, key="Unwatched",
-                repeat=True, now=now,
+                self.kube, report.target, type="Warning", reason=event_reasons.UNWATCHED, message=message,
+                key=event_reasons.UNWATCHED, repeat=True, now=now,
             )  # fmt: skip
             log.warning("%s: %s", report.group or f"Pod {report.target.namespace}/{report.target.name}", message)
         if report.group is not None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankwatch.model import event_reasons
 from rankwatch.operator import api, ownership
 from rankwatch.operator.spec import TrainingJobSpec
 
@@ -319,7 +320,7 @@ def derive(
 
     events: list[Event] = []
     if old_phase == SUSPENDED:
-        events.append(Event("Normal", "Resumed", f"spec.suspend is false: {message}"))
+        events.append(Event("Normal", event_reasons.RESUMED, f"spec.suspend is false: {message}"))
     elif phase != old_phase:
         kind = "Warning" if phase == FAILED else "Normal"
         events.append(Event(kind, reason, message))

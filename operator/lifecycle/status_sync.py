@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch import tenant_text
 from rankwatch.kube import pod_names
+from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig, WorkerPodSettings
 from rankwatch.operator.lifecycle import children, job_status
@@ -94,7 +95,7 @@ def sync_status(
             deleted = children.delete_workers(kube, namespace, ending)
             if deleted:
                 message = tenant_text.one_line(f"spec.suspend is true: deleted Pod/{', Pod/'.join(deleted)}")
-                kopf.event(job, type="Normal", reason="Suspending", message=message)
+                kopf.event(job, type="Normal", reason=event_reasons.SUSPENDING, message=message)
         restartable = (job_status.PENDING, job_status.SUSPENDED)
         if previous.get("phase") in restartable and not job_spec.suspend and len(current) < job_spec.replicas:
             # A pod deleted before the attempt started is recreated; after the start it is a failure.
@@ -106,7 +107,7 @@ def sync_status(
             created = [] if wanted <= existing else children.ensure_children(kube, job, job_spec, config, existing)
             if created:
                 message = tenant_text.one_line(f"recreated {', '.join(created)}")
-                kopf.event(job, type="Normal", reason="Recreated", message=message)
+                kopf.event(job, type="Normal", reason=event_reasons.RECREATED, message=message)
                 return  # their events bring us back
         generation = job["metadata"].get("generation", 1)
         new, events = job_status.derive(job_spec, pods, previous, now(), generation)

@@ -19,12 +19,14 @@ from typing import Any
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.model.diagnosis_status import DiagnosisStatus, key_of
+from rankwatch.model.finding import DEGRADED, HUNG
 from rankwatch.operator import api, ownership
 from rankwatch.operator.diagnosis.writer import SUSPECT_NODES_ANNOTATION, SUSPECT_RANKS_ANNOTATION
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.children import current_attempt
 from rankwatch.operator.lifecycle.status_patch import update_status
-from rankwatch.operator.recovery.decision import WORKER_FAILED, culprits_text, diagnosis_key
+from rankwatch.operator.recovery.decision import WORKER_FAILED, culprits_text
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +82,14 @@ class EndedAttempt:
                 summary=str(failure.get("message") or ""),
                 endTime=moment,
             )
-        diagnosis = status.get("diagnosis") or {}
+        diagnosis = DiagnosisStatus.from_status(status) or DiagnosisStatus(active=False, reason="")
         return cls(
             attempt=current_attempt(status),
             reason=reason,
-            ranks=list(diagnosis.get("ranks") or []),
-            nodes=list(diagnosis.get("nodes") or []),
-            pods=list(diagnosis.get("pods") or []),
-            summary=str(diagnosis.get("summary") or ""),
+            ranks=list(diagnosis.ranks),
+            nodes=list(diagnosis.nodes),
+            pods=list(diagnosis.pods),
+            summary=diagnosis.summary,
             endTime=moment,
         )
 
@@ -147,19 +149,20 @@ def _clear_suspect_annotations(kube: kubernetes.client.ApiClient, namespace: str
 
 def _finding_closed(status: Mapping[str, Any], why: str, moment: str, generation: int) -> dict[str, Any]:
     """Status fields that close the active finding and reset Hung/Degraded for the next attempt."""
-    diagnosis = dict(status.get("diagnosis") or {})
+    diagnosis = DiagnosisStatus.from_status(status)
     conditions = list(status.get("conditions") or [])
-    for type_ in ("Hung", "Degraded"):
+    for type_ in (HUNG, DEGRADED):
         conditions = job_status.set_condition(
             conditions, type_, "Unknown", "AwaitingTelemetry", f"{why}; no trace summaries analysed yet", moment,
             generation,
         )  # fmt: skip
     return {
         "conditions": conditions,
-        "diagnosis": {**diagnosis, "active": False, "resolvedTime": moment},
+        # a job without a diagnosis (a worker failed) gets an inactive, empty one, resolved now
+        **(diagnosis or DiagnosisStatus(active=False, reason="")).resolved(moment).to_status(),
         "health": "Unknown",
         "suspects": "",
-        "handledDiagnosis": diagnosis_key(diagnosis),
+        "handledDiagnosis": key_of(diagnosis),
     }
 
 
@@ -245,7 +248,7 @@ def write_failed(
             "conditions": conditions,
             "attempts": attempts,
             "completionTime": stamp,
-            "handledDiagnosis": diagnosis_key(status.get("diagnosis") or {}),
+            "handledDiagnosis": key_of(DiagnosisStatus.from_status(status)),
         }
 
     written = update_status(namespace, name, change, kube=kube)
@@ -281,9 +284,9 @@ def write_archived(kube: kubernetes.client.ApiClient, namespace: str, name: str,
 
 def _still(status: Mapping[str, Any], expected_key: str, attempt: int) -> bool:
     """The job still carries the finding this step was decided on, in the same attempt."""
-    diagnosis = status.get("diagnosis") or {}
+    diagnosis = DiagnosisStatus.from_status(status)
     if current_attempt(status) != attempt:
         return False
     if expected_key == WORKER_FAILED:
         return (status.get("workerFailure") or {}).get("attempt") == attempt
-    return bool(diagnosis.get("active")) and diagnosis_key(diagnosis) == expected_key
+    return diagnosis is not None and diagnosis.active and diagnosis.key == expected_key

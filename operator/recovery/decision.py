@@ -14,10 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rankwatch.model.diagnosis_status import DiagnosisStatus
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.spec import TrainingJobSpec
 
-HUNG_KINDS = ("Hang", "StuckInCollective")
-SLOWDOWN_KINDS = ("Straggler", "FailSlow")
+HUNG_KINDS = (FindingKind.HANG,)  # Hang and StuckInCollective
+SLOWDOWN_KINDS = (FindingKind.STRAGGLER, FindingKind.FAIL_SLOW)
 TERMINAL = ("Succeeded", "Failed")
 WORKER_FAILED = "WorkerFailed"
 
@@ -44,16 +46,10 @@ def parse_time(value: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def diagnosis_key(diagnosis: Mapping[str, Any]) -> str:
-    """Identifies one finding on the job (time, kind, culprits) for ``status.handledDiagnosis``."""
-    ranks = ",".join(str(rank) for rank in diagnosis.get("ranks") or [])
-    return f"{diagnosis.get('time', '')}/{diagnosis.get('kind', '')}/{ranks}"
-
-
-def counts(spec: TrainingJobSpec, diagnosis: Mapping[str, Any], slowdown: float | None) -> bool:
+def counts(spec: TrainingJobSpec, diagnosis: DiagnosisStatus, slowdown: float | None) -> bool:
     """Does this finding end the attempt under ``spec.recovery.restartOn``?"""
     restart_on = spec.recovery.restartOn
-    kind = diagnosis.get("kind")
+    kind = diagnosis.kind
     if kind in HUNG_KINDS:
         return restart_on.hang
     if kind in SLOWDOWN_KINDS and restart_on.slowdownAbove is not None:
@@ -79,15 +75,15 @@ def decide(
     failure = status.get("workerFailure") or {}
     if failure.get("attempt") == restarts:  # the pod-driven status leaves it only when a restart is due
         return Verdict(Action.RESTART, WORKER_FAILED, f"restart {restarts + 1} of at most {spec.recovery.maxRestarts}")
-    diagnosis = status.get("diagnosis") or {}
-    if not diagnosis.get("active") or status.get("handledDiagnosis") == diagnosis_key(diagnosis):
+    diagnosis = DiagnosisStatus.from_status(status)
+    if diagnosis is None or not diagnosis.active or status.get("handledDiagnosis") == diagnosis.key:
         return Verdict(Action.NOTHING)
     if not counts(spec, diagnosis, slowdown):
         return Verdict(Action.NOTHING)
-    kind = str(diagnosis.get("kind"))
+    kind = diagnosis.reason
     recovery = spec.recovery
-    if kind in HUNG_KINDS and recovery.abortHungAfterSeconds and diagnosis.get("time"):
-        due = parse_time(diagnosis["time"]) + datetime.timedelta(seconds=recovery.abortHungAfterSeconds)
+    if diagnosis.kind in HUNG_KINDS and recovery.abortHungAfterSeconds and diagnosis.time:
+        due = parse_time(diagnosis.time) + datetime.timedelta(seconds=recovery.abortHungAfterSeconds)
         if now < due:
             return Verdict(Action.WAIT, kind, f"the hang may keep its GPUs until {due.isoformat()}", due)
     if not recovery.restarts:

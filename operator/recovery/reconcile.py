@@ -26,6 +26,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch import tenant_text
 from rankwatch.analysis.topology import Layout, LayoutError
+from rankwatch.model import event_reasons
+from rankwatch.model.diagnosis_status import DiagnosisStatus, key_of
+from rankwatch.model.evidence import slowdown_of
 from rankwatch.operator import api, events
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
@@ -37,7 +40,6 @@ from rankwatch.operator.recovery.decision import (
     Action,
     Verdict,
     decide,
-    diagnosis_key,
     parse_time,
 )
 from rankwatch.operator.sidecar_client import SidecarPod
@@ -80,19 +82,17 @@ def _report(kube: kubernetes.client.ApiClient, namespace: str, name: str | None)
 
 def _slowdown(kube: kubernetes.client.ApiClient, namespace: str, status: dict[str, Any]) -> float | None:
     """The active straggler / fail-slow finding's measured slowdown, from its report."""
-    diagnosis = status.get("diagnosis") or {}
-    if diagnosis.get("kind") not in SLOWDOWN_KINDS:
+    diagnosis = DiagnosisStatus.from_status(status)
+    if diagnosis is None or diagnosis.kind not in SLOWDOWN_KINDS:
         return None
-    report = _report(kube, namespace, diagnosis.get("report")) or {}
+    report = _report(kube, namespace, diagnosis.report) or {}
     try:
         findings = json.loads(report.get("report.json") or "{}").get("findings") or []
     except ValueError:
         return None
     for finding in findings:
-        if sorted(finding.get("ranks") or []) == sorted(diagnosis.get("ranks") or []):
-            evidence = finding.get("evidence") or {}
-            value = evidence.get("slowdown", evidence.get("degradation"))
-            return float(value) if isinstance(value, int | float) else None
+        if sorted(finding.get("ranks") or []) == sorted(diagnosis.ranks):
+            return slowdown_of(finding.get("evidence") or {})
     return None
 
 
@@ -261,13 +261,13 @@ class Recovery:
                 if not pod["metadata"].get("deletionTimestamp")
             ]
             token = await self.tokens(namespace, name)
-            report = await asyncio.to_thread(
-                _report, self.kube, namespace, (status.get("diagnosis") or {}).get("report")
-            )
+            diagnosis = DiagnosisStatus.from_status(status)
+            report = await asyncio.to_thread(_report, self.kube, namespace, diagnosis.report if diagnosis else None)
             layout = _layout(spec)
             manifest = evidence.Manifest(
-                namespace, name, metadata["uid"], attempt, reason, moment, diagnosis=dict(status.get("diagnosis") or {})
-            )
+                namespace, name, metadata["uid"], attempt, reason, moment,
+                diagnosis=diagnosis.stored() if diagnosis else {},
+            )  # fmt: skip
             if layout is not None:
                 manifest.layout = {"tensor": layout.tp, "pipeline": layout.pp, "world_size": layout.world_size}
             refused = archive_endpoints.refusal(target.s3.endpoint, self.config.archive_endpoints)
@@ -305,7 +305,7 @@ class Recovery:
                 events.post_job_event,
                 job,
                 "Warning",
-                "EvidenceNotKept",
+                event_reasons.EVIDENCE_NOT_KEPT,
                 f"attempt {attempt}: {'; '.join(kept.problems)}",
             )
         return kept
@@ -313,17 +313,19 @@ class Recovery:
     # -- the actions --------------------------------------------------------------------------------------
     async def _record(self, job: dict[str, Any], spec: TrainingJobSpec, verdict: Verdict) -> None:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        key = diagnosis_key(job["status"].get("diagnosis") or {})
+        key = key_of(DiagnosisStatus.from_status(job["status"]))
         kept = await self._keep(job, spec, verdict.reason)
         written = await asyncio.to_thread(attempts.write_handled, self.kube, namespace, name, key)
         if written is not None:
             where = f"; evidence: {kept.path}" if kept.path else ""
-            await asyncio.to_thread(events.post_job_event, job, "Normal", "RestartSkipped", verdict.message + where)
+            await asyncio.to_thread(
+                events.post_job_event, job, "Normal", event_reasons.RESTART_SKIPPED, verdict.message + where
+            )
 
     async def _restart(self, job: dict[str, Any], spec: TrainingJobSpec, verdict: Verdict) -> None:
         namespace, name, status = job["metadata"]["namespace"], job["metadata"]["name"], job["status"]
         worker_failed = verdict.reason == WORKER_FAILED
-        key = WORKER_FAILED if worker_failed else diagnosis_key(status.get("diagnosis") or {})
+        key = WORKER_FAILED if worker_failed else key_of(DiagnosisStatus.from_status(status))
         kept = await self._keep(job, spec, verdict.reason)
         ended = attempts.EndedAttempt.of(status, verdict.reason, attempts.now_text())
         ended = attempts.EndedAttempt(**{**ended.__dict__, "archive": kept.path, "archiveProblems": kept.problems})
@@ -361,12 +363,12 @@ class Recovery:
             + f"; {verdict.message}"
         )
         log.warning("TrainingJob %s/%s: %s", namespace, name, message)
-        await asyncio.to_thread(events.post_job_event, written, "Warning", "Restarting", message)
+        await asyncio.to_thread(events.post_job_event, written, "Warning", event_reasons.RESTARTING, message)
         self.schedule(namespace, name)  # creates the next attempt's workers when the backoff is over
 
     async def _fail(self, job: dict[str, Any], spec: TrainingJobSpec, verdict: Verdict) -> None:
         namespace, name, status = job["metadata"]["namespace"], job["metadata"]["name"], job["status"]
-        key = diagnosis_key(status.get("diagnosis") or {})
+        key = key_of(DiagnosisStatus.from_status(status))
         kept = await self._keep(job, spec, verdict.reason)
         ended = attempts.EndedAttempt.of(status, verdict.reason, attempts.now_text())
         ended = attempts.EndedAttempt(**{**ended.__dict__, "archive": kept.path, "archiveProblems": kept.problems})
@@ -381,4 +383,4 @@ class Recovery:
         fresh = await asyncio.to_thread(_read_job, self.kube, namespace, name)
         message = (fresh or written).get("status", {}).get("message", verdict.message)
         log.warning("TrainingJob %s/%s failed: %s", namespace, name, message)
-        await asyncio.to_thread(events.post_job_event, written, "Warning", "RestartLimitReached", message)
+        await asyncio.to_thread(events.post_job_event, written, "Warning", event_reasons.RESTART_LIMIT_REACHED, message)

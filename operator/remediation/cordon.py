@@ -26,6 +26,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.kube import TRANSIENT_ATTEMPTS, is_transient
+from rankwatch.model import event_reasons
 from rankwatch.operator import events
 from rankwatch.operator.events import EventTarget
 from rankwatch.operator.remediation import circuit_breaker, node_actions, node_marks
@@ -188,8 +189,8 @@ def _write_mark(
         job=request.job,
         job_uid=request.job_uid,
         job_taint_value=node_marks.taint_value(request.job_namespace, request.job_name),
-        reason=request.kind,
-        evidence=node_marks.evidence_text(request.summary, request.evidence),
+        reason=request.finding.kind,
+        evidence=node_marks.evidence_text(request.finding.summary, request.finding.evidence),
         moment=moment,
         dry_run=decision.outcome is Outcome.DRY_RUN,
         diagnosis=request.diagnosis,
@@ -236,17 +237,17 @@ def _over_caps(nodes: dict[str, NodeView], safeguards: Safeguards, namespace: st
 
 
 _SKIP_EVENTS = {
-    Outcome.NOT_JOB_NODE: ("Warning", "CordonRefused"),
-    Outcome.NODE_MISSING: ("Warning", "CordonRefused"),
-    Outcome.FAILED: ("Warning", "CordonFailed"),
-    Outcome.BREAKER_OPEN: ("Warning", "CircuitBreakerOpen"),
-    Outcome.JOB_LIMIT: ("Normal", "CordonSkipped"),
-    Outcome.NAMESPACE_LIMIT: ("Warning", "CordonCapReached"),
-    Outcome.CLUSTER_LIMIT: ("Warning", "CordonCapReached"),
-    Outcome.OPTED_OUT: ("Normal", "CordonSkipped"),
-    Outcome.COOLDOWN: ("Normal", "CordonSkipped"),
-    Outcome.LOW_CONFIDENCE: ("Normal", "CordonSkipped"),
-    Outcome.SOFTWARE_FAULT: ("Normal", "CordonSkipped"),
+    Outcome.NOT_JOB_NODE: ("Warning", event_reasons.CORDON_REFUSED),
+    Outcome.NODE_MISSING: ("Warning", event_reasons.CORDON_REFUSED),
+    Outcome.FAILED: ("Warning", event_reasons.CORDON_FAILED),
+    Outcome.BREAKER_OPEN: ("Warning", event_reasons.CIRCUIT_BREAKER_OPEN),
+    Outcome.JOB_LIMIT: ("Normal", event_reasons.CORDON_SKIPPED),
+    Outcome.NAMESPACE_LIMIT: ("Warning", event_reasons.CORDON_CAP_REACHED),
+    Outcome.CLUSTER_LIMIT: ("Warning", event_reasons.CORDON_CAP_REACHED),
+    Outcome.OPTED_OUT: ("Normal", event_reasons.CORDON_SKIPPED),
+    Outcome.COOLDOWN: ("Normal", event_reasons.CORDON_SKIPPED),
+    Outcome.LOW_CONFIDENCE: ("Normal", event_reasons.CORDON_SKIPPED),
+    Outcome.SOFTWARE_FAULT: ("Normal", event_reasons.CORDON_SKIPPED),
 }
 """Outcomes that change nothing but that people should see on the job. ALREADY_CORDONED and
 DISABLED stay quiet: nothing new happened, or the job asked for nothing."""
@@ -263,7 +264,8 @@ def _report(
     """Events, log lines and metrics for what happened. An Event that cannot be posted is logged, not fatal."""
     request = result.request
     job = request.target
-    why = f"{request.kind}: {request.summary}" if request.summary else request.kind
+    finding = request.finding
+    why = f"{finding.kind}: {finding.summary}" if finding.summary else finding.kind
     # The cordon's Events are named after the diagnosis (not the call's time), so a repeat of the same
     # request whose first answer was lost posts them once: not twice, not never.
     decision_id = f"{request.job_uid or request.job}/{request.diagnosis}" if request.diagnosis else ""
@@ -277,13 +279,13 @@ def _report(
             target = EventTarget.node(view.name, view.uid) if view else EventTarget("v1", "Node", node, "")
             if dry:
                 text = f"dry run: rankwatch would cordon and taint {node} for {request.job_kind} {request.job} ({why})"
-                posts += [(target, "Normal", "CordonDryRun", text, f"dry-run/{stamp}", False)]
-                posts += [(job, "Normal", "NodeCordonDryRun", text, f"dry-run/{node}/{stamp}", False)]
+                posts += [(target, "Normal", event_reasons.CORDON_DRY_RUN, text, f"dry-run/{stamp}", False)]
+                posts += [(job, "Normal", event_reasons.NODE_CORDON_DRY_RUN, text, f"dry-run/{node}/{stamp}", False)]
             else:
                 text = f"rankwatch {decision.message} for {request.job_kind} {request.job} ({why})"
                 text += f"; undo: rankwatch uncordon {node}"
-                posts += [(target, "Warning", "CordonedByRankwatch", text, f"cordon/{stamp}", False)]
-                posts += [(job, "Normal", "NodeCordoned", text, f"cordon/{node}/{stamp}", False)]
+                posts += [(target, "Warning", event_reasons.CORDONED_BY_RANKWATCH, text, f"cordon/{stamp}", False)]
+                posts += [(job, "Normal", event_reasons.NODE_CORDONED, text, f"cordon/{node}/{stamp}", False)]
             log.warning("%s %s: %s", request.job_kind, request.job, text)
         elif outcome in _SKIP_EVENTS:
             metrics.not_cordoned.labels(outcome=outcome.value).inc()
@@ -295,7 +297,7 @@ def _report(
         posted = [_post(api, *post, moment) for post in posts]
         # Counted once per cordon: a resumed one only if its Event was new (its first try stopped before).
         if outcome.changes_node and (not decision.resumed or posted[0]):
-            metrics.cordoned.labels(kind=request.kind, dry_run=str(outcome is Outcome.DRY_RUN).lower()).inc()
+            metrics.cordoned.labels(kind=request.finding.kind, dry_run=str(outcome is Outcome.DRY_RUN).lower()).inc()
     if result.breaker_open:
         metrics.breaker_trips.inc()
         log.warning(
@@ -382,10 +384,10 @@ def uncordon(
         message = f"uncordoned {node} and removed rankwatch's taint (TrainingJob {mark.job})"
     (metrics or RemediationMetrics.uncounted()).uncordoned.labels(via=via).inc()
     log.warning("%s (via %s)", message, via)
-    posts = [(EventTarget.node(view.name, view.uid), "UncordonedByRankwatch")]
+    posts = [(EventTarget.node(view.name, view.uid), event_reasons.UNCORDONED_BY_RANKWATCH)]
     if mark is not None and "/" in mark.job:
         namespace, name = mark.job.split("/", 1)
-        posts.append((EventTarget.job(namespace, name, mark.job_uid), "NodeUncordoned"))
+        posts.append((EventTarget.job(namespace, name, mark.job_uid), event_reasons.NODE_UNCORDONED))
     key = f"uncordon/{node_marks.format_time(moment)}"
     for target, reason in posts:
         _post(api, target, "Normal", reason, f"{message} (via {via})", key, False, moment)

@@ -12,9 +12,8 @@ import datetime
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from rankwatch.analysis.findings import Finding, FindingKind
+from rankwatch.model.finding import Finding, FindingKind
 from rankwatch.operator import api
 from rankwatch.operator.events import EventTarget
 from rankwatch.operator.remediation import circuit_breaker
@@ -25,39 +24,24 @@ from rankwatch.operator.spec import Remediation
 
 @dataclass(frozen=True)
 class CordonRequest:
-    """What a diagnosis blames: the input of remediation.
+    """What a diagnosis blames, the input of remediation: a job and the finding against it.
 
-    ``nodes`` in the diagnosis's order of blame (the first is cordoned first when
-    ``maxNodesPerJob`` cuts the list); ``kind`` the finding's kind; ``confidence`` in [0, 1];
-    ``summary`` one line a person can act on (it goes into Events); ``evidence`` the finding's
-    numbers (kept, cut short, in a node annotation). ``job_uid`` tells a recreated job of the same
-    name apart; give it whenever known. ``diagnosis`` identifies the diagnosis (its time): the same
-    request made again (its first answer lost) finds its own mark and finishes, Events included.
+    The finding's ``nodes`` are Kubernetes Node names (the pods' ``spec.nodeName``) in its order of
+    blame (the first is cordoned first when ``maxNodesPerJob`` cuts the list); its ``summary`` goes
+    into Events, its evidence (cut short) into a node annotation. ``job_uid`` tells a recreated job of
+    the same name apart; give it whenever known. ``diagnosis`` identifies the diagnosis (its time):
+    the same request made again (its first answer lost) finds its own mark and finishes, Events
+    included.
     """
 
     job_namespace: str
     job_name: str
     job_uid: str
-    kind: FindingKind  # given as the enum or its value
-    nodes: tuple[str, ...]
-    ranks: tuple[int, ...] = ()
-    confidence: float = 1.0
-    summary: str = ""
-    evidence: Mapping[str, Any] = field(default_factory=dict)
+    finding: Finding
     diagnosis: str = ""
     job_kind: str = api.KIND
     """The kind of the object the diagnosis is about (a TrainingJob, or the owner of a group: Job, JobSet...)."""
     job_api_version: str = api.API_VERSION
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "kind", FindingKind(self.kind))
-        except ValueError:
-            kinds = ", ".join(FindingKind)
-            raise ValueError(f"CordonRequest of {self.job}: kind {self.kind!r} is not one of {kinds}") from None
-        # Callers may hand lists; keep the dataclass immutable (and hashable in its sequences).
-        object.__setattr__(self, "nodes", tuple(self.nodes))
-        object.__setattr__(self, "ranks", tuple(self.ranks))
 
     @property
     def job(self) -> str:
@@ -71,24 +55,6 @@ class CordonRequest:
     def wrote(self, mark: Mark) -> bool:
         """``mark`` is this very request's (same job, same diagnosis): an earlier try of it wrote it."""
         return bool(self.diagnosis) and mark.diagnosis == self.diagnosis and mark.is_for(self.job, self.job_uid)
-
-    @classmethod
-    def from_finding(
-        cls, job_namespace: str, job_name: str, job_uid: str, finding: Finding, diagnosis: str = ""
-    ) -> CordonRequest:
-        """From an analysis finding; its ``nodes`` must be Kubernetes Node names (the pods' ``spec.nodeName``)."""
-        return cls(
-            job_namespace,
-            job_name,
-            job_uid,
-            finding.kind,
-            tuple(finding.nodes),
-            tuple(finding.ranks),
-            float(finding.confidence),
-            finding.summary,
-            dict(finding.evidence),
-            diagnosis,
-        )
 
 
 @dataclass(frozen=True)
@@ -203,24 +169,25 @@ def decide(
     }
     cooldown = datetime.timedelta(seconds=guards.cooldown_seconds)
     decisions = []
-    for name in _unique(request.nodes):
+    finding = request.finding
+    for name in _unique(finding.nodes):
 
         def decision(outcome: Outcome, message: str, name: str = name) -> None:
             decisions.append(NodeDecision(name, outcome, message))
 
         view = nodes.get(name)
         mark = view.mark if view is not None else None
-        if request.kind is FindingKind.MISMATCH:
+        if finding.kind is FindingKind.MISMATCH:
             decision(
                 Outcome.SOFTWARE_FAULT,
                 f"ranks of {request.job} called different collectives: a fault of the job's code, not of {name}",
             )
         elif not spec.cordon:
             decision(Outcome.DISABLED, "spec.remediation.cordon is false")
-        elif request.confidence < guards.min_confidence:
+        elif finding.confidence < guards.min_confidence:
             decision(
                 Outcome.LOW_CONFIDENCE,
-                f"confidence {request.confidence:.2f} is below the operator's minimum {guards.min_confidence:.2f}",
+                f"confidence {finding.confidence:.2f} is below the operator's minimum {guards.min_confidence:.2f}",
             )
         elif name not in job_nodes:
             decision(Outcome.NOT_JOB_NODE, f"no pod of {request.job} ran on {name}; rankwatch leaves it alone")

@@ -9,12 +9,12 @@ decide what happens (``rankwatch.operator.remediation.cordon``); every node's ou
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from typing import Any
 
 import kubernetes
 
-from rankwatch.analysis.findings import Finding
+from rankwatch.model.diagnosis_status import DiagnosisStatus
+from rankwatch.model.finding import Finding
 from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.remediation.cordon import RemediationResult, remediate_async
 from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards
@@ -36,9 +36,9 @@ async def remediate(
     metadata = job["metadata"]
     name = f"{metadata['namespace']}/{metadata['name']}"
     spec = TrainingJobSpec.from_manifest(dict(job.get("spec") or {}))
-    diagnosis = ((job.get("status") or {}).get("diagnosis") or {}).get("time", "")  # the same across its retries
-    request = CordonRequest.from_finding(metadata["namespace"], metadata["name"], metadata.get("uid", ""), finding,
-                                         diagnosis)  # fmt: skip
+    written = DiagnosisStatus.from_status(job.get("status"))
+    diagnosis = written.time if written else ""  # the same across its retries
+    request = CordonRequest(metadata["namespace"], metadata["name"], metadata.get("uid", ""), finding, diagnosis)
     result = await remediate_async(
         kube, request, RemediationPolicy.for_job(spec.remediation, safeguards), metrics=metrics
     )
@@ -59,11 +59,7 @@ async def remediate_group(
 ) -> RemediationResult:
     """As :func:`remediate`, for a group of another kind: its policy from its pods' annotations, its nodes
     those its own pods (as its adapter finds them) run on."""
-    request = replace(
-        CordonRequest.from_finding(group.namespace, group.name, group.uid, finding, diagnosis),
-        job_kind=group.kind,
-        job_api_version=group.api_version,
-    )
+    request = CordonRequest(group.namespace, group.name, group.uid, finding, diagnosis, group.kind, group.api_version)
     policy = RemediationPolicy.for_job(remediation, safeguards)
     result = await remediate_async(kube, request, policy, job_nodes, metrics=metrics)
     for decision in result.decisions:

@@ -99,7 +99,7 @@ async def test_card_shows_job_node_rank_summary_evidence_time_and_mentions(feish
 
 async def test_card_of_a_finding_shows_its_cause_with_the_figures(feishu):
     from rankwatch.alerting import alert_from_finding
-    from rankwatch.analysis.findings import Finding
+    from rankwatch.model.finding import Finding
 
     finding = Finding(
         "straggler", [13], ["gpu-node-1"], None, 0.9, "rank 13 arrives last", {"delay_ms": 2.1}, "host",
@@ -115,7 +115,7 @@ async def test_card_of_a_finding_shows_its_cause_with_the_figures(feishu):
 
 async def test_a_jobs_function_name_is_shown_as_text_never_as_markup_a_link_or_a_mention(feishu):
     from rankwatch.alerting import alert_from_finding
-    from rankwatch.analysis.findings import Finding
+    from rankwatch.model.finding import Finding
 
     hostile = "**URGENT: drain every node** [open the runbook](https://evil.example/run) <at id=all></at> ~~ok~~"
     frame = {"file": "train.py", "line": 7, "function": hostile}

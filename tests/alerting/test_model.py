@@ -14,8 +14,8 @@ from rankwatch.alerting.inhibition import inhibited_by
 from rankwatch.alerting.matchers import Matcher, MatcherError
 from rankwatch.alerting.model import Alert, Level, fingerprint
 from rankwatch.alerting.routing import group_keys, matching_routes
-from rankwatch.analysis.findings import Finding
-from rankwatch.operator.spec import Alerting, AlertLevels
+from rankwatch.model.finding import Finding
+from rankwatch.operator.spec import AlertLevels
 
 
 def test_fingerprint_is_the_label_set_in_any_order_and_nothing_else():
@@ -85,7 +85,7 @@ FINDING = Finding(
 
 
 def test_a_finding_becomes_an_alert_levelled_by_the_jobs_spec():
-    alert = alert_from_finding("ml", "llama-70b", FINDING, Alerting(route="llm", levels=AlertLevels(straggler="P0")))
+    alert = alert_from_finding("ml", "llama-70b", FINDING, "llm", AlertLevels(straggler="P0").for_finding(FINDING.kind))
     assert alert.level == Level.P0
     assert alert.labels == {
         "alertname": "TrainingJobStraggler",

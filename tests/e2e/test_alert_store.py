@@ -21,7 +21,7 @@ from rankwatch.alerting.matchers import Matcher
 from rankwatch.alerting.report import weekly_report
 from rankwatch.alerting.silences import Silence
 from rankwatch.alerting.store import NotifyRecord, StoreError
-from rankwatch.analysis.findings import Finding
+from rankwatch.model.finding import Finding
 
 pytestmark = pytest.mark.e2e
 

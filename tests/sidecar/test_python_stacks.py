@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from rankwatch.analysis.findings import Finding
+from rankwatch.model.finding import Finding
 from rankwatch.operator.diagnosis.job_state import JobState
 from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
 from rankwatch.sidecar.python_stacks import py_spy, runs_python, take_stack

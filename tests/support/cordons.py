@@ -3,9 +3,12 @@ node, the CordonRequest and policy the remediation takes, a bare pod any tenant 
 
 from __future__ import annotations
 
+import dataclasses
+
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.model.finding import Finding
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
@@ -73,21 +76,13 @@ def job_on_nodes(api, namespace: str, name: str, nodes: list[str], **remediation
                 "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "trainer:1"}]},
             },
         )
-    return CordonRequest(namespace, name, uid, "straggler", (), confidence=0.9, summary="rank 13 is 24% slower")
+    return CordonRequest(namespace, name, uid, Finding("straggler", [13], [], None, 0.9, "rank 13 is 24% slower"))
 
 
 def suspect(base: CordonRequest, *nodes: str) -> CordonRequest:
-    return CordonRequest(
-        base.job_namespace,
-        base.job_name,
-        base.job_uid,
-        base.kind,
-        tuple(nodes),
-        (13,),
-        base.confidence,
-        base.summary,
-        {"wait_ms": 0.4, "median_wait_ms": 9.8},
-    )
+    """``base``'s job, its finding blaming ``nodes`` (in that order)."""
+    evidence = {"wait_ms": 0.4, "median_wait_ms": 9.8}
+    return dataclasses.replace(base, finding=dataclasses.replace(base.finding, nodes=list(nodes), evidence=evidence))
 
 
 def policy(safeguards: Safeguards = NO_BREAKER, **job) -> RemediationPolicy:

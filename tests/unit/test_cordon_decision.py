@@ -6,6 +6,7 @@ import datetime
 
 import pytest
 
+from rankwatch.model.finding import Finding
 from rankwatch.operator.remediation import circuit_breaker, node_marks
 from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards, decide
@@ -33,8 +34,9 @@ def cluster(count: int, **special: NodeView) -> dict[str, NodeView]:
     return nodes
 
 
-def blame(*nodes: str, confidence: float = 0.9) -> CordonRequest:
-    return CordonRequest("team-a", "llama", "uid-1", "straggler", tuple(nodes), (13,), confidence, "rank 13 is slow")
+def blame(*nodes: str, confidence: float = 0.9, kind: str = "straggler", diagnosis: str = "",
+          job: tuple[str, str, str] = ("team-a", "llama", "uid-1")) -> CordonRequest:  # fmt: skip
+    return CordonRequest(*job, Finding(kind, [13], list(nodes), None, confidence, "rank 13 is slow"), diagnosis)
 
 
 def outcomes(decisions) -> dict[str, Outcome]:
@@ -154,13 +156,13 @@ def test_a_repeat_of_the_same_diagnosis_finds_its_own_mark_and_finishes_it_but_a
     a later diagnosis of the same job on the same node is nothing new."""
     marks = {**cordoned_by("team-a/llama", "uid-1"), node_marks.DIAGNOSIS: "2026-11-26T19:00:00Z"}
     nodes = cluster(2, n1=node("n1", annotations=marks, unschedulable=True))
-    first = CordonRequest("team-a", "llama", "uid-1", "straggler", ("n1",), diagnosis="2026-11-26T19:00:00Z")
+    first = blame("n1", diagnosis="2026-11-26T19:00:00Z")
     [repeat] = decide(first, policy(), frozenset(nodes), nodes, NOW)
     assert (repeat.outcome, repeat.resumed, repeat.message) == (Outcome.CORDONED, True, "cordoned and tainted n1")
-    later = CordonRequest("team-a", "llama", "uid-1", "straggler", ("n1",), diagnosis="2026-11-26T19:30:00Z")
+    later = blame("n1", diagnosis="2026-11-26T19:30:00Z")
     [again] = decide(later, policy(), frozenset(nodes), nodes, NOW)
     assert (again.outcome, again.resumed) == (Outcome.ALREADY_CORDONED, False)
-    recreated = CordonRequest("team-a", "llama", "uid-2", "straggler", ("n1",), diagnosis="2026-11-26T19:00:00Z")
+    recreated = blame("n1", diagnosis="2026-11-26T19:00:00Z", job=("team-a", "llama", "uid-2"))
     assert outcomes(decide(recreated, policy(), frozenset(nodes), nodes, NOW)) == {"n1": Outcome.ALREADY_CORDONED}
 
 
@@ -215,19 +217,9 @@ def test_evidence_annotation_is_bounded():
     assert text.startswith("rank 13 slow {") and len(text) == node_marks.EVIDENCE_MAX_CHARS
 
 
-def test_cordon_request_refuses_an_unknown_kind_and_keeps_its_nodes_immutable():
-    with pytest.raises(ValueError, match=r"team-a/llama: kind 'slow'"):
-        CordonRequest("team-a", "llama", "uid-1", "slow", ("n0",))
-    assert CordonRequest("team-a", "llama", "uid-1", "hang", ["n0"]).nodes == ("n0",)  # type: ignore[arg-type]
-
-
-def test_cordon_request_from_an_analysis_finding():
-    from rankwatch.analysis.findings import Finding
-
-    finding = Finding("straggler", [13], ["gpu-node-1"], "00ab", 0.8, "rank 13 slow", {"wait_ms": 0.4})
-    assert CordonRequest.from_finding("team-a", "llama", "uid-1", finding) == CordonRequest(
-        "team-a", "llama", "uid-1", "straggler", ("gpu-node-1",), (13,), 0.8, "rank 13 slow", {"wait_ms": 0.4}
-    )
+def test_a_finding_of_an_unknown_kind_is_refused_before_it_reaches_remediation():
+    with pytest.raises(ValueError, match=r"'slow' is not a valid FindingKind"):
+        blame("n0", kind="slow")
 
 
 def test_one_namespace_cannot_hold_more_nodes_than_its_cap_however_old_its_cordons():
@@ -241,7 +233,7 @@ def test_one_namespace_cannot_hold_more_nodes_than_its_cap_however_old_its_cordo
     assert outcomes(decisions) == {"n2": Outcome.NAMESPACE_LIMIT, "n3": Outcome.NAMESPACE_LIMIT}
     assert "namespace team-a" in decisions[0].message
     # Another team's job is not held back by team-a's cordons.
-    other = CordonRequest("team-b", "gpt", "uid-9", "straggler", ("n2",), (1,), 0.9, "slow")
+    other = blame("n2", job=("team-b", "gpt", "uid-9"))
     assert outcomes(decide(other, policy(capped), frozenset(nodes), nodes, NOW)) == {"n2": Outcome.CORDONED}
 
 
@@ -282,12 +274,11 @@ def test_mismatched_collectives_cordon_no_node_and_page_the_owner():
     """A mismatch is the job's code: its nodes are left alone, whatever the job allows, and the alert
     goes out at the job's mismatch level (P0 by default: its owner is paged)."""
     from rankwatch.alerting.findings import alert_from_finding
-    from rankwatch.analysis.findings import Finding
-    from rankwatch.operator.spec import Alerting, AlertLevels
+    from rankwatch.operator.spec import AlertLevels
 
     finding = Finding("mismatch", [13], ["n1"], "00ab", 0.95, "rank 13 broadcasts where its peers all-reduce",
                       cause="software")  # fmt: skip
-    request = CordonRequest.from_finding("team-a", "llama", "uid-1", finding)
+    request = CordonRequest("team-a", "llama", "uid-1", finding)
     for job in ({}, {"dryRun": True}, {"maxNodesPerJob": 8}):
         assert outcomes(decide(request, policy(**job), frozenset({"n0", "n1"}), cluster(4), NOW)) == {
             "n1": Outcome.SOFTWARE_FAULT
@@ -296,5 +287,5 @@ def test_mismatched_collectives_cordon_no_node_and_page_the_owner():
     alert = alert_from_finding("team-a", "llama", finding)
     assert alert.labels["alertname"] == "TrainingJobCollectiveMismatch" and alert.level.name == "P0"
     assert alert.annotations["cause"].startswith("cause software")
-    quieter = alert_from_finding("team-a", "llama", finding, Alerting(levels=AlertLevels(mismatch="P2")))
+    quieter = alert_from_finding("team-a", "llama", finding, level=AlertLevels(mismatch="P2").for_finding(finding.kind))
     assert quieter.level.name == "P2"

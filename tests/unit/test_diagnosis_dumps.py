@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rankwatch.analysis.findings import FindingKind
 from rankwatch.analysis.topology import Layout
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.diagnose import (
     EVERY_POD_UP_TO,

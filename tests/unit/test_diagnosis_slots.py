@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from rankwatch.analysis.findings import FindingKind
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.diagnosis.slots import DiagnosisSlots
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rankwatch.analysis.findings import FindingKind
+from rankwatch.model.finding import FindingKind
 from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse, render_evidence
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail

@@ -1,6 +1,7 @@
-"""The package's imports form layers: no module reaches, however lazily, a module that imports it back,
-and the analysis (the bottom layer, also run alone by `rankwatch analyze`) imports nothing of the
-operator or the alerting. Read from the source, so an import hidden in a function counts too; only
+"""The package's imports form layers: no module reaches, however lazily, a module that imports it back;
+the finding model (`rankwatch.model`) imports nothing else of ours; the analysis (also run alone by
+`rankwatch analyze`) imports nothing of the operator or the alerting; the alerting nothing of the
+operator. Read from the source, so an import hidden in a function counts too; only
 imports for type checking (never executed) are left out."""
 
 from __future__ import annotations
@@ -97,6 +98,26 @@ def test_the_analysis_imports_nothing_of_the_operator_or_the_alerting():
         name: sorted(target for target in targets if target.startswith(("rankwatch.operator", "rankwatch.alerting")))
         for name, targets in graph().items()
         if name.startswith("rankwatch.analysis")
+    }
+    assert {name: targets for name, targets in upward.items() if targets} == {}
+
+
+def test_the_finding_model_imports_nothing_else_of_ours():
+    """``rankwatch.model`` is the bottom: every stage speaks it, so it may lean on none of them."""
+    outside = {
+        name: sorted(target for target in targets if not target.startswith("rankwatch.model"))
+        for name, targets in graph().items()
+        if name.startswith("rankwatch.model")
+    }
+    assert outside and {name: targets for name, targets in outside.items() if targets} == {}
+
+
+def test_the_alerting_imports_nothing_of_the_operator():
+    """Alerting renders findings (the model); the operator calls it, never the other way round."""
+    upward = {
+        name: sorted(target for target in targets if target.startswith("rankwatch.operator"))
+        for name, targets in graph().items()
+        if name.startswith("rankwatch.alerting")
     }
     assert {name: targets for name, targets in upward.items() if targets} == {}
 

@@ -15,9 +15,10 @@ from aiohttp import web
 from rankwatch.alerting import alert_from_finding
 from rankwatch.alerting.cards import card
 from rankwatch.alerting.messages import Notification
-from rankwatch.analysis.findings import Finding, FindingKind
+from rankwatch.model.evidence import node_alert_lines
+from rankwatch.model.finding import Finding, FindingKind
 from rankwatch.operator.config import ConfigError, OperatorConfig
-from rankwatch.operator.diagnosis.diagnose import node_alert_lines, with_node_alerts
+from rankwatch.operator.diagnosis.diagnose import with_node_alerts
 from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
 
 THROTTLED = {
@@ -124,7 +125,7 @@ async def test_the_finding_carries_them_and_the_card_shows_them(source):
     )
     finding, problems = await with_node_alerts(straggler(["gpu-node-3"]), NodeAlertSources(prometheus_url=url))
     assert problems == []
-    (line,) = node_alert_lines(finding)
+    (line,) = node_alert_lines(finding.evidence)
     assert line.startswith("GPUClocksThrottled (P2) on gpu-node-3")
     assert Finding.from_json(finding.to_json()) == finding  # kept in the report ConfigMap for a new leader
     alert = alert_from_finding("ml", "llm", finding)

@@ -6,7 +6,8 @@ import datetime
 
 import pytest
 
-from rankwatch.operator.recovery.decision import Action, culprits_text, decide, diagnosis_key
+from rankwatch.model.diagnosis_status import DiagnosisStatus
+from rankwatch.operator.recovery.decision import Action, culprits_text, decide
 from rankwatch.operator.spec import TrainingJobSpec
 
 NOW = datetime.datetime(2026, 5, 1, 12, 0, 0, tzinfo=datetime.UTC)
@@ -46,7 +47,7 @@ def test_dry_run_and_policy_none_only_record_and_a_handled_finding_is_left_alone
     dry = decide(spec(remediation={"dryRun": True}), status(), NOW)
     assert dry.action is Action.RECORD and dry.message.startswith("dry run: would end attempt 0")
     assert decide(spec({"policy": "None"}), status(), NOW).action is Action.RECORD
-    handled = status(handledDiagnosis=diagnosis_key(status()["diagnosis"]))
+    handled = status(handledDiagnosis=DiagnosisStatus.from_status(status()).key)
     assert decide(spec(), handled, NOW).action is Action.NOTHING
     assert decide(spec(), status(active=False), NOW).action is Action.NOTHING
 

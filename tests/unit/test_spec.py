@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rankwatch.analysis.findings import STUCK_IN_COLLECTIVE, Cause, FindingKind
+from rankwatch.model.finding import STUCK_IN_COLLECTIVE, Cause, FindingKind
 from rankwatch.operator.spec import (
     Alerting,
     AlertLevels,
