@@ -78,6 +78,8 @@ class GroupRecord:
     ) -> None:
         self.kube, self.adapter, self.group, self.remediation = kube, adapter, group, remediation
         self.label = str(group)
+        self.after_remediation: Callable[[], None] | None = None
+        """Called once a cordon was decided: the group's restart looks next (``restart.py``)."""
 
     # -- reading -------------------------------------------------------------------------------------
     def read(self) -> dict[str, Any] | None:
@@ -166,6 +168,26 @@ class GroupRecord:
 
         return self._update(change) is not None
 
+    def settle_restart(self, time: str, outcome: str, closed: bool) -> bool:
+        """Replace the claimed restart of the diagnosis written at ``time`` with its ``outcome``; ``closed``:
+        the group restarted, so the finding is no longer active (its next attempt starts clean)."""
+
+        def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
+            record = diagnosis_of(owner)
+            if record.get("time") != time:
+                return None
+            if not closed:
+                return {api.DIAGNOSIS_ANNOTATION: _json({**record, "restart": outcome})}
+            now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            return {
+                api.DIAGNOSIS_ANNOTATION: _json({**record, "restart": outcome, "active": False, "resolvedTime": now}),
+                HEALTH_ANNOTATION: "Unknown",
+                writer.SUSPECT_NODES_ANNOTATION: None,
+                writer.SUSPECT_RANKS_ANNOTATION: None,
+            }
+
+        return self._update(change) is not None
+
     def write_recovered(self, why: str, now: str) -> dict[str, Any] | None:
         previous: dict[str, Any] = {}
 
@@ -204,9 +226,12 @@ class GroupRecord:
         pods = await asyncio.to_thread(self.pods)
         nodes = frozenset(pod["spec"]["nodeName"] for pod in pods if (pod.get("spec") or {}).get("nodeName"))
         diagnosis = ((body.get("status") or {}).get("diagnosis") or {}).get("time", "")
-        return await remediation.remediate_group(
+        result = await remediation.remediate_group(
             self.kube, self.group, nodes, finding, diagnosis, self.remediation, safeguards, metrics
         )
+        if self.after_remediation is not None:
+            self.after_remediation()
+        return result
 
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert:
         from rankwatch.alerting import alert_from_finding
