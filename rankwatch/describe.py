@@ -138,6 +138,7 @@ def render(kind: KindRef, found: Mapping[str, Any], events: list[Mapping[str, An
             ("Resolved", diagnosis.get("resolvedTime")),
             ("Remediation", diagnosis.get("remediation") or "pending"),
             ("Alerted", diagnosis.get("alertedTime") or "no"),
+            ("Restart", diagnosis.get("restart")),  # a group of another kind: its lever's outcome
         )
         lines += [f"  {label + ':':<13}{value}" for label, value in fields if value]
         if diagnosis.get("report"):

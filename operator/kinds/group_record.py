@@ -121,8 +121,16 @@ class GroupRecord:
         self._update(lambda owner: annotations)
 
     def write_telemetry_flowing(self, now: str, step_time: str | None) -> None:
-        if step_time:
-            self.write_step_time(step_time)
+        """The step time; and Healthy where a restart left the health Unknown (its new attempt reports)."""
+
+        def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
+            annotations = (owner.get("metadata") or {}).get("annotations") or {}
+            fields = {STEP_TIME_ANNOTATION: step_time} if step_time else {}
+            if annotations.get(HEALTH_ANNOTATION) == "Unknown" and not diagnosis_of(owner).get("active"):
+                fields[HEALTH_ANNOTATION] = "Healthy"
+            return fields or None
+
+        self._update(change)
 
     def write_step_time(self, step_time: str) -> None:
         self._annotate({STEP_TIME_ANNOTATION: step_time})

@@ -42,8 +42,10 @@ RESTART = "restart"
 """The diagnosis record's field: what became of the restart (``pending: ...``, the lever's outcome,
 ``not restarted: ...``, ``failed: ...``)."""
 SOFTWARE = "software"
-BUSY_WAIT_S = 600.0
-"""How long a restart waits for the group's diagnosis (and its cordon, its alert) to finish."""
+PATIENCE_S = 600.0
+"""How long a restart waits for the group's diagnosis, its cordon and its alert to be recorded, and
+retries a look the API server failed."""
+RETRY_S = 5.0
 
 
 class LeverRefused(Exception):
@@ -76,7 +78,8 @@ class RestartLever(Protocol):
 
 
 class Action(enum.Enum):
-    NOTHING = "nothing"  # not a finding a restart is for, handled already, or not yet (cordon pending)
+    NOTHING = "nothing"  # not a finding a restart is for, or handled already
+    WAIT = "wait"  # not yet: the cordon is not recorded
     SKIP = "skip"  # a restart is called for but not safe: cordon and page only, said on the owner
     RESTART = "restart"
 
@@ -92,7 +95,7 @@ def verdict(diagnosis: Mapping[str, Any], spec: TrainingJobSpec, unschedulable: 
     if not diagnosis.get("active") or not diagnosis.get("time") or diagnosis.get(RESTART):
         return Verdict(Action.NOTHING)
     if not diagnosis.get("remediation"):
-        return Verdict(Action.NOTHING, "the cordon comes first")
+        return Verdict(Action.WAIT, "the cordon comes first")
     if diagnosis.get("cause") == SOFTWARE or not counts(spec, diagnosis, None):
         return Verdict(Action.NOTHING)  # as a TrainingJob: this finding does not end an attempt
     nodes = list(diagnosis.get("nodes") or [])
@@ -147,9 +150,10 @@ def _event(record: GroupRecord, type_: str, reason: str, message: str, time_: st
         log.warning("Event %s on %s not posted: HTTP %s", reason, record.group, error.status)
 
 
-def restart_once(record: GroupRecord, spec: TrainingJobSpec) -> Pulled | None:
+def restart_once(record: GroupRecord, spec: TrainingJobSpec) -> Pulled | Action | None:
     """Look at the diagnosis the group's owner carries and restart the group if it calls for it and
-    nothing restarted it for this diagnosis yet; what was pulled, None when nothing was. Blocking."""
+    nothing restarted it for this diagnosis yet; what was pulled, ``Action.WAIT`` when the diagnosis's
+    cordon is not recorded yet, None when nothing was pulled. Blocking."""
     owner = read_owner(record.kube, record.group)
     if owner is None:
         return None
@@ -157,6 +161,8 @@ def restart_once(record: GroupRecord, spec: TrainingJobSpec) -> Pulled | None:
     decided = verdict(diagnosis, spec, unschedulable(record.kube, list(diagnosis.get("nodes") or [])))
     if decided.action is Action.NOTHING:
         return None
+    if decided.action is Action.WAIT:
+        return Action.WAIT
     time_ = diagnosis["time"]
     lever = lever_of(record.group.kind_key)
     pods = record.pods() if decided.action is Action.RESTART else []
@@ -207,18 +213,25 @@ class GroupRestarts:
         self._tasks[key] = asyncio.create_task(self._run(key, record, spec, monitor), name=f"restart {record.group}")
 
     async def _run(self, key: tuple[str, str], record: GroupRecord, spec: TrainingJobSpec, monitor: Any) -> None:
-        deadline = time.monotonic() + BUSY_WAIT_S
-        while monitor.diagnosing(*key) and time.monotonic() < deadline:
-            await asyncio.sleep(1.0)
-        if not monitor.leading():
-            return
-        try:
-            pulled = await asyncio.to_thread(restart_once, record, spec)
-        except Exception:  # the next diagnosis or follow-up looks again
-            log.exception("%s: restart away from the suspects failed", record.group)
-            return
-        if pulled is not None:
-            monitor.new_attempt(*key, set(pulled.ended_pods))
+        deadline = time.monotonic() + PATIENCE_S
+        while time.monotonic() < deadline:
+            if monitor.diagnosing(*key):  # its follow-ups (cordon, alert) are recorded first
+                await asyncio.sleep(1.0)
+                continue
+            if not monitor.leading():
+                return
+            try:
+                outcome = await asyncio.to_thread(restart_once, record, spec)
+            except Exception:  # nothing was claimed: look again a little later
+                log.exception("%s: restart away from the suspects failed; retrying", record.group)
+                outcome = Action.WAIT
+            if isinstance(outcome, Pulled):
+                monitor.new_attempt(*key, set(outcome.ended_pods))
+            if outcome is not Action.WAIT:
+                return
+            await asyncio.sleep(RETRY_S)
+        log.warning("%s: its diagnosis's cordon was not recorded within %.0f s; not restarted", record.group,
+                    PATIENCE_S)  # fmt: skip
 
     async def stop(self) -> None:
         for task in self._tasks.values():

@@ -140,11 +140,15 @@ class FailurePolicyLever:
                 raise LeverRefused(f"child Job {job} changed while rankwatch ended it") from None
             raise
         policy = (owner.get("spec") or {}).get("failurePolicy") or {}
-        done = (
-            f"ended child Job {job} (activeDeadlineSeconds): the JobSet's failurePolicy recreates every child Job "
-            f"(restart {restarts_counted(owner.get('status') or {}) + 1} of at most {policy.get('maxRestarts', 0)})"
+        replicated = (current.metadata.labels or {}).get(REPLICATED_JOB_LABEL, "")
+        counted = failure_answer(policy, replicated)[0] == "RestartJobSet"
+        limit = (
+            f"restart {restarts_counted(owner.get('status') or {}) + 1} of at most {policy.get('maxRestarts', 0)}"
+            if counted
+            else "not counted against maxRestarts: RestartJobSetAndIgnoreMaxRestarts"
         )
-        return Pulled(done, frozenset(pod["metadata"]["name"] for pod in pods))
+        done = f"ended child Job {job} (activeDeadlineSeconds): the JobSet's failurePolicy recreates every child Job"
+        return Pulled(f"{done} ({limit})", frozenset(pod["metadata"]["name"] for pod in pods))
 
 
 JOBSET_LEVER = FailurePolicyLever()

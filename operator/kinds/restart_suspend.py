@@ -14,6 +14,7 @@ past ``rankwatch.io/max-restarts`` restarts (counted in the Job's ``rankwatch.io
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -120,8 +121,6 @@ def resume_when_drained(kube: kubernetes.client.ApiClient, job: Mapping[str, Any
 
 @kopf.on.event("batch", "v1", "jobs", annotations={SUSPENDED_ANNOTATION: kopf.PRESENT})
 async def job_suspended_for_restart(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
-    import asyncio
-
-    if type == "DELETED" or "watch" not in memo or memo.watch.monitor is None:
+    if type == "DELETED" or "kube" not in memo or not memo.leading():
         return  # gone; or not leading (the leader resumes it)
     await asyncio.to_thread(resume_when_drained, memo.kube, dict(body))

@@ -852,6 +852,8 @@ def test_a_hang_in_a_jobset_restarts_the_whole_group_through_its_failure_policy_
         assert all(injected(pod) for pod in pods)
         assert read()["status"].get("restartsCountTowardsMax") == 1, "counted against failurePolicy.maxRestarts"
 
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted JobSet watched again, healthy")  # fmt: skip
         second_look(api, Group("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", namespace, "rerun", uid), read)
         assert read()["status"]["restarts"] == 1
 
@@ -894,6 +896,12 @@ def test_a_hang_in_an_indexed_job_restarts_it_through_suspend_away_from_the_node
         assert (read().get("status") or {}).get("failed", 0) == 0, "the suspend counts no failure"
         [event] = eventually(lambda: owner_events(api, namespace, uid, "Restarting"), PATIENCE_S, what="Restarting")
         assert event.involved_object.kind == "Job"
+
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted Job watched again, healthy")  # fmt: skip
+        described = describe_cli(kubeconfig, namespace, "job/rerun-job")
+        assert f"  Restart:     {record['restart']}" in described and "  Active:      false" in described
+        assert re.search(r"Warning\s+Restarting\s+\S+\s+rankwatch-operator\s+Hang on " + node, described), described
 
         second_look(api, Group("batch/v1", "Job", "jobs", namespace, "rerun-job", uid), read)
         assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"

@@ -28,7 +28,6 @@ def test_a_cordoned_hang_restarts():
     "change",
     [
         {"restart": "suspended the Job"},  # once per diagnosis
-        {"remediation": None},  # the cordon first
         {"active": False},
         {"kind": "Mismatch", "cause": "software"},  # the job's own code: a restart meets it again
         {"kind": "Straggler"},  # as a TrainingJob: a slowdown only cordons unless asked to restart
@@ -36,6 +35,10 @@ def test_a_cordoned_hang_restarts():
 )
 def test_nothing_is_done_for(change):
     assert verdict({**HANG, **change}, SPEC, CORDONED).action is Action.NOTHING
+
+
+def test_a_restart_waits_for_the_cordon_to_be_recorded():
+    assert verdict({**HANG, "remediation": None}, SPEC, CORDONED).action is Action.WAIT
 
 
 def test_a_restart_is_skipped_and_said_when_unsafe():
