@@ -21,7 +21,7 @@ import kopf
 import kubernetes
 
 from rankwatch.operator import api
-from rankwatch.operator.kinds import injection, restart_suspend  # noqa: F401 (its handler resumes Jobs)
+from rankwatch.operator.kinds import injection
 from rankwatch.operator.kinds.adapter import Group, read_owner
 from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.group_settings import group_settings

@@ -164,21 +164,18 @@ def restart_once(record: GroupRecord, spec: TrainingJobSpec) -> Pulled | Action 
     if decided.action is Action.WAIT:
         return Action.WAIT
     time_ = diagnosis["time"]
-    lever = lever_of(record.group.kind_key)
-    pods = record.pods() if decided.action is Action.RESTART else []
-    why = decided.message
+    lever, pods, why = lever_of(record.group.kind_key), [], decided.message
     if decided.action is Action.RESTART:
-        why = (
-            f"{record.group.kind_key} has no restart lever rankwatch pulls"
-            if lever is None
-            else lever.refusal(record.kube, owner, diagnosis, pods, spec)
-        ) or ""
-    if decided.action is Action.SKIP or why:
+        if lever is None:
+            why = f"{record.group.kind_key} has no restart lever rankwatch pulls"
+        else:
+            pods = record.pods()
+            why = lever.refusal(record.kube, owner, diagnosis, pods, spec) or ""
+    if why or lever is None:
         if record.record_follow_up(time_, RESTART, f"not restarted: {why}; cordon and page only"):
             log.info("%s: not restarted: %s", record.group, why)
             _event(record, "Normal", "RestartSkipped", f"not restarted away from the suspects: {why}", time_)
         return None
-    assert lever is not None
     if not record.record_follow_up(time_, RESTART, f"pending: {type(lever).__name__}"):
         return None  # another look claimed it
     try:

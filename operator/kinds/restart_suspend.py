@@ -5,7 +5,8 @@ index, scheduled anew, so away from the cordoned suspects.
 Two steps, each level-triggered so that an operator that dies between them never leaves a training job
 suspended: ``pull`` suspends the Job and marks it (``rankwatch.io/restart-suspended``: the diagnosis
 it restarts for) in one conditional patch; ``resume_when_drained`` (a kopf handler on Jobs carrying the
-mark, so also at a new leader's start) resumes it once none of its pods is left, and removes the mark.
+mark, so also at a new leader's start; registered only with the webhook on, see ``watch_suspended_jobs``)
+resumes it once none of its pods is left, and removes the mark.
 
 Refused (cordon and page only) when someone else owns ``spec.suspend``: Kueue, when it admits the Job
 (label ``kueue.x-k8s.io/queue-name``), a controller that owns the Job, or a Job already suspended; and
@@ -34,6 +35,8 @@ SUSPENDED_ANNOTATION = "rankwatch.io/restart-suspended"
 """On a Job rankwatch suspended to restart it: the diagnosis's time; removed when it is resumed."""
 RESTARTS_ANNOTATION = "rankwatch.io/restarts"
 """On a Job: how many times rankwatch restarted it."""
+RESUME_HANDLER_ID = "rankwatch-resume-suspended-job"
+_watching = False
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 JOB_CONTROLLER = "kubernetes.io/job-controller"
 
@@ -119,8 +122,19 @@ def resume_when_drained(kube: kubernetes.client.ApiClient, job: Mapping[str, Any
     return True
 
 
-@kopf.on.event("batch", "v1", "jobs", annotations={SUSPENDED_ANNOTATION: kopf.PRESENT})
 async def job_suspended_for_restart(body: kopf.Body, type: str | None, memo: kopf.Memo, **_: Any) -> None:
     if type == "DELETED" or "kube" not in memo or not memo.leading():
         return  # gone; or not leading (the leader resumes it)
     await asyncio.to_thread(resume_when_drained, memo.kube, dict(body))
+
+
+def watch_suspended_jobs() -> None:
+    """Register ``job_suspended_for_restart`` (from the operator's startup, before kopf starts watching):
+    only with the admission webhook on, the only case the chart grants a watch on Jobs (and the only
+    one with groups of other kinds to restart)."""
+    global _watching
+    if _watching:
+        return  # a second start in one process: kopf's registry keeps the first
+    kopf.on.event("batch", "v1", "jobs", id=RESUME_HANDLER_ID,
+                  annotations={SUSPENDED_ANNOTATION: kopf.PRESENT})(job_suspended_for_restart)  # fmt: skip
+    _watching = True

@@ -776,6 +776,17 @@ def test_a_rank_that_never_calls_hangs_a_jobset_and_is_named_on_it(
         )
         assert alert["labels"]["node"] == node
 
+        # No failurePolicy: a failed child Job would fail the whole JobSet, so it is cordon and page only.
+        def read() -> dict[str, Any]:
+            return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "stuck")
+
+        skipped = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the restart decided")
+        assert skipped["restart"].startswith("not restarted: the JobSet has no spec.failurePolicy"), skipped
+        assert skipped["active"] is True, "the finding stands: nothing restarted the job"
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "RestartSkipped"), PATIENCE_S, what="Event")
+        assert event.type == "Normal" and "no spec.failurePolicy" in event.message
+        assert not (read().get("status") or {}).get("restarts")
+
 
 # ---- the group restarts away from the suspects with its kind's own lever --------------------------------
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from rankwatch.operator.kinds.group_settings import group_settings
-from rankwatch.operator.kinds.restart import Action, verdict
+from rankwatch.operator.kinds.registry import ADAPTERS
+from rankwatch.operator.kinds.restart import Action, lever_of, verdict
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER, failure_answer, restarts_counted
 from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER, restart_command
@@ -123,3 +124,8 @@ def test_the_volcano_command_is_vcctls_and_is_refused_past_max_retry():
     assert restart_command(owner, HANG)["metadata"]["name"] == command["metadata"]["name"], "one per diagnosis"
     assert "3 retries of at most 3" in VOLCANO_LEVER.refusal(None, owner, HANG, [], SPEC)
     assert VOLCANO_LEVER.refusal(None, {**owner, "status": {}}, HANG, [], SPEC) is None
+
+
+def test_an_adapter_names_a_restart_lever_exactly_when_rankwatch_pulls_one():
+    for adapter in ADAPTERS:
+        assert (adapter.restart_lever is None) == (lever_of(adapter.key) is None), adapter.key
