@@ -967,3 +967,25 @@ def test_a_hang_in_a_volcano_job_gets_the_restartjob_command_volcanos_controller
         second_look(api, group, read)
         commands = objects.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", namespace, "commands")
         assert len(commands["items"]) == 1, "one RestartJob Command for one diagnosis"
+
+
+def test_a_job_rankwatch_left_suspended_is_resumed_by_the_next_operator_and_no_other(
+    watching, kubeconfig, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    """An operator that stopped between suspending an Indexed Job and resuming it: the next one resumes
+    it (the mark on the Job, not memory, says so); a Job its user suspended stays suspended."""
+    namespace = unwatched_namespace
+    batch = kubernetes.client.BatchV1Api(api)
+    for name, marks in (("left", {"rankwatch.io/restart-suspended": "2026-11-28T18:00:00Z"}), ("held", {})):
+        manifest = indexed_job(name, 2)
+        manifest["metadata"]["annotations"] = marks
+        manifest["spec"]["suspend"] = True
+        batch.create_namespaced_job(namespace, manifest)
+    with watching("left"):
+
+        def resumed() -> bool:
+            job = batch.read_namespaced_job("left", namespace)
+            return not job.spec.suspend and "rankwatch.io/restart-suspended" not in (job.metadata.annotations or {})
+
+        eventually(resumed, PATIENCE_S, what="the Job rankwatch suspended resumed")
+        assert batch.read_namespaced_job("held", namespace).spec.suspend, "the user's suspend is the user's"
