@@ -19,8 +19,10 @@ node and Running, it
 
 Pods of one job meet through the stand-in NCCL on this machine: the runner gives every pod of a job
 the same ``RANKWATCH_STANDIN_RENDEZVOUS`` directory and ``RANKWATCH_STANDIN_SESSION`` (from the job's
-uid, a JobSet's for its child Jobs' pods, and the pod's ``rankwatch.io/attempt``), the local
-stand-ins for MASTER_ADDR:MASTER_PORT. A deleted pod's processes are killed.
+uid, a JobSet's for its child Jobs' pods, and the attempt: the pod's ``rankwatch.io/attempt``, a JobSet's
+``restart-attempt``, and how often the group started anew here with none of its pods left running, as
+an Indexed Job resumed after a suspend does), the local stand-ins for MASTER_ADDR:MASTER_PORT. A
+deleted pod's processes are killed.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ SIDECAR_ENDPOINT_ANNOTATION = "rankwatch.io/sidecar-endpoint"
 TRACING_ANNOTATION = "rankwatch.io/tracing"
 """On a pod the admission webhook injected (an Indexed Job's, a JobSet's...): run it too."""
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_RESTART_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 EXIT_CODE_ANNOTATION = "kwok.rankwatch.io/exit-code"
 LIBRARY_IN_IMAGE = "/opt/rankwatch/lib/librankwatch-nccl.so"
 SIDECAR_FLUSH_S = 8.0
@@ -92,6 +95,7 @@ class RunningPod:
     namespace: str
     name: str
     root: Path
+    group: str = ""
     trainer: subprocess.Popen | None = None
     sidecar: subprocess.Popen | None = None
     exit_code: int | None = None
@@ -128,6 +132,7 @@ class PodRunner:
         self.pods: dict[str, RunningPod] = {}
         self.also = also  # a ServicePodRunner stepped in the same loop, or None
         self.ports_given: set[int] = set()  # a sidecar may not have bound its port yet: never give it twice
+        self.starts: dict[str, int] = {}  # group uid -> times it started with none of its pods running here
 
     # -- the loop --------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -202,16 +207,26 @@ class PodRunner:
         namespace, name = metadata["namespace"], metadata["name"]
         root = self.work_dir / namespace / f"{name}-{metadata['uid'][:8]}"
         root.mkdir(parents=True, exist_ok=True)
-        running = RunningPod(metadata["uid"], namespace, name, root)
-        volumes = self._volumes(pod, root / "volumes")
         job_uid = _group_uid(metadata)
+        if not any(other.group == job_uid for other in self.pods.values()):
+            self.starts[job_uid] = self.starts.get(job_uid, -1) + 1
+        running = RunningPod(metadata["uid"], namespace, name, root, job_uid)
+        volumes = self._volumes(pod, root / "volumes")
         # Each attempt of a job meets afresh, as torchrun does at a new worker 0 after a restart.
-        attempt = (metadata.get("labels") or {}).get(ATTEMPT_LABEL, "0")
+        labels = metadata.get("labels") or {}
+        attempt = "-".join(
+            [labels.get(ATTEMPT_LABEL, "0")]
+            + ([labels[JOBSET_RESTART_LABEL]] if JOBSET_RESTART_LABEL in labels else [])
+            + ([f"s{self.starts[job_uid]}"] if self.starts[job_uid] else [])
+        )
         rendezvous = self.work_dir / "rendezvous" / job_uid / attempt
         rendezvous.mkdir(parents=True, exist_ok=True)
         extra = {
             "RANKWATCH_STANDIN_RENDEZVOUS": str(rendezvous),
             "RANKWATCH_STANDIN_SESSION": f"{job_uid[:12]}-{attempt}",
+            # which start of the group this is, for a stand-in fault of one attempt only (the container's
+            # own RANKWATCH_ATTEMPT, a TrainingJob's, wins)
+            "RANKWATCH_ATTEMPT": str(self.starts[job_uid]),
         }
 
         sidecar_port = None

@@ -139,6 +139,7 @@ def render(kind: KindRef, found: Mapping[str, Any], events: list[Mapping[str, An
             ("Resolved", diagnosis.resolved_time),
             ("Remediation", diagnosis.remediation or "pending"),
             ("Alerted", diagnosis.alerted_time or "no"),
+            ("Restart", diagnosis.restart),  # a group of another kind: its lever's outcome
         )
         lines += [f"  {label + ':':<13}{value}" for label, value in fields if value]
         if diagnosis.report:

@@ -86,6 +86,8 @@ class GroupRecord:
     ) -> None:
         self.kube, self.adapter, self.group, self.remediation = kube, adapter, group, remediation
         self.label = str(group)
+        self.after_remediation: Callable[[], None] | None = None
+        """Called once a cordon was decided: the group's restart looks next (``restart.py``)."""
 
     # -- reading -------------------------------------------------------------------------------------
     def read(self) -> dict[str, Any] | None:
@@ -127,8 +129,16 @@ class GroupRecord:
         self._update(lambda owner: annotations)
 
     def write_telemetry_flowing(self, now: str, step_time: str | None) -> None:
-        if step_time:
-            self.write_step_time(step_time)
+        """The step time; and Healthy where a restart left the health Unknown (its new attempt reports)."""
+
+        def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
+            annotations = (owner.get("metadata") or {}).get("annotations") or {}
+            fields = {STEP_TIME_ANNOTATION: step_time} if step_time else {}
+            if annotations.get(HEALTH_ANNOTATION) == "Unknown" and not diagnosis_of(owner).get("active"):
+                fields[HEALTH_ANNOTATION] = "Healthy"
+            return fields or None
+
+        self._update(change)
 
     def write_step_time(self, step_time: str) -> None:
         self._annotate({STEP_TIME_ANNOTATION: step_time})
@@ -174,6 +184,38 @@ class GroupRecord:
 
         return self._update(change) is not None
 
+    def claim_restart(self, time: str, value: str) -> bool:
+        """Write ``value`` as the restart of the diagnosis written at ``time`` unless one is written:
+        one restart look per diagnosis, whichever replica or leader makes it."""
+
+        def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
+            record = diagnosis_of(owner)
+            if record is None or record.time != time or record.restart:
+                return None
+            return {api.DIAGNOSIS_ANNOTATION: _json(record.with_restart(value).to_record())}
+
+        return self._update(change) is not None
+
+    def settle_restart(self, time: str, outcome: str, closed: bool) -> bool:
+        """Replace the claimed restart of the diagnosis written at ``time`` with its ``outcome``; ``closed``:
+        the group restarted, so the finding is no longer active (its next attempt starts clean)."""
+
+        def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
+            record = diagnosis_of(owner)
+            if record is None or record.time != time:
+                return None
+            if not closed:
+                return {api.DIAGNOSIS_ANNOTATION: _json(record.with_restart(outcome).to_record())}
+            now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            return {
+                api.DIAGNOSIS_ANNOTATION: _json(record.with_restart(outcome).resolved(now).to_record()),
+                HEALTH_ANNOTATION: "Unknown",
+                writer.SUSPECT_NODES_ANNOTATION: None,
+                writer.SUSPECT_RANKS_ANNOTATION: None,
+            }
+
+        return self._update(change) is not None
+
     def write_recovered(self, why: str, now: str) -> dict[str, Any] | None:
         previous: list[DiagnosisStatus] = []
 
@@ -212,9 +254,12 @@ class GroupRecord:
         nodes = frozenset(pod["spec"]["nodeName"] for pod in pods if (pod.get("spec") or {}).get("nodeName"))
         written = DiagnosisStatus.from_status(body.get("status"))
         diagnosis = written.time if written else ""
-        return await remediation.remediate_group(
+        result = await remediation.remediate_group(
             self.kube, self.group, nodes, finding, diagnosis, self.remediation, safeguards, metrics
         )
+        if self.after_remediation is not None:
+            self.after_remediation()
+        return result
 
     def alert(self, finding: Finding, spec: TrainingJobSpec) -> Alert:
         from rankwatch.alerting import alert_from_finding

@@ -7,14 +7,19 @@ message naming the annotation, never guessed at.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rankwatch.operator import api
-from rankwatch.operator.spec import InvalidSpec, Parallelism, Remediation, Tracing, TrainingJobSpec
+from rankwatch.operator.spec import InvalidSpec, Parallelism, Recovery, Remediation, Tracing, TrainingJobSpec
 
 REMEDIATIONS = {"cordon": Remediation(), "dry-run": Remediation(dryRun=True), "off": Remediation(cordon=False)}
 MAX_SECONDS = 86_400
+RECOVERY_ANNOTATION = "rankwatch.io/recovery"
+"""On a pod, optional: ``RestartAwayFromSuspects`` (the default) or ``None``, as ``spec.recovery.policy``."""
+MAX_RESTARTS_ANNOTATION = "rankwatch.io/max-restarts"
+"""On a pod, optional: as ``spec.recovery.maxRestarts``, for a kind with no limit of its own (an Indexed Job)."""
+RECOVERY_POLICIES = ("RestartAwayFromSuspects", "None")
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,7 @@ class GroupSettings:
     tracing: Tracing
     parallelism: Parallelism
     remediation: Remediation
+    recovery: Recovery = field(default_factory=Recovery)
 
     def spec(self, replicas: int) -> TrainingJobSpec:
         """The group as the monitor follows a TrainingJob (``replicas`` pods)."""
@@ -34,6 +40,7 @@ class GroupSettings:
             parallelism=self.parallelism,
             tracing=self.tracing,
             remediation=self.remediation,
+            recovery=self.recovery,
         )
 
 
@@ -58,6 +65,12 @@ def group_settings(pod: Mapping[str, Any], owner: str) -> GroupSettings:
             f"{owner}: annotation {api.REMEDIATION_ANNOTATION}={remediation[:40]!r} is not one of "
             f"{', '.join(REMEDIATIONS)}"
         )
+    policy = annotations.get(RECOVERY_ANNOTATION, RECOVERY_POLICIES[0])
+    if policy not in RECOVERY_POLICIES:
+        raise InvalidSpec(
+            f"{owner}: annotation {RECOVERY_ANNOTATION}={policy[:40]!r} is not one of {', '.join(RECOVERY_POLICIES)}"
+        )
+    max_restarts = _whole(annotations, MAX_RESTARTS_ANNOTATION, owner, Recovery().maxRestarts, 0, 100)
     return GroupSettings(
         nproc_per_node=_whole(annotations, api.NPROC_ANNOTATION, owner, 0, 1, 1024),
         tracing=Tracing(sensitivitySeconds=sensitivity, windowSeconds=window),
@@ -66,4 +79,5 @@ def group_settings(pod: Mapping[str, Any], owner: str) -> GroupSettings:
             pipeline=_whole(annotations, api.PIPELINE_ANNOTATION, owner, 1, 1, 65_536),
         ),
         remediation=REMEDIATIONS[remediation],
+        recovery=Recovery(policy=policy, maxRestarts=max_restarts),
     )

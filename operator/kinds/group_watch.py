@@ -5,7 +5,9 @@ every pod there is) until none of its pods is left running: the monitor then fol
 TrainingJob (detector, diagnosis, cordon, alert), keyed by its collector name ``<Kind>:<name>``, and
 writes what it finds on the owning object (``group_record.py``). Its size comes from the owner's spec
 (the adapter), its settings from the pods' annotations (``group_settings.py``), the diagnosis it already
-carries from the owner's annotation (a new leader neither repeats nor loses a follow-up).
+carries from the owner's annotation (a new leader neither repeats nor loses a follow-up). Once a
+diagnosis's cordon is decided, or a group is followed whose diagnosis was cordoned but not yet looked at
+for a restart, the group's restart is looked at (``restart.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rankwatch.operator.kinds.adapter import Group, read_owner
 from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.group_settings import group_settings
 from rankwatch.operator.kinds.registry import adapter_for
+from rankwatch.operator.kinds.restart import GroupRestarts
 from rankwatch.operator.spec import InvalidSpec
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,7 @@ class GroupPods:
         self.kube = kube
         self._groups: dict[tuple[str, str], _Followed] = {}
         self._lock = asyncio.Lock()
+        self.restarts = GroupRestarts()
 
     async def observe(self, pod: dict[str, Any], deleted: bool, monitor: Any) -> None:
         if monitor is None or api.JOB_NAME_LABEL in (pod.get("metadata", {}).get("labels") or {}):
@@ -81,10 +85,14 @@ class GroupPods:
                 size = adapter.expected_size(owner) or 1
                 followed = self._groups[key] = _Followed(group)
                 record = GroupRecord(self.kube, adapter, group, settings.remediation)
+                spec, diagnosis = settings.spec(size), diagnosis_of(owner)
+                record.after_remediation = lambda: self.restarts.schedule(record, spec, monitor)
                 monitor.track_group(
-                    group.namespace, group.collector_name, settings.spec(size), record, diagnosis_of(owner),
+                    group.namespace, group.collector_name, spec, record, diagnosis,
                     world_size_known=settings.nproc_per_node > 0,
                 )  # fmt: skip
+                if diagnosis and diagnosis.active and diagnosis.remediation and not diagnosis.restart:
+                    record.after_remediation()  # a previous leader cordoned; the restart was not looked at
                 log.info("%s: following its %d pod(s) (%s ranks each)", group, size,
                          settings.nproc_per_node or "unknown")  # fmt: skip
             followed.running[uid] = phase == "Running"

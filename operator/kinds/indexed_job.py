@@ -4,9 +4,10 @@
   claimed here;
 - size: ``spec.completions`` (an Indexed Job has one pod per index; a training job runs them all at once);
 - index: the annotation ``batch.kubernetes.io/job-completion-index`` (also ``JOB_COMPLETION_INDEX``);
-- restart lever: none. Deleting a pod restarts that index only while its peers wait in the old
-  rendezvous, and ``spec.suspend`` belongs to Kueue where Kueue admits the Job: rankwatch cordons and
-  pages, and leaves the restart to the Job's own ``backoffLimit`` / ``podFailurePolicy``.
+- restart lever: the ``spec.suspend`` toggle (``restart_suspend.py``): every pod ended, then new ones
+  away from the cordoned suspects. Not where Kueue admits the Job (``spec.suspend`` is Kueue's) or a
+  controller owns it: cordon and page only. Deleting a pod would restart that index only, its peers
+  waiting in the old rendezvous.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class IndexedJob:
     key = "Job"
     api_version = "batch/v1"
     plural = "jobs"
-    restart_lever: str | None = None
+    restart_lever: str | None = "spec.suspend toggle"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         metadata = pod.get("metadata", {})

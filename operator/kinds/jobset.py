@@ -8,9 +8,9 @@ as a JobSet of the same name, so it is watched as one.
 - size: the sum over ``spec.replicatedJobs`` of ``replicas`` x the Job template's ``parallelism``;
 - index: the Job's completion index (``batch.kubernetes.io/job-completion-index``), for the sidecar's
   log lines; ranks come from torchrun's RANK / WORLD_SIZE in each process;
-- restart lever: none pulled by rankwatch. Deleting a pod does not restart the group (jobset#574); the
-  JobSet's own ``failurePolicy`` recreates every child Job when one fails (a hung rank's NCCL timeout
-  fails it), and the cordoned suspect node keeps the new pods off it.
+- restart lever: the JobSet's own ``failurePolicy`` (``restart_jobset.py``): rankwatch fails the
+  suspect's child Job, the controller recreates every child Job (within ``maxRestarts``), and the
+  cordoned suspect node keeps the new pods off it. Deleting a pod does not restart the group (jobset#574).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class JobSetAdapter:
     key = "JobSet"
     api_version = API_VERSION
     plural = "jobsets"
-    restart_lever: str | None = None
+    restart_lever: str | None = "failurePolicy (a failed child Job)"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         metadata = pod.get("metadata", {})

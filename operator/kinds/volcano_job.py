@@ -7,8 +7,8 @@ itself (``<job>-<task>-<index>``), controlled by the Job, labelled ``volcano.sh/
 - size: the sum of its tasks' ``replicas``;
 - index: the pod's ``volcano.sh/task-index`` within its task, for the sidecar's log lines; ranks come
   from torchrun's (or Volcano's pytorch plugin's) RANK / WORLD_SIZE in each process;
-- restart lever: none pulled by rankwatch yet (Volcano's own is a ``bus.volcano.sh`` Command
-  ``RestartJob``, and its ``policies`` on ``PodFailed``): rankwatch cordons and pages.
+- restart lever: Volcano's own ``bus.volcano.sh`` Command ``RestartJob`` (``restart_volcano.py``), as
+  ``vcctl job restart`` makes it, within the Job's ``maxRetry``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class VolcanoJob:
     key = "VolcanoJob"
     api_version = API_VERSION
     plural = "jobs"
-    restart_lever: str | None = None
+    restart_lever: str | None = "bus.volcano.sh Command RestartJob"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         owner = owned_by(pod, API_VERSION, "Job")

@@ -19,6 +19,7 @@ from typing import Any
 from rankwatch.model.finding import Cause, FindingKind, condition_of
 
 STATUS_KEY = "diagnosis"
+RESTART_KEY = "restart"
 
 
 class FollowUp(enum.StrEnum):
@@ -51,6 +52,7 @@ class DiagnosisStatus:
     report: str = ""  # the report ConfigMap's name
     remediation: str | None = None  # FollowUp.REMEDIATION; None while pending
     alerted_time: str | None = None  # FollowUp.ALERTED; None while pending
+    restart: str | None = None  # a group of another kind: what its restart lever did (claimed, done, refused)
 
     # -- reading -------------------------------------------------------------------------------------
     @classmethod
@@ -83,6 +85,7 @@ class DiagnosisStatus:
             report=_text(record.get("report")),
             remediation=_optional_text(record.get(FollowUp.REMEDIATION)),
             alerted_time=_optional_text(record.get(FollowUp.ALERTED)),
+            restart=_optional_text(record.get(RESTART_KEY)),
         )
 
     # -- writing -------------------------------------------------------------------------------------
@@ -90,7 +93,7 @@ class DiagnosisStatus:
         """The record, key by key as the CRD names them. None is unset (a status merge patch removes
         the key): so are an empty ``kind`` and ``time``, which the CRD's enum and date-time format
         would refuse as empty strings."""
-        return {
+        record = {
             "active": self.active,
             "kind": self.reason or None,
             "ranks": list(self.ranks),
@@ -110,6 +113,9 @@ class DiagnosisStatus:
             FollowUp.REMEDIATION.value: self.remediation,
             FollowUp.ALERTED.value: self.alerted_time,
         }
+        if self.restart is not None:  # only on the annotation of another kind's owner: not a CRD field
+            record[RESTART_KEY] = self.restart
+        return record
 
     def stored(self) -> dict[str, Any]:
         """The record as the API server keeps it once written (a merge patch leaves unset keys out)."""
@@ -154,6 +160,9 @@ class DiagnosisStatus:
     def with_follow_up(self, follow_up: FollowUp, value: str) -> DiagnosisStatus:
         field = "remediation" if follow_up is FollowUp.REMEDIATION else "alerted_time"
         return dataclasses.replace(self, **{field: value})
+
+    def with_restart(self, outcome: str) -> DiagnosisStatus:
+        return dataclasses.replace(self, restart=outcome)
 
     def inactive(self) -> DiagnosisStatus:
         return dataclasses.replace(self, active=False)

@@ -106,3 +106,19 @@ def test_webhook_rbac_reads_namespaces_and_annotates_jobs(render):
     }
     assert {("batch", "jobs", "get"), ("batch", "jobs", "patch"), ("", "namespaces", "get")} <= granted
     assert ("", "secrets", "create") in granted, "the group's token Secret"
+
+
+def test_webhook_rbac_grants_the_restart_levers_exactly_what_they_call(render):
+    """kinds/restart_*.py: an Indexed Job suspended and resumed (patch; the resuming handler watches the
+    Jobs), a JobSet's child Job failed (patch), a Volcano Job's Command RestartJob (create only)."""
+
+    def verbs(objects: list[dict], group: str, resource: str) -> set[str]:
+        rules = one(objects, "ClusterRole")["rules"]
+        return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
+
+    on = render(*ON)
+    assert verbs(on, "batch", "jobs") == {"get", "list", "watch", "patch"}
+    assert verbs(on, "jobset.x-k8s.io", "jobsets") == {"get", "patch"}
+    assert verbs(on, "batch.volcano.sh", "jobs") == {"get", "patch"}
+    assert verbs(on, "bus.volcano.sh", "commands") == {"create"}
+    assert not verbs(render(), "batch", "jobs") and not verbs(render(), "bus.volcano.sh", "commands")

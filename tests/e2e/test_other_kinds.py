@@ -775,3 +775,217 @@ def test_a_rank_that_never_calls_hangs_a_jobset_and_is_named_on_it(
             what="the hang's alert",
         )
         assert alert["labels"]["node"] == node
+
+        # No failurePolicy: a failed child Job would fail the whole JobSet, so it is cordon and page only.
+        def read() -> dict[str, Any]:
+            return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "stuck")
+
+        skipped = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the restart decided")
+        assert skipped["restart"].startswith("not restarted: the JobSet has no spec.failurePolicy"), skipped
+        assert skipped["active"] is True, "the finding stands: nothing restarted the job"
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "RestartSkipped"), PATIENCE_S, what="Event")
+        assert event.type == "Normal" and "no spec.failurePolicy" in event.message
+        assert not (read().get("status") or {}).get("restarts")
+
+
+# ---- the group restarts away from the suspects with its kind's own lever --------------------------------
+
+HANG_IN_FIRST_ATTEMPT = {
+    "RANKWATCH_STANDIN_FAULT_RANK": "2",
+    "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300",
+    "RANKWATCH_STANDIN_FAULT_ATTEMPT": "0",  # the restarted group runs clean
+}
+
+
+def settled_restart(read_owner) -> dict[str, Any] | None:
+    """The owner's diagnosis once its restart is decided (not merely claimed), else None."""
+    record = diagnosis_on(read_owner()["metadata"].get("annotations"))
+    outcome = record.get("restart") or ""
+    return record if outcome and not outcome.startswith("pending") else None
+
+
+def second_look(api, group, read_owner) -> None:
+    """The restart step run again on the diagnosis the owner carries: it pulls nothing."""
+    from rankwatch.operator.kinds.group_record import GroupRecord
+    from rankwatch.operator.kinds.registry import adapter_of_kind
+    from rankwatch.operator.kinds.restart import restart_once
+    from rankwatch.operator.spec import Remediation, TrainingJobSpec
+
+    before = diagnosis_on(read_owner()["metadata"].get("annotations"))
+    record = GroupRecord(api, adapter_of_kind(group.kind_key), group, Remediation())
+    assert restart_once(record, TrainingJobSpec(template={})) is None
+    assert diagnosis_on(read_owner()["metadata"].get("annotations")) == before
+
+
+def owner_events(api, namespace: str, uid: str, reason: str) -> list[Any]:
+    items = kubernetes.client.CoreV1Api(api).list_namespaced_event(namespace, field_selector=f"reason={reason}").items
+    return [e for e in items if e.involved_object.uid == uid]
+
+
+def test_a_hang_in_a_jobset_restarts_the_whole_group_through_its_failure_policy_away_from_the_node(
+    watching, jobset_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    from rankwatch.operator.kinds.adapter import Group
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    manifest = standin_jobset("rerun", HANG_IN_FIRST_ATTEMPT)
+    manifest["spec"]["failurePolicy"] = {"maxRestarts": 2}
+    trainer = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    trainer["env"].append({"name": "RANKWATCH_ATTEMPT", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}}})  # fmt: skip
+    with watching("rerun"):
+        jobset = objects.create_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], manifest)
+        uid = jobset["metadata"]["uid"]
+
+        def read() -> dict[str, Any]:
+            return objects.get_namespaced_custom_object(*JOBSET_API[:2], namespace, JOBSET_API[2], "rerun")
+
+        record = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the JobSet's restart")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [node] = record["nodes"]
+        assert record["remediation"] == f"cordoned and tainted {node}"
+        assert record["restart"].startswith("ended child Job rerun-workers-0 (activeDeadlineSeconds)"), record
+        assert "restart 1 of at most 2" in record["restart"] and record["active"] is False
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "Restarting"), PATIENCE_S, what="Restarting")
+        assert event.type == "Warning" and node in event.message
+
+        # The JobSet controller restarted it: its counter moved, every child Job is of the new attempt.
+        eventually(lambda: (read().get("status") or {}).get("restarts") == 1, PATIENCE_S, what="status.restarts 1")
+        selector = f"jobset.sigs.k8s.io/jobset-uid={uid},jobset.sigs.k8s.io/restart-attempt=1"
+
+        def new_pods() -> list[Any]:
+            pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+            return len(pods) == 2 and all(p.status.phase == "Running" for p in pods) and pods
+
+        pods = eventually(new_pods, PATIENCE_S, what="the restarted JobSet's 2 pods running")
+        assert node not in {pod.spec.node_name for pod in pods}, "a restarted pod landed on the cordoned node"
+        assert all(injected(pod) for pod in pods)
+        assert read()["status"].get("restartsCountTowardsMax") == 1, "counted against failurePolicy.maxRestarts"
+
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted JobSet watched again, healthy")  # fmt: skip
+        second_look(api, Group("jobset.x-k8s.io/v1alpha2", "JobSet", "jobsets", namespace, "rerun", uid), read)
+        assert read()["status"]["restarts"] == 1
+
+
+def test_a_hang_in_an_indexed_job_restarts_it_through_suspend_away_from_the_node(
+    watching, kubeconfig, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    from rankwatch.operator.kinds.adapter import Group
+
+    namespace = unwatched_namespace
+    batch, core = kubernetes.client.BatchV1Api(api), kubernetes.client.CoreV1Api(api)
+    with watching("rerun-job"):
+        job = batch.create_namespaced_job(namespace, standin_indexed_job("rerun-job", HANG_IN_FIRST_ATTEMPT))
+        uid = job.metadata.uid
+
+        def read() -> dict[str, Any]:
+            return api.sanitize_for_serialization(batch.read_namespaced_job("rerun-job", namespace))
+
+        def pods() -> list[Any]:
+            return core.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/controller-uid={uid}").items
+
+        first = {pod.metadata.uid for pod in eventually(lambda: len(pods()) == 2 and pods(), PATIENCE_S, what="pods")}
+        record = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the Job's restart")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [node] = record["nodes"]
+        assert record["restart"].startswith("suspended the Job"), record
+        assert "restart 1 of at most 3" in record["restart"]
+        assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"
+
+        def resumed_pods() -> list[Any]:
+            job = read()
+            if job["spec"].get("suspend") or "rankwatch.io/restart-suspended" in job["metadata"]["annotations"]:
+                return []
+            now = [p for p in pods() if p.metadata.uid not in first and not p.metadata.deletion_timestamp]
+            return len(now) == 2 and all(p.status.phase == "Running" for p in now) and now
+
+        restarted = eventually(resumed_pods, PATIENCE_S, what="the Job resumed, 2 new pods running")
+        assert node not in {pod.spec.node_name for pod in restarted}, "a restarted pod landed on the cordoned node"
+        assert not {pod.metadata.uid for pod in pods()} & first, "every pod of the hung attempt ended"
+        assert (read().get("status") or {}).get("failed", 0) == 0, "the suspend counts no failure"
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "Restarting"), PATIENCE_S, what="Restarting")
+        assert event.involved_object.kind == "Job"
+
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted Job watched again, healthy")  # fmt: skip
+        described = describe_cli(kubeconfig, namespace, "job/rerun-job")
+        assert f"  Restart:     {record['restart']}" in described and "  Active:      false" in described
+        assert re.search(r"Warning\s+Restarting\s+\S+\s+rankwatch-operator\s+Hang on " + node, described), described
+
+        second_look(api, Group("batch/v1", "Job", "jobs", namespace, "rerun-job", uid), read)
+        assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"
+        assert not read()["spec"].get("suspend")
+
+
+@pytest.fixture
+def volcano_commands(kubectl, volcano_crd):
+    """Volcano's Command CRD (bus.volcano.sh), from the same module as its Job CRD."""
+    from rankwatch.cluster.jobset import volcano_job_crd
+
+    crd = volcano_job_crd().parent / "bus.volcano.sh_commands.yaml"
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    kubectl("wait", "--for=condition=Established", "crd/commands.bus.volcano.sh", "--timeout=120s")
+
+
+def test_a_hang_in_a_volcano_job_gets_the_restartjob_command_volcanos_controller_takes(
+    watching, volcano_commands, kubeconfig, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    from rankwatch.cluster.jobset import module_source
+    from rankwatch.operator.kinds.adapter import Group
+
+    namespace = unwatched_namespace
+    objects, core = kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
+    with watching("vhang"):
+        job = objects.create_namespaced_custom_object(
+            *VOLCANO_API[:2], namespace, VOLCANO_API[2], volcano_job("vhang", HANG_IN_FIRST_ATTEMPT)
+        )
+        uid = job["metadata"]["uid"]
+        for index in range(2):
+            core.create_namespaced_pod(namespace, volcano_pod(job, index))
+
+        def read() -> dict[str, Any]:
+            return objects.get_namespaced_custom_object(*VOLCANO_API[:2], namespace, VOLCANO_API[2], "vhang")
+
+        record = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the Volcano Job's restart")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [command] = objects.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", namespace, "commands")["items"]
+        assert record["restart"].startswith(f"created Volcano Command {command['metadata']['name']} (RestartJob)")
+        assert command["metadata"]["name"].startswith("vhang-restartjob-"), "vcctl's name prefix"
+        # What Volcano's job controller reads (v1.10.0 job_controller.go: the Command informer's filter;
+        # job_controller_handler.go processNextCommand: the action, the target's name), as the API
+        # server stored it under Volcano's own CRD (nothing pruned).
+        target = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "vhang", "uid": uid,
+                  "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+        assert command["target"] == target and command["metadata"]["ownerReferences"] == [target]
+        assert command["action"] == "RestartJob"
+        actions = module_source("volcano.sh/apis", "v1.10.0") / "pkg/apis/bus/v1alpha1/actions.go"
+        assert 'RestartJobAction Action = "RestartJob"' in actions.read_text()
+
+        group = Group("batch.volcano.sh/v1alpha1", "Job", "jobs", namespace, "vhang", uid, "VolcanoJob")
+        second_look(api, group, read)
+        commands = objects.list_namespaced_custom_object("bus.volcano.sh", "v1alpha1", namespace, "commands")
+        assert len(commands["items"]) == 1, "one RestartJob Command for one diagnosis"
+
+
+def test_a_job_rankwatch_left_suspended_is_resumed_by_the_next_operator_and_no_other(
+    watching, kubeconfig, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    """An operator that stopped between suspending an Indexed Job and resuming it: the next one resumes
+    it (the mark on the Job, not memory, says so); a Job its user suspended stays suspended."""
+    namespace = unwatched_namespace
+    batch = kubernetes.client.BatchV1Api(api)
+    for name, marks in (("left", {"rankwatch.io/restart-suspended": "2026-11-28T18:00:00Z"}), ("held", {})):
+        manifest = indexed_job(name, 2)
+        manifest["metadata"]["annotations"] = marks
+        manifest["spec"]["suspend"] = True
+        batch.create_namespaced_job(namespace, manifest)
+    with watching("left"):
+
+        def resumed() -> bool:
+            job = batch.read_namespaced_job("left", namespace)
+            return not job.spec.suspend and "rankwatch.io/restart-suspended" not in (job.metadata.annotations or {})
+
+        eventually(resumed, PATIENCE_S, what="the Job rankwatch suspended resumed")
+        assert batch.read_namespaced_job("held", namespace).spec.suspend, "the user's suspend is the user's"

@@ -94,3 +94,15 @@ def test_what_cannot_be_described_is_refused_with_what_to_type(reference, error)
 def test_volcanos_job_is_told_from_a_batch_job_by_the_name_rankwatch_gives_it():
     assert kind_named("jobs").api_version == "batch/v1" and kind_named("job").api_version == "batch/v1"
     assert kind_named("vcjob").api_version == kind_named("VolcanoJob").api_version == "batch.volcano.sh/v1alpha1"
+
+
+def test_a_groups_restart_is_described_with_its_lever():
+    outcome = "suspended the Job to end every pod, resumed once they are gone"
+
+    def job(diagnosis: dict) -> dict:
+        annotations = {"rankwatch.io/diagnosis": json.dumps(diagnosis)}
+        return {"metadata": {"name": "bert", "namespace": "team-b", "annotations": annotations}}
+
+    text = render(kind_named("job"), job({**DIAGNOSIS, "active": False, "restart": outcome}), [], NOW)
+    assert "  Active:      false" in text and f"  Restart:     {outcome}" in text
+    assert "Restart:" not in render(kind_named("job"), job(DIAGNOSIS), [], NOW), "none before one was looked at"

@@ -196,7 +196,7 @@ def test_the_indexed_job_adapter_finds_the_group_its_size_and_each_pods_place():
 
     pod = indexed_job_pod(3)
     adapter, group = adapter_for(pod)
-    assert adapter is INDEXED_JOB and adapter.restart_lever is None, "no safe lever: cordon and page only"
+    assert adapter is INDEXED_JOB and adapter.restart_lever == "spec.suspend toggle"
     assert (group.kind, group.namespace, group.name, group.uid) == ("Job", "team-b", "bert", JOB_UID)
     assert str(group) == "Job team-b/bert"
     assert adapter.index_of(pod) == 3
@@ -273,7 +273,7 @@ def test_a_jobset_pod_belongs_to_the_jobset_not_to_its_child_job():
     adapter, group = adapter_for(jobset_pod(job_index=1))
     assert adapter is JOBSET and (group.kind, group.name, group.uid) == ("JobSet", "llm", JOBSET_UID)
     assert group.api_version == "jobset.x-k8s.io/v1alpha2" and group.plural == "jobsets"
-    assert adapter.restart_lever is None, "rankwatch cordons and pages; the JobSet's failurePolicy restarts"
+    assert adapter.restart_lever == "failurePolicy (a failed child Job)", "the JobSet's own lever"
     key, value = adapter.pod_selector(group).split("=")
     assert jobset_pod()["metadata"]["labels"][key] == value
     owner = {
