@@ -137,4 +137,14 @@ def trainjob_uid(kube: kubernetes.client.ApiClient, pod: Mapping[str, Any]) -> s
     return str(owner["uid"]) if owner is not None else None
 
 
+def marked(pod: Mapping[str, Any], trainjob_uid: str | None) -> dict[str, Any]:
+    """A copy of ``pod`` whose ``rankwatch.io/trainjob-uid`` is ``trainjob_uid`` (None: absent), whatever
+    the pod's creator wrote there."""
+    metadata = dict(pod.get("metadata") or {})
+    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != TRAINJOB_UID_ANNOTATION}
+    if trainjob_uid:
+        annotations[TRAINJOB_UID_ANNOTATION] = trainjob_uid
+    return {**pod, "metadata": {**metadata, "annotations": annotations}}
+
+
 TRAINJOB = TrainJobAdapter()

@@ -136,11 +136,7 @@ async def _with_trainjob_uid(memo: kopf.Memo, pod: dict[str, Any]) -> dict[str, 
     jobset_uid = labels[trainjob.jobset.UID_LABEL]
     if jobset_uid not in owners:
         owners.add(jobset_uid, await asyncio.to_thread(trainjob.trainjob_uid, memo.kube, pod))
-    annotations = {k: v for k, v in (pod["metadata"].get("annotations") or {}).items()
-                   if k != trainjob.TRAINJOB_UID_ANNOTATION}  # fmt: skip
-    if owner_uid := owners.get(jobset_uid):
-        annotations[trainjob.TRAINJOB_UID_ANNOTATION] = owner_uid
-    return {**pod, "metadata": {**pod["metadata"], "annotations": annotations}}
+    return trainjob.marked(pod, owners.get(jobset_uid))
 
 
 async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:

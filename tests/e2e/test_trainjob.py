@@ -165,3 +165,40 @@ def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
             what="the hang's alert",
         )
         assert alert["labels"]["node"] == node
+
+
+def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on_the_trainjob(
+    webhook, chart_rbac_kubeconfig, trainer_controller, processes, api, unwatched_namespace, eventually, tmp_path
+):  # fmt: skip
+    port, certs = webhook
+    namespace = unwatched_namespace
+    core = kubernetes.client.CoreV1Api(api)
+    # No operator: the API server gets no answer from the webhook and, failing open, admits the pods.
+    uid = create_trainjob(api, namespace, "unseen", {})
+    selector = "jobset.sigs.k8s.io/jobset-name=unseen"
+    pods = eventually(
+        lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
+        PATIENCE_S,
+        what="the TrainJob's pods, with no webhook answering",
+    )  # fmt: skip
+    assert not any(injected(pod) for pod in pods)
+    names = sorted(pod.metadata.name for pod in pods)
+
+    operator = other_kinds.start_operator(
+        processes, chart_rbac_kubeconfig, namespace, tmp_path / "operator.log", port, certs, processes.free_port()
+    )
+    try:
+
+        def reported() -> list[Any]:
+            events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
+            return [e for e in events if e.involved_object.uid == uid and all(n in e.message for n in names)]
+
+        [event] = eventually(reported, PATIENCE_S, what="the Unwatched Event on the TrainJob")
+        assert event.type == "Warning" and event.involved_object.kind == "TrainJob"
+        assert event.message.startswith("2 of 2 opted-in pod(s)") and "operator was down" in event.message
+        annotations = read_trainjob(api, namespace, "unseen")["metadata"]["annotations"]
+        assert annotations["rankwatch.io/unwatched-pods"] == "2"
+        events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
+        assert [e.involved_object.kind for e in events] == ["TrainJob"], "said on the TrainJob, not its JobSet"
+    finally:
+        other_kinds.stop(operator)
