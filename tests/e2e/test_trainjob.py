@@ -6,6 +6,7 @@ ServiceAccount) diagnoses, cordons, alerts and writes on the TrainJob itself."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -88,6 +89,13 @@ def standin_trainjob(name: str, faults: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def assert_no_refused_call(log: Path) -> None:
+    """The operator (as the chart's ServiceAccount) was refused nothing: the chart grants what it calls."""
+    refused = re.compile(r"\b(HTTP )?403\b(?!\])|[Ff]orbidden")  # not a timestamp that holds 403 ms
+    calls = [line for line in log.read_text().splitlines() if refused.search(line.split("] ", 1)[-1])]
+    assert not calls, calls[:5]
+
+
 def create_trainjob(api, namespace: str, name: str, faults: dict[str, str]) -> str:
     objects = kubernetes.client.CustomObjectsApi(api)
     created = objects.create_namespaced_custom_object(
@@ -103,7 +111,7 @@ def read_trainjob(api, namespace: str, name: str) -> dict[str, Any]:
 
 
 def test_a_straggler_in_a_trainjob_run_by_the_real_trainer_is_diagnosed_cordoned_alerted_and_written_on_it(
-    watching, trainer_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink
+    watching, trainer_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink, tmp_path
 ):  # fmt: skip
     namespace = unwatched_namespace
     core = kubernetes.client.CoreV1Api(api)
@@ -137,10 +145,11 @@ def test_a_straggler_in_a_trainjob_run_by_the_real_trainer_is_diagnosed_cordoned
             "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "slowtrain"
         )
         assert "rankwatch.io/diagnosis" not in (jobset["metadata"].get("annotations") or {}), "written on the TrainJob"
+    assert_no_refused_call(tmp_path / "operator.log")
 
 
 def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
-    watching, trainer_controller, api, unwatched_namespace, eventually, alert_sink
+    watching, trainer_controller, api, unwatched_namespace, eventually, alert_sink, tmp_path
 ):  # fmt: skip
     namespace = unwatched_namespace
     core = kubernetes.client.CoreV1Api(api)
@@ -165,6 +174,7 @@ def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
             what="the hang's alert",
         )
         assert alert["labels"]["node"] == node
+    assert_no_refused_call(tmp_path / "operator.log")
 
 
 def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on_the_trainjob(
@@ -202,3 +212,4 @@ def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on
         assert [e.involved_object.kind for e in events] == ["TrainJob"], "said on the TrainJob, not its JobSet"
     finally:
         other_kinds.stop(operator)
+    assert_no_refused_call(tmp_path / "operator.log")
