@@ -67,6 +67,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.unwatched = unwatched.UnwatchedPods(memo.kube, memo.metrics.diagnosis.unwatched_pods)
     memo.group_pods = group_watch.GroupPods(memo.kube)
     memo.groups_with_token = webhook.GroupsWithToken()
+    memo.trainjob_of_jobset = webhook.TrainJobOfJobSet()
     memo.watch = Watch(memo.config, memo.kube, memo.leading, memo.metrics)
     await memo.watch.start()
 

@@ -121,6 +121,17 @@ def _controlling_trainjob(found: Mapping[str, Any] | None) -> dict[str, Any] | N
     return owner if owner is not None and owner.get("name") == metadata.get("name") and owner.get("uid") else None
 
 
+def jobset_owner(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> tuple[str, str | None] | None:
+    """(uid of JobSet ``namespace/name``, uid of the TrainJob controlling it or None), None when no JobSet
+    of that name exists. Blocking; raises ApiException when it cannot be read."""
+    found = _read_jobset(kube, namespace, name)
+    uid = ((found or {}).get("metadata") or {}).get("uid")
+    if found is None or not uid:
+        return None
+    owner = _controlling_trainjob(found)
+    return str(uid), (str(owner["uid"]) if owner is not None else None)
+
+
 def trainjob_uid(kube: kubernetes.client.ApiClient, pod: Mapping[str, Any]) -> str | None:
     """The uid of the TrainJob controlling the JobSet ``pod``'s labels name (that JobSet, by name and
     uid), None when the pod is not a JobSet's or no TrainJob controls it. Blocking; raises ApiException
@@ -130,11 +141,8 @@ def trainjob_uid(kube: kubernetes.client.ApiClient, pod: Mapping[str, Any]) -> s
     name, uid = labels.get(jobset.NAME_LABEL), labels.get(jobset.UID_LABEL)
     if not name or not uid:
         return None
-    found = _read_jobset(kube, metadata.get("namespace", ""), name)
-    if found is None or (found.get("metadata") or {}).get("uid") != uid:
-        return None
-    owner = _controlling_trainjob(found)
-    return str(owner["uid"]) if owner is not None else None
+    found = jobset_owner(kube, metadata.get("namespace", ""), name)
+    return found[1] if found is not None and found[0] == uid else None
 
 
 def marked(pod: Mapping[str, Any], trainjob_uid: str | None) -> dict[str, Any]:

@@ -127,15 +127,20 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
 
 async def _with_trainjob_uid(memo: kopf.Memo, pod: dict[str, Any]) -> dict[str, Any]:
     """``pod`` with ``rankwatch.io/trainjob-uid`` as it is: the uid of the TrainJob controlling the JobSet
-    the pod's labels name, or absent (whatever the pod's creator wrote there). Only for an opted-in pod
-    of a JobSet: one read of the JobSet per JobSet (remembered), none for other pods."""
-    labels = pod["metadata"].get("labels") or {}
-    if not injection.opted_in(pod) or injection.is_injected(pod) or trainjob.jobset.UID_LABEL not in labels:
-        return pod
-    owners: TrainJobOfJobSet = memo.setdefault("trainjob_of_jobset", TrainJobOfJobSet())
-    jobset_uid = labels[trainjob.jobset.UID_LABEL]
+    the pod's labels name (by name and uid), or absent, whatever the pod's creator wrote there. Only for an
+    opted-in pod of a JobSet: one read per JobSet, remembered under the uid the JobSet really has (a pod
+    naming a uid that is not its JobSet's teaches nothing), none for other pods."""
+    metadata = pod["metadata"]
+    labels = metadata.get("labels") or {}
+    name, jobset_uid = labels.get(trainjob.jobset.NAME_LABEL), labels.get(trainjob.jobset.UID_LABEL)
+    if not injection.opted_in(pod) or injection.is_injected(pod) or not name or not jobset_uid:
+        return trainjob.marked(pod, None)
+    # The operator's, made at its start: kopf hands each call a copy of the memo, so one made here would not last.
+    owners: TrainJobOfJobSet = memo.get("trainjob_of_jobset") or TrainJobOfJobSet()
     if jobset_uid not in owners:
-        owners.add(jobset_uid, await asyncio.to_thread(trainjob.trainjob_uid, memo.kube, pod))
+        found = await asyncio.to_thread(trainjob.jobset_owner, memo.kube, metadata.get("namespace", ""), name)
+        if found is not None:
+            owners.add(*found)
     return trainjob.marked(pod, owners.get(jobset_uid))
 
 

@@ -96,12 +96,39 @@ def assert_no_refused_call(log: Path) -> None:
     assert not calls, calls[:5]
 
 
-def create_trainjob(api, namespace: str, name: str, faults: dict[str, str]) -> str:
+def create_trainjob(api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False) -> str:
     objects = kubernetes.client.CustomObjectsApi(api)
-    created = objects.create_namespaced_custom_object(
-        *TRAINJOB_API[:2], namespace, TRAINJOB_API[2], standin_trainjob(name, faults)
-    )
+    trainjob = standin_trainjob(name, faults)
+    trainjob["spec"]["suspend"] = suspend
+    created = objects.create_namespaced_custom_object(*TRAINJOB_API[:2], namespace, TRAINJOB_API[2], trainjob)
     return created["metadata"]["uid"]
+
+
+def jobset_uid_of(api, namespace: str, name: str) -> str | None:
+    try:
+        found = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name
+        )
+    except kubernetes.client.exceptions.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return found["metadata"]["uid"]
+
+
+def mislabelled_pod(namespace: str, jobset_uid: str) -> dict[str, Any]:
+    """An opted-in pod whose labels pair a JobSet's real uid with another name (no such JobSet)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "mislabelled",
+            "namespace": namespace,
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "no-such-jobset", "jobset.sigs.k8s.io/jobset-uid": jobset_uid},
+            "annotations": {"rankwatch.io/inject": "true"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
 
 
 def read_trainjob(api, namespace: str, name: str) -> dict[str, Any]:
@@ -116,7 +143,15 @@ def test_a_straggler_in_a_trainjob_run_by_the_real_trainer_is_diagnosed_cordoned
     namespace = unwatched_namespace
     core = kubernetes.client.CoreV1Api(api)
     with watching("slowtrain"):
-        uid = create_trainjob(api, namespace, "slowtrain", STRAGGLER)
+        uid = create_trainjob(api, namespace, "slowtrain", STRAGGLER, suspend=True)
+        jobset_uid = eventually(
+            lambda: jobset_uid_of(api, namespace, "slowtrain"), PATIENCE_S, what="the suspended TrainJob's JobSet"
+        )
+        # A pod naming the JobSet's uid with another name teaches the webhook nothing about that JobSet.
+        core.create_namespaced_pod(namespace, mislabelled_pod(namespace, jobset_uid), dry_run="All")
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *TRAINJOB_API[:2], namespace, TRAINJOB_API[2], "slowtrain", {"spec": {"suspend": False}}
+        )
         selector = "jobset.sigs.k8s.io/jobset-name=slowtrain"
         pods = eventually(
             lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
