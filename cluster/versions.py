@@ -29,6 +29,11 @@ KUEUE_VERSION = "v0.17.0"
 # The JobSet controller (its module root is `package main`), for the e2e tests of JobSet groups; v0.12
 # builds against Kubernetes 0.36 libraries like the local cluster.
 JOBSET_VERSION = "v0.12.0"
+# Kubeflow Trainer v2 (TrainJob -> JobSet), for the e2e tests of TrainJob groups. v2.3.0 is the newest tag
+# the module proxy serves (v2.4 and later: 403) and needs Go 1.26 and Kubernetes 0.36 libraries, as JobSet
+# v0.12 does (it imports that JobSet's API). The training-operator v1 (PyTorchJob) stops at v1.8.1 on the
+# proxy (Go 1.22, Kubernetes 0.29 libraries): Trainer v2 replaces it.
+TRAINER_VERSION = "v2.3.0"
 # Volcano's Job CRD (from its module's manifests) for the tests of Volcano groups; its controller is not
 # run (it needs Volcano's scheduler, queues and PodGroups): the tests make the pods as it would. v1.10.0 is
 # the newest tag the module proxy serves (v1.11 and later: 403).
@@ -115,6 +120,11 @@ ALERTMANAGER = Component(
 
 MINIO = Component(name="minio", version=MINIO_MODULE_VERSION, packages={"minio": "github.com/minio/minio"})
 JOBSET = Component(name="jobset", version=JOBSET_VERSION, packages={"jobset-controller": "sigs.k8s.io/jobset"})
+TRAINER = Component(
+    name="trainer",
+    version=TRAINER_VERSION,
+    packages={"trainer-controller-manager": "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"},
+)
 
 KUEUE = Component(
     name="kueue",
@@ -124,6 +134,6 @@ KUEUE = Component(
 )
 
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
-TOOLS = (HELM, PROMTOOL, MINIO, JOBSET)  # built by `rankwatch cluster build --tools` / `make tools`
+TOOLS = (HELM, PROMTOOL, MINIO, JOBSET, TRAINER)  # built by `rankwatch cluster build --tools` / `make tools`
 MONITORING = (PROMETHEUS, ALERTMANAGER)  # built by `rankwatch cluster build --monitoring` / `make monitoring`
 ADMISSION = (KUEUE,)  # built by `rankwatch cluster build --kueue` / `make kueue`

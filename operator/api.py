@@ -42,7 +42,7 @@ def group_collector_name(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
-GROUP_TOKEN_SUFFIXES = {"Job": "job", "JobSet": "jobset", "VolcanoJob": "vcjob"}
+GROUP_TOKEN_SUFFIXES = {"Job": "job", "JobSet": "jobset", "VolcanoJob": "vcjob", "TrainJob": "trainjob"}
 """The kinds of groups rankwatch follows (as it names them) and their token Secrets' suffixes."""
 
 

@@ -70,6 +70,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     if memo.config.webhook.listen is not None:
         restart_suspend.watch_suspended_jobs()  # an Indexed Job suspended to restart it is resumed
     memo.groups_with_token = webhook.GroupsWithToken()
+    memo.trainjob_of_jobset = webhook.TrainJobOfJobSet()
     memo.watch = Watch(memo.config, memo.kube, memo.leading, memo.metrics)
     await memo.watch.start()
 

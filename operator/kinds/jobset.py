@@ -1,6 +1,6 @@
 """A JobSet (``jobset.x-k8s.io/v1alpha2``, kubernetes-sigs/jobset): one child Job per replica of each
 replicatedJob, its pods labelled with the JobSet's name and uid. A TrainJob (Kubeflow Trainer v2) runs
-as a JobSet of the same name, so it is watched as one.
+as a JobSet of the same name; its pods are the TrainJob's (``trainjob.py``) once the webhook marked them.
 
 - group: the JobSet the pod's labels name (``jobset.sigs.k8s.io/jobset-name``, ``jobset-uid``); the
   pod's controller must be a Job, and only pods whose Job the JobSet itself controls are members

@@ -26,7 +26,7 @@ from prometheus_client import Gauge
 from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.events import EventTarget, post_event
-from rankwatch.operator.kinds import injection
+from rankwatch.operator.kinds import injection, trainjob
 from rankwatch.operator.kinds.adapter import Group, KindAdapter, annotate_owner, read_owner
 from rankwatch.operator.kinds.registry import adapter_for
 
@@ -74,7 +74,7 @@ class UnwatchedPods:
             why = WEBHOOK_AWAY if await self._namespace_opted_in(namespace) else (
                 f"its namespace lacks the label {api.INJECT_NAMESPACE_LABEL}={api.INJECT_NAMESPACE_VALUE}"
             )  # fmt: skip
-        claimed = adapter_for(pod)
+        claimed = adapter_for(await self._with_trainjob_uid(pod))
         adapter: KindAdapter | None = None
         if claimed is not None:
             adapter, group = claimed
@@ -154,6 +154,19 @@ class UnwatchedPods:
             return ""
         size = report.adapter.expected_size(owner) if owner is not None else None
         return f" of {size}" if size else ""
+
+    async def _with_trainjob_uid(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """``pod`` as the webhook would have marked it: a TrainJob's pod carries only its JobSet's labels,
+        so the JobSet is read to report the pod on the TrainJob controlling it (on the JobSet if unreadable)."""
+        if trainjob.jobset.UID_LABEL not in (pod["metadata"].get("labels") or {}):
+            return pod
+        try:
+            owner_uid = await asyncio.to_thread(trainjob.trainjob_uid, self.kube, pod)
+        except ApiException as error:
+            log.warning("JobSet of pod %s not readable (HTTP %s): reported on the JobSet", pod["metadata"].get("name"),
+                        error.status)  # fmt: skip
+            owner_uid = None
+        return trainjob.marked(pod, owner_uid)
 
     async def _namespace_opted_in(self, namespace: str) -> bool:
         cached = self._namespaces.get(namespace)

@@ -24,7 +24,7 @@ import kopf
 
 from rankwatch.operator import api
 from rankwatch.operator.config import WebhookSettings
-from rankwatch.operator.kinds import adapter, injection
+from rankwatch.operator.kinds import adapter, injection, trainjob
 from rankwatch.operator.spec import InvalidSpec
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,27 @@ class GroupsWithToken:
             self._uids.popitem(last=False)
 
 
+class TrainJobOfJobSet:
+    """JobSet uid -> the uid of the TrainJob controlling it ("" for none), of the JobSets whose pods this
+    process admitted: a JobSet's owner never changes, and its pods come in bursts."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self.size = size
+        self._owners: OrderedDict[str, str] = OrderedDict()
+
+    def __contains__(self, jobset_uid: str) -> bool:
+        return jobset_uid in self._owners
+
+    def get(self, jobset_uid: str) -> str:
+        return self._owners.get(jobset_uid, "")
+
+    def add(self, jobset_uid: str, trainjob_uid: str | None) -> None:
+        self._owners[jobset_uid] = trainjob_uid or ""
+        self._owners.move_to_end(jobset_uid)
+        while len(self._owners) > self.size:
+            self._owners.popitem(last=False)
+
+
 def admission_server(settings: WebhookSettings) -> Any:
     """What kopf serves admission requests with: an HTTPS server when the webhook is on; else a server
     that serves nothing (kopf requires one once an admission handler is registered)."""
@@ -73,7 +94,13 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
     """Add the injection to an opted-in pod, or say on it why not; never refuses a pod."""
     pod = dict(body)
     try:
-        decision = injection.plan(pod)
+        decision: injection.Injection | injection.NotInjected
+        try:
+            pod = await _with_trainjob_uid(memo, pod)
+        except Exception as error:
+            decision = injection.NotInjected(f"could not read the JobSet this pod belongs to ({error})", True)
+        else:
+            decision = injection.plan(pod)
         if isinstance(decision, injection.Injection):
             try:
                 changed = injection.injected_pod(pod, decision, memo.config.pods)
@@ -85,6 +112,8 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
                 patch.fns.append(lambda admitted: admitted.update(spec=changed["spec"]))
                 patch.metadata.annotations[api.TRACING_ANNOTATION] = injection.ENABLED
                 patch.metadata.labels[api.TRACED_LABEL] = "true"
+                owner_uid = (pod["metadata"].get("annotations") or {}).get(trainjob.TRAINJOB_UID_ANNOTATION)
+                patch.metadata.annotations[trainjob.TRAINJOB_UID_ANNOTATION] = owner_uid  # None: a pod's own, removed
                 return
         if decision.asked:
             log.warning("pod %s/%s not injected: %s", pod["metadata"].get("namespace"), _pod_name(pod), decision.reason)
@@ -94,6 +123,25 @@ async def inject_pod(body: kopf.Body, patch: kopf.Patch, dryrun: bool, memo: kop
             "pod %s/%s: injection failed; admitted unchanged", pod["metadata"].get("namespace"), _pod_name(pod)
         )
         patch.clear()
+
+
+async def _with_trainjob_uid(memo: kopf.Memo, pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` with ``rankwatch.io/trainjob-uid`` as it is: the uid of the TrainJob controlling the JobSet
+    the pod's labels name (by name and uid), or absent, whatever the pod's creator wrote there. Only for an
+    opted-in pod of a JobSet: one read per JobSet, remembered under the uid the JobSet really has (a pod
+    naming a uid that is not its JobSet's teaches nothing), none for other pods."""
+    metadata = pod["metadata"]
+    labels = metadata.get("labels") or {}
+    name, jobset_uid = labels.get(trainjob.jobset.NAME_LABEL), labels.get(trainjob.jobset.UID_LABEL)
+    if not injection.opted_in(pod) or injection.is_injected(pod) or not name or not jobset_uid:
+        return trainjob.marked(pod, None)
+    # The operator's, made at its start: kopf hands each call a copy of the memo, so one made here would not last.
+    owners: TrainJobOfJobSet = memo.get("trainjob_of_jobset") or TrainJobOfJobSet()
+    if jobset_uid not in owners:
+        found = await asyncio.to_thread(trainjob.jobset_owner, memo.kube, metadata.get("namespace", ""), name)
+        if found is not None:
+            owners.add(*found)
+    return trainjob.marked(pod, owners.get(jobset_uid))
 
 
 async def _ensure_token(memo: kopf.Memo, decision: injection.Injection) -> None:

@@ -81,7 +81,10 @@ def test_a_job_with_nothing_found_says_so():
 @pytest.mark.parametrize(
     ("reference", "error"),
     [
-        ("deployment/x", "unknown kind 'deployment'; rankwatch describes TrainingJob, JobSet, VolcanoJob, Job"),
+        (
+            "deployment/x",
+            "unknown kind 'deployment'; rankwatch describes TrainingJob, TrainJob, JobSet, VolcanoJob, Job",
+        ),
         ("jobset", "expected KIND/NAME"),
         ("jobset/a/b", "expected KIND/NAME"),
     ],

@@ -1,0 +1,162 @@
+"""The real Kubeflow Trainer v2 controller (github.com/kubeflow/trainer/v2, built from its Go module and
+cached like the cluster's binaries) run against the local cluster, for the tests of TrainJob groups.
+
+A TrainJob becomes a JobSet of its name (the Trainer's ``jobset`` plugin), so the JobSet controller
+(``cluster/jobset.py``) must run too. Out of cluster, as the JobSet controller is run: its CRDs from the
+module's own manifests, leader election and its certificate rotation off, its admission webhooks
+(TrainJob defaulting and validation, TrainingRuntime validation) served on loopback with a certificate
+made here and registered for one namespace only. The Trainer has no setting for its certificate
+directory: controller-runtime's default (``$TMPDIR/k8s-webhook-server/serving-certs``) is used, with
+``TMPDIR`` the controller's own work directory. ``stop`` removes the registrations.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rankwatch.cluster import binaries, pki, ports
+from rankwatch.cluster.jobset import module_source
+from rankwatch.cluster.versions import TRAINER
+
+CRDS = "manifests/base/crds"
+WEBHOOKS = "manifests/base/webhook/manifests.yaml"
+TORCH_RUNTIME = "manifests/base/runtimes/torch_distributed.yaml"
+CRD_NAMES = ("trainjobs", "trainingruntimes", "clustertrainingruntimes")
+
+
+def module_dir() -> Path:
+    return module_source("github.com/kubeflow/trainer/v2", TRAINER.version)
+
+
+def torch_runtime(namespace: str) -> dict[str, Any]:
+    """The Trainer's own ``torch-distributed`` runtime, as a TrainingRuntime of ``namespace`` (the release
+    ships it as a ClusterTrainingRuntime; a namespaced one leaves nothing behind a test's namespace)."""
+    runtime = yaml.safe_load((module_dir() / TORCH_RUNTIME).read_text())
+    runtime["kind"] = "TrainingRuntime"
+    runtime["metadata"]["namespace"] = namespace
+    return runtime
+
+
+def webhook_configurations(namespace: str, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """The Trainer's webhook configurations aimed at ``url`` (its paths kept), for ``namespace`` only;
+    the one for cluster-scoped ClusterTrainingRuntimes is left out (no namespace would scope it)."""
+    documents = [doc for doc in yaml.safe_load_all((module_dir() / WEBHOOKS).read_text()) if doc]
+    configurations = []
+    for document in documents:
+        configuration = copy.deepcopy(document)
+        configuration["metadata"] = {"name": f"trainer-{namespace}-{document['kind'].lower()}"}
+        webhooks = []
+        for webhook in configuration["webhooks"]:
+            if any("clustertrainingruntimes" in rule.get("resources", []) for rule in webhook.get("rules", [])):
+                continue
+            path = webhook["clientConfig"]["service"]["path"]
+            webhook["clientConfig"] = {"url": f"{url}{path}", "caBundle": base64.b64encode(ca_bundle).decode()}
+            webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            webhooks.append(webhook)
+        configuration["webhooks"] = webhooks
+        configurations.append(configuration)
+    return configurations
+
+
+class TrainerController:
+    """``start`` installs the CRDs, serves and registers the webhooks, runs the controller until ``stop``."""
+
+    def __init__(self, kubeconfig: str, namespace: str, work_dir: Path) -> None:
+        self.kubeconfig, self.namespace, self.work_dir = kubeconfig, namespace, work_dir
+        self.process: subprocess.Popen | None = None
+        self.configurations: list[dict[str, Any]] = []
+
+    def _kubectl(self, *args: str, input: str | None = None) -> None:
+        subprocess.run(
+            [str(binaries.binary_path("kubectl")), "--kubeconfig", self.kubeconfig, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+
+    def start(self, patience_s: float = 300) -> None:
+        binary = binaries.ensure_component(TRAINER) / "trainer-controller-manager"
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        temp = self.work_dir / "tmp"
+        certs = temp / "k8s-webhook-server" / "serving-certs"
+        pki.issue_serving(certs, ["127.0.0.1"])
+        webhook_port, health_port = ports.free_ports(2)
+        config = {
+            "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+            "kind": "Configuration",
+            "leaderElection": {"leaderElect": False},
+            "certManagement": {"enable": False},
+            "webhook": {"host": "127.0.0.1", "port": webhook_port},
+            "metrics": {"bindAddress": "0"},
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        }
+        (self.work_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        self._install_crds(patience_s)
+        log = open(self.work_dir / "trainer-controller.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.process = subprocess.Popen(
+            [str(binary), "--config", str(self.work_dir / "config.yaml"), "--kubeconfig", self.kubeconfig],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TMPDIR": str(temp)},
+        )
+        log.close()
+        self._wait_ready(health_port, patience_s)
+        self.configurations = webhook_configurations(
+            self.namespace, f"https://127.0.0.1:{webhook_port}", (certs / "ca.crt").read_bytes()
+        )
+        self._kubectl("apply", "-f", "-", input=yaml.safe_dump_all(self.configurations))
+
+    def _install_crds(self, patience_s: float) -> None:
+        """Apply the Trainer's CRDs until they are Established (retried, as the JobSet CRD is)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                files = [f"--filename={module_dir() / CRDS / f'trainer.kubeflow.org_{n}.yaml'}" for n in CRD_NAMES]
+                self._kubectl("apply", "--server-side", "--force-conflicts", *files)
+                for name in CRD_NAMES:
+                    self._kubectl(
+                        "wait", "--for=condition=Established", f"crd/{name}.trainer.kubeflow.org", "--timeout=30s"
+                    )
+                return
+            except subprocess.CalledProcessError as error:
+                if time.monotonic() >= deadline:
+                    why = error.stderr.strip()[-500:]
+                    raise RuntimeError(f"the Trainer CRDs were not Established: {why}") from None
+                time.sleep(2)
+
+    def _wait_ready(self, port: int, patience_s: float) -> None:
+        deadline = time.monotonic() + patience_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the Trainer controller exited ({self.process.returncode}); see {self.work_dir}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the Trainer controller was not ready within {patience_s:.0f} s; see {self.work_dir}")
+
+    def stop(self) -> None:
+        for configuration in self.configurations:
+            kind = configuration["kind"].lower()
+            self._kubectl("delete", kind, configuration["metadata"]["name"], "--ignore-not-found")
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

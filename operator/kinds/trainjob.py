@@ -1,0 +1,158 @@
+"""A TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2): the Trainer makes a JobSet of the
+TrainJob's name, controlled by it; the JobSet controller one Job per replicatedJob (the training nodes' is
+labelled ``trainer.kubeflow.org/trainjob-ancestor-step: trainer``, parallelism ``numNodes``); the Job
+controller the pods. So TrainJob -> JobSet -> Job -> Pod, and a pod carries only the JobSet's labels
+(``jobset.sigs.k8s.io/jobset-name`` = the TrainJob's name, ``jobset-uid``): nothing on it names the
+TrainJob. The webhook therefore reads, at admission, the JobSet the pod's labels name and, when a
+TrainJob controls it, writes that TrainJob's uid on the pod (``rankwatch.io/trainjob-uid``,
+``trainjob_uid``); a pod's own value of that annotation is replaced or removed, never believed.
+
+- group: the TrainJob named by the JobSet labels and the annotation; members (``member_pods``) are only
+  the pods of the training Jobs of the JobSet that TrainJob controls (labels are whatever a pod's
+  creator writes; the initializer Jobs are not training nodes);
+- size: ``spec.trainer.numNodes`` (None when the TrainJob leaves it to its runtime);
+- index: the Job's completion index, which the Trainer gives torchrun as ``PET_NODE_RANK``; ranks come
+  from torchrun's RANK / WORLD_SIZE in each process (``PET_NPROC_PER_NODE`` per node);
+- restart lever: none pulled by rankwatch yet: rankwatch cordons and pages (the JobSet's own
+  ``failurePolicy``, set in the runtime, recreates the Jobs when a hung rank's NCCL timeout fails one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+
+from rankwatch.operator import api
+from rankwatch.operator.kinds import jobset
+from rankwatch.operator.kinds.adapter import Group, annotation_field, annotation_index, owned_by, pods_claimed
+from rankwatch.operator.kinds.indexed_job import COMPLETION_INDEX
+from rankwatch.operator.lifecycle.pod_spec import FieldPath
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINJOB_UID_ANNOTATION = "rankwatch.io/trainjob-uid"
+"""On a pod, written by the webhook only: the uid of the TrainJob controlling the pod's JobSet."""
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINER_ANCESTOR = "trainer"
+
+
+class TrainJobAdapter:
+    kind = "TrainJob"
+    key = "TrainJob"
+    api_version = API_VERSION
+    plural = "trainjobs"
+    restart_lever: str | None = None
+
+    def group_of(self, pod: Mapping[str, Any]) -> Group | None:
+        metadata = pod.get("metadata", {})
+        labels = metadata.get("labels") or {}
+        uid = (metadata.get("annotations") or {}).get(TRAINJOB_UID_ANNOTATION)
+        name = labels.get(jobset.NAME_LABEL)
+        if not name or not isinstance(uid, str) or not uid or owned_by(pod, "batch/v1", "Job") is None:
+            return None
+        return Group(self.api_version, self.kind, self.plural, metadata.get("namespace", ""), name, uid)
+
+    def index_of(self, pod: Mapping[str, Any]) -> int | None:
+        return annotation_index(pod, COMPLETION_INDEX)
+
+    def index_field(self) -> FieldPath:
+        return annotation_field(COMPLETION_INDEX)
+
+    def expected_size(self, owner: Mapping[str, Any]) -> int | None:
+        nodes = ((owner.get("spec") or {}).get("trainer") or {}).get("numNodes")
+        return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None
+
+    def pod_selector(self, group: Group) -> str:
+        return f"{jobset.NAME_LABEL}={group.name}"
+
+    def token_secret_name(self, name: str) -> str:
+        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
+
+    def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
+        owned = _jobset_controlled_by(kube, group.namespace, group.name, group.uid)
+        if owned is None:
+            return []
+        jobs = kubernetes.client.BatchV1Api(kube).list_namespaced_job(
+            group.namespace, label_selector=f"{jobset.UID_LABEL}={owned}"
+        )
+        children = frozenset(job.metadata.uid for job in jobs.items if _training_job_of(job, owned))
+        return pods_claimed(kube, self, group, children)
+
+
+def _training_job_of(job: kubernetes.client.V1Job, jobset_uid: str) -> bool:
+    """A Job the JobSet controls that runs training nodes (not a dataset or model initializer)."""
+    references = job.metadata.owner_references or []
+    if not any(o.controller and o.kind == "JobSet" and o.uid == jobset_uid for o in references):
+        return False
+    return (job.metadata.labels or {}).get(ANCESTOR_LABEL, TRAINER_ANCESTOR) == TRAINER_ANCESTOR
+
+
+def _jobset_controlled_by(
+    kube: kubernetes.client.ApiClient, namespace: str, name: str, trainjob_uid: str
+) -> str | None:
+    """The uid of JobSet ``namespace/name`` when the TrainJob of its name and uid ``trainjob_uid`` controls
+    it, else None."""
+    found = _read_jobset(kube, namespace, name)
+    owner = _controlling_trainjob(found)
+    if found is None or owner is None or owner.get("uid") != trainjob_uid:
+        return None
+    return str((found.get("metadata") or {}).get("uid") or "") or None
+
+
+def _read_jobset(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    api_group, _, version = jobset.API_VERSION.rpartition("/")
+    try:
+        return kubernetes.client.CustomObjectsApi(kube).get_namespaced_custom_object(
+            api_group, version, namespace, "jobsets", name
+        )
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def _controlling_trainjob(found: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    metadata = found.get("metadata") or {}
+    owner = owned_by(found, API_VERSION, "TrainJob")
+    return owner if owner is not None and owner.get("name") == metadata.get("name") and owner.get("uid") else None
+
+
+def jobset_owner(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> tuple[str, str | None] | None:
+    """(uid of JobSet ``namespace/name``, uid of the TrainJob controlling it or None), None when no JobSet
+    of that name exists. Blocking; raises ApiException when it cannot be read."""
+    found = _read_jobset(kube, namespace, name)
+    uid = ((found or {}).get("metadata") or {}).get("uid")
+    if found is None or not uid:
+        return None
+    owner = _controlling_trainjob(found)
+    return str(uid), (str(owner["uid"]) if owner is not None else None)
+
+
+def trainjob_uid(kube: kubernetes.client.ApiClient, pod: Mapping[str, Any]) -> str | None:
+    """The uid of the TrainJob controlling the JobSet ``pod``'s labels name (that JobSet, by name and
+    uid), None when the pod is not a JobSet's or no TrainJob controls it. Blocking; raises ApiException
+    when the JobSet cannot be read."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    name, uid = labels.get(jobset.NAME_LABEL), labels.get(jobset.UID_LABEL)
+    if not name or not uid:
+        return None
+    found = jobset_owner(kube, metadata.get("namespace", ""), name)
+    return found[1] if found is not None and found[0] == uid else None
+
+
+def marked(pod: Mapping[str, Any], trainjob_uid: str | None) -> dict[str, Any]:
+    """A copy of ``pod`` whose ``rankwatch.io/trainjob-uid`` is ``trainjob_uid`` (None: absent), whatever
+    the pod's creator wrote there."""
+    metadata = dict(pod.get("metadata") or {})
+    annotations = {k: v for k, v in (metadata.get("annotations") or {}).items() if k != TRAINJOB_UID_ANNOTATION}
+    if trainjob_uid:
+        annotations[TRAINJOB_UID_ANNOTATION] = trainjob_uid
+    return {**pod, "metadata": {**metadata, "annotations": annotations}}
+
+
+TRAINJOB = TrainJobAdapter()

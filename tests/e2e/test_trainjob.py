@@ -1,0 +1,250 @@
+"""TrainJobs run by the real Kubeflow Trainer v2 controller (and the real JobSet controller it hands the
+JobSet to), both built from their Go modules: the Trainer makes the JobSet, the JobSet controller the
+Jobs, the Job controller the pods; rankwatch's webhook injects them, the operator (as the chart's
+ServiceAccount) diagnoses, cordons, alerts and writes on the TrainJob itself."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from tests.e2e import test_other_kinds as other_kinds
+from tests.e2e.test_other_kinds import (
+    GROUP_ANNOTATIONS,
+    PATIENCE_S,
+    STRAGGLER,
+    assert_straggler_handled,
+    describe_cli,
+    diagnosis_on,
+    injected,
+    standin_trainer,
+)
+
+# The fixtures of the other kinds' tests, which these share (pytest finds fixtures by module name).
+webhook, chart_rbac_kubeconfig = other_kinds.webhook, other_kinds.chart_rbac_kubeconfig
+alert_sink, watching, jobset_controller = other_kinds.alert_sink, other_kinds.watching, other_kinds.jobset_controller
+
+pytestmark = pytest.mark.e2e
+
+TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+
+
+@pytest.fixture
+def trainer_controller(kubeconfig, unwatched_namespace, jobset_controller, api, tmp_path):
+    """The real Trainer controller (its webhooks for this test's namespace) and its own torch runtime, as
+    a TrainingRuntime of the namespace; the JobSet controller runs beside it."""
+    from rankwatch.cluster.trainer import TrainerController, torch_runtime
+
+    controller = TrainerController(kubeconfig, unwatched_namespace, tmp_path / "trainer")
+    controller.start(PATIENCE_S)
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", unwatched_namespace, "trainingruntimes", torch_runtime(unwatched_namespace)
+    )
+    yield controller
+    controller.stop()
+
+
+def standin_trainjob(name: str, faults: dict[str, str]) -> dict[str, Any]:
+    """A TrainJob of 2 nodes on the Trainer's torch-distributed runtime, opted in by a runtime patch of
+    its nodes' pod template, as a user writes it: the stand-in trainer's node rank is the completion
+    index (torchrun's PET_NODE_RANK, which the Trainer sets from it)."""
+    trainer = standin_trainer(faults, 8)
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed", "kind": "TrainingRuntime"},
+            "trainer": {
+                "numNodes": 2,
+                "image": trainer["image"],
+                "command": trainer["command"],
+                "env": trainer["env"],
+                "resourcesPerNode": trainer["resources"],
+            },
+            "runtimePatches": [
+                {
+                    "manager": "ml.example.com/team",
+                    "trainingRuntimeSpec": {
+                        "template": {
+                            "spec": {
+                                "replicatedJobs": [
+                                    {
+                                        "name": "node",
+                                        "template": {
+                                            "spec": {"template": {"metadata": {"annotations": dict(GROUP_ANNOTATIONS)}}}
+                                        },
+                                    }
+                                ]
+                            }
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def assert_no_refused_call(log: Path) -> None:
+    """The operator (as the chart's ServiceAccount) was refused nothing: the chart grants what it calls."""
+    refused = re.compile(r"\b(HTTP )?403\b(?!\])|[Ff]orbidden")  # not a timestamp that holds 403 ms
+    calls = [line for line in log.read_text().splitlines() if refused.search(line.split("] ", 1)[-1])]
+    assert not calls, calls[:5]
+
+
+def create_trainjob(api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False) -> str:
+    objects = kubernetes.client.CustomObjectsApi(api)
+    trainjob = standin_trainjob(name, faults)
+    trainjob["spec"]["suspend"] = suspend
+    created = objects.create_namespaced_custom_object(*TRAINJOB_API[:2], namespace, TRAINJOB_API[2], trainjob)
+    return created["metadata"]["uid"]
+
+
+def jobset_uid_of(api, namespace: str, name: str) -> str | None:
+    try:
+        found = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name
+        )
+    except kubernetes.client.exceptions.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return found["metadata"]["uid"]
+
+
+def mislabelled_pod(namespace: str, jobset_uid: str) -> dict[str, Any]:
+    """An opted-in pod whose labels pair a JobSet's real uid with another name (no such JobSet)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "mislabelled",
+            "namespace": namespace,
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "no-such-jobset", "jobset.sigs.k8s.io/jobset-uid": jobset_uid},
+            "annotations": {"rankwatch.io/inject": "true"},
+        },
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+
+
+def read_trainjob(api, namespace: str, name: str) -> dict[str, Any]:
+    return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+        *TRAINJOB_API[:2], namespace, TRAINJOB_API[2], name
+    )
+
+
+def test_a_straggler_in_a_trainjob_run_by_the_real_trainer_is_diagnosed_cordoned_alerted_and_written_on_it(
+    watching, trainer_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink, tmp_path
+):  # fmt: skip
+    namespace = unwatched_namespace
+    core = kubernetes.client.CoreV1Api(api)
+    with watching("slowtrain"):
+        uid = create_trainjob(api, namespace, "slowtrain", STRAGGLER, suspend=True)
+        jobset_uid = eventually(
+            lambda: jobset_uid_of(api, namespace, "slowtrain"), PATIENCE_S, what="the suspended TrainJob's JobSet"
+        )
+        # A pod naming the JobSet's uid with another name teaches the webhook nothing about that JobSet.
+        core.create_namespaced_pod(namespace, mislabelled_pod(namespace, jobset_uid), dry_run="All")
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *TRAINJOB_API[:2], namespace, TRAINJOB_API[2], "slowtrain", {"spec": {"suspend": False}}
+        )
+        selector = "jobset.sigs.k8s.io/jobset-name=slowtrain"
+        pods = eventually(
+            lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
+            PATIENCE_S,
+            what="the TrainJob's two node pods (Trainer -> JobSet -> Job -> pods)",
+        )  # fmt: skip
+        assert all(injected(pod) for pod in pods), "the webhook injects a TrainJob's pods"
+        assert {pod.metadata.annotations["rankwatch.io/trainjob-uid"] for pod in pods} == {uid}
+        sidecar = next(c for c in pods[0].spec.init_containers if c.name == "rankwatch-sidecar")
+        assert {e.name: e.value for e in sidecar.env}["RANKWATCH_JOB_NAME"] == "TrainJob:slowtrain"
+        token = core.read_namespaced_secret("slowtrain-rankwatch-trainjob-token", namespace)
+        assert [o.uid for o in token.metadata.owner_references] == [uid]
+
+        node = assert_straggler_handled(
+            api, namespace, lambda: read_trainjob(api, namespace, "slowtrain"), "TrainJob", "slowtrain", uid,
+            alert_sink, eventually,
+        )  # fmt: skip
+        described = describe_cli(kubeconfig, namespace, "trainjob/slowtrain")
+        assert "Kind:         TrainJob (trainer.kubeflow.org/v1alpha1)" in described, described
+        assert "Health:       Degraded" in described and f"  Nodes:       {node}" in described
+        assert f"  Remediation: cordoned and tainted {node}" in described
+        assert re.search(r"Warning\s+Straggler\s+\S+\s+rankwatch-operator\s+rank 5", described), described
+        [slow_pod] = [p for p in pods if p.spec.node_name == node]
+        assert slow_pod.metadata.annotations["batch.kubernetes.io/job-completion-index"] == "1", "PET_NODE_RANK 1"
+        jobset = kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "slowtrain"
+        )
+        assert "rankwatch.io/diagnosis" not in (jobset["metadata"].get("annotations") or {}), "written on the TrainJob"
+    assert_no_refused_call(tmp_path / "operator.log")
+
+
+def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
+    watching, trainer_controller, api, unwatched_namespace, eventually, alert_sink, tmp_path
+):  # fmt: skip
+    namespace = unwatched_namespace
+    core = kubernetes.client.CoreV1Api(api)
+    hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
+    with watching("stucktrain"):
+        uid = create_trainjob(api, namespace, "stucktrain", hang)
+
+        def hung() -> dict[str, Any]:
+            record = diagnosis_on(read_trainjob(api, namespace, "stucktrain")["metadata"].get("annotations"))
+            return record.get("active") and record.get("alertedTime") and record.get("remediation") and record
+
+        record = eventually(hung, PATIENCE_S, interval=1, what="the TrainJob's Hang diagnosis, cordon and alert")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [pod_name] = record["pods"]
+        node = core.read_namespaced_pod(pod_name, namespace).spec.node_name
+        assert record["nodes"] == [node] and record["remediation"] == f"cordoned and tainted {node}"
+        events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
+        assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["TrainJob"]
+        [alert] = eventually(
+            lambda: alert_sink.alerts(jobkind="TrainJob", trainingjob="stucktrain", alertname="TrainingJobHang"),
+            PATIENCE_S,
+            what="the hang's alert",
+        )
+        assert alert["labels"]["node"] == node
+    assert_no_refused_call(tmp_path / "operator.log")
+
+
+def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on_the_trainjob(
+    webhook, chart_rbac_kubeconfig, trainer_controller, processes, api, unwatched_namespace, eventually, tmp_path
+):  # fmt: skip
+    port, certs = webhook
+    namespace = unwatched_namespace
+    core = kubernetes.client.CoreV1Api(api)
+    # No operator: the API server gets no answer from the webhook and, failing open, admits the pods.
+    uid = create_trainjob(api, namespace, "unseen", {})
+    selector = "jobset.sigs.k8s.io/jobset-name=unseen"
+    pods = eventually(
+        lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
+        PATIENCE_S,
+        what="the TrainJob's pods, with no webhook answering",
+    )  # fmt: skip
+    assert not any(injected(pod) for pod in pods)
+    names = sorted(pod.metadata.name for pod in pods)
+
+    operator = other_kinds.start_operator(
+        processes, chart_rbac_kubeconfig, namespace, tmp_path / "operator.log", port, certs, processes.free_port()
+    )
+    try:
+
+        def reported() -> list[Any]:
+            events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
+            return [e for e in events if e.involved_object.uid == uid and all(n in e.message for n in names)]
+
+        [event] = eventually(reported, PATIENCE_S, what="the Unwatched Event on the TrainJob")
+        assert event.type == "Warning" and event.involved_object.kind == "TrainJob"
+        assert event.message.startswith("2 of 2 opted-in pod(s)") and "operator was down" in event.message
+        annotations = read_trainjob(api, namespace, "unseen")["metadata"]["annotations"]
+        assert annotations["rankwatch.io/unwatched-pods"] == "2"
+        events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
+        assert [e.involved_object.kind for e in events] == ["TrainJob"], "said on the TrainJob, not its JobSet"
+    finally:
+        other_kinds.stop(operator)
+    assert_no_refused_call(tmp_path / "operator.log")
