@@ -27,12 +27,12 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch.analysis.findings import Finding
 from rankwatch.operator import api, events
+from rankwatch.operator.config import Safeguards
 from rankwatch.operator.diagnosis import writer
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
 from rankwatch.operator.kinds.adapter import Group, KindAdapter, read_owner
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult
-from rankwatch.operator.remediation.cordon_decision import Safeguards
 from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import Remediation, TrainingJobSpec
 

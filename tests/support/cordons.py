@@ -6,8 +6,8 @@ from __future__ import annotations
 import kubernetes
 from kubernetes.client.exceptions import ApiException
 
+from rankwatch.operator.config import BreakerSettings
 from rankwatch.operator.remediation import node_marks
-from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
     CordonRequest,
     RemediationPolicy,

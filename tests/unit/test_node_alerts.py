@@ -16,9 +16,9 @@ from rankwatch.alerting import alert_from_finding
 from rankwatch.alerting.cards import card
 from rankwatch.alerting.messages import Notification
 from rankwatch.analysis.findings import Finding, FindingKind
-from rankwatch.operator.config import ConfigError, OperatorConfig
+from rankwatch.operator.config import ConfigError, NodeAlertSources, OperatorConfig
 from rankwatch.operator.diagnosis.diagnose import node_alert_lines, with_node_alerts
-from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
+from rankwatch.operator.diagnosis.node_alerts import firing_on
 
 THROTTLED = {
     "labels": {"alertname": "GPUClocksThrottled", "severity": "P2", "component": "gpu", "node": "gpu-node-3",
