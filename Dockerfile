@@ -27,11 +27,10 @@ RUN python -I -m venv /opt/rankwatch/zig \
 
 # -- 2: the Python package in its own venv -----------------------------------------------------
 # The Megatrace tokeniser is a C extension (the base image has Python's headers, not a compiler).
-# What only development and tests use is removed from the venv: the local-cluster harness, the
-# simulator with its Python rank and noisy neighbour, and the trace generators (rankwatch.cluster,
-# rankwatch.simulate, rankwatch.python_rank, rankwatch.noisy_neighbour,
-# rankwatch.analysis.scenario, rankwatch.analysis.ring_writer); `rankwatch cluster` and
-# `rankwatch simulate` say so in the image. Test doubles live under tests/, which is never copied.
+# What only development and tests use is removed from the venv, by folder: the local-cluster harness
+# (rankwatch.cluster) and the stand-ins (rankwatch.standins: the simulator with its Python rank and
+# noisy neighbour, the trace generators); `rankwatch cluster` and `rankwatch simulate` say so in the
+# image. Test doubles live under tests/, which is never copied.
 # `python -I`: the source tree's operator/ folder must not shadow the standard library's operator.
 FROM ${PYTHON_IMAGE} AS python
 # hadolint ignore=DL3008
@@ -49,10 +48,11 @@ COPY sidecar/ sidecar/
 COPY analysis/ analysis/
 COPY cluster/ cluster/
 COPY alerting/ alerting/
+COPY standins/ standins/
 RUN python -I -m venv "$VENV" \
     && "$VENV/bin/pip" install . \
     && site="$("$VENV/bin/python" -I -c 'import rankwatch, os; print(os.path.dirname(rankwatch.__file__))')" \
-    && rm -r "$site/cluster" "$site/simulate.py" "$site/python_rank.py" "$site/noisy_neighbour.py" "$site/analysis/scenario.py" "$site/analysis/ring_writer.py" \
+    && rm -r "$site/cluster" "$site/standins" \
     && "$VENV/bin/python" -I -c 'import rankwatch.analysis._megatrace_tokenizer' \
     && "$VENV/bin/rankwatch" --help > /dev/null
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from rankwatch import timestamps
+
 
 class Level(enum.StrEnum):
     """P0 pages a phone (job hung, GPU off the bus); P1 straggler, node down; P2 degradation; P3 notice."""
@@ -125,8 +127,7 @@ def node_of(alert: Alert) -> str:
 
 def rfc3339(seconds: float) -> str:
     """UTC, second precision, ``Z`` suffix: what Alertmanager and Kubernetes print."""
-    moment = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return timestamps.rfc3339(datetime.datetime.fromtimestamp(seconds, datetime.UTC))
 
 
 def parse_rfc3339(text: str) -> float:

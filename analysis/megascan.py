@@ -460,7 +460,7 @@ def _assemble(reads: list[_RankRead], layout: Layout | None, problems: list[str]
 
 def write_traces(trace: Trace, directory: str | Path, microbatches: int) -> list[Path]:
     """One ``benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json`` per rank of a generated or simulated run
-    (the model of ``analysis/scenario.py``, or the rings of ``rankwatch simulate`` with TP > 1: per
+    (the model of ``standins/scenario.py``, or the rings of ``rankwatch simulate`` with TP > 1: per
     iteration the forward of each microbatch, then the backwards, with their TP collectives and pipeline
     sends and receives, then the DP and world AllReduces), as MegaScan writes them with
     ``--trace-granularity full``: one forward/backward span per microbatch (its TP collectives inside),
@@ -595,7 +595,7 @@ def _iteration_records(
         raise ValueError(
             f"rank at pipeline stage {stage}: a step of {len(body)} calls before its DP and world AllReduces is not "
             f"{microbatches} microbatches' forward and backward, each ending in TP collectives or a pipeline "
-            "exchange (the model of analysis/scenario.py): MegaScan's spans cannot be placed"
+            "exchange (the model of standins/scenario.py): MegaScan's spans cannot be placed"
         )
     records: list[dict[str, Any]] = [{"name": "iteration", "ph": "B", "pad_before": 0}]
 

@@ -21,7 +21,7 @@ the host waits at each step's end), 64 to 1,024 ranks in ten TP x PP layouts (TP
 timing on and off, for stragglers, slow links, healthy runs and hangs (a rank that never calls; a call that
 never starts on one GPU: the waiting GPUs' hosts go on launching up to the step's end); a model, not real
 processes: the async suite stays the judge.
-``model``: the vectorised Megatron model (analysis/scenario.py), 256 ranks TP4 PP4 with clock skew
+``model``: the vectorised Megatron model (standins/scenario.py), 256 ranks TP4 PP4 with clock skew
 +-2 ms and jitter, written as wrapped ring files, Megatrace logs, flight-recorder dumps or MegaScan
 traces (``--trace-granularity full``; no hang: MegaScan writes only iterations that ended); the culprit
 changes with the seed. Top-1 means the most likely finding has the right kind and names exactly the
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
-from rankwatch.simulate import MISMATCH_KINDS, Faults, Simulation, run
+from rankwatch.standins.simulate import MISMATCH_KINDS, Faults, Simulation, run
 
 SCENARIOS = [
     ("healthy 16 ranks TP4 PP2", dict(world_size=16, tp=4, pp=2), Faults(), None, None),
@@ -74,8 +74,8 @@ def model_suite(seeds: int, formats: tuple[str, ...] = MODEL_FORMATS) -> None:
     from rankwatch.analysis.flight_recorder import write_dumps
     from rankwatch.analysis.megascan import write_traces
     from rankwatch.analysis.megatrace import write_logs
-    from rankwatch.analysis.ring_writer import write_rings
-    from rankwatch.analysis.scenario import Scenario, generate
+    from rankwatch.standins.ring_writer import write_rings
+    from rankwatch.standins.scenario import Scenario, generate
 
     def scenario(kind: str, rng: np.random.Generator, seed: int) -> tuple[Scenario, str | None, list[int]]:
         base = dict(world_size=256, tp=4, pp=4, clock_skew_us=2000, jitter=0.03, seed=seed)
@@ -338,7 +338,7 @@ def megascan_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -
     scored_table("megascan", only or MEGASCAN_SCENARIOS, seeds, score, (("GPU-timed", True),))
 
 
-# scale mode: the vectorised model (analysis/scenario.py) with its hosts running ahead of their GPUs,
+# scale mode: the vectorised model (standins/scenario.py) with its hosts running ahead of their GPUs,
 # 64 to 1,024 ranks; every TP and PP of 1/2/4/8 appears; 8 ranks per node
 SCALE_LAYOUTS = [(64, 1, 8), (64, 8, 1), (128, 2, 4), (128, 4, 2), (256, 1, 4), (256, 8, 8), (512, 4, 4),
                  (512, 2, 8), (1024, 8, 2), (1024, 1, 2)]  # fmt: skip
@@ -351,7 +351,7 @@ def scale_case(scenario: str, seed: int, gpu_timing: bool):
     (stuck) only in GPU times."""
     import numpy as np
 
-    from rankwatch.analysis.scenario import Scenario
+    from rankwatch.standins.scenario import Scenario
 
     rng = np.random.default_rng([seed, SCALE_SCENARIOS.index(scenario), 13])
     layouts = SCALE_LAYOUTS if scenario != "slow link" else [x for x in SCALE_LAYOUTS if x[2] > 1]
@@ -383,7 +383,7 @@ def scale_case(scenario: str, seed: int, gpu_timing: bool):
 def scale_suite(seeds: int, only: list[str] | None = None) -> None:
     """Scale mode (a model, not real processes): GPU-timed runs must name the culprit first; host-only
     runs must name nobody else (call times of a run-ahead host cannot localise a slowdown)."""
-    from rankwatch.analysis.scenario import generate
+    from rankwatch.standins.scenario import generate
 
     def score(scenario: str, seed: int, gpu_timing: bool):
         model, kind, culprits, in_call_times = scale_case(scenario, seed, gpu_timing)

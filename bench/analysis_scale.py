@@ -57,8 +57,8 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="generate into this directory and keep it (reused when present)")
     args = parser.parse_args()
 
-    from rankwatch.analysis.ring_writer import write_rings
-    from rankwatch.analysis.scenario import Scenario, generate
+    from rankwatch.standins.ring_writer import write_rings
+    from rankwatch.standins.scenario import Scenario, generate
 
     directory = args.keep or Path(tempfile.mkdtemp(prefix="rankwatch-scale-"))
     straggler = args.world_size // 3

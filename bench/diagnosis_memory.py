@@ -25,7 +25,7 @@ from rankwatch.operator.diagnosis.diagnose import DUMP_SHARE_OF_WORKER_MEMORY
 from rankwatch.operator.diagnosis.worker import AnalysisRequest, analyse
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 MIB = 1 << 20
 

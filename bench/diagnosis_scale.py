@@ -4,7 +4,7 @@ The operator's side of a diagnosis, at scale: the job's state as the collector f
 of summaries from 2,048 pods, bench/operator_cpu.py builds them), the pods a diagnosis asks
 (``pods_to_ask``) and the records per ring (``records_limit``) for the suspicion, the dumps those
 sidecars would answer (rings of a generated 16,384-rank TP 8 x PP 4 run with one 20% straggler,
-rankwatch.analysis.scenario, cut as the sidecar's /dump cuts them), and the analysis in the
+rankwatch.standins.scenario, cut as the sidecar's /dump cuts them), and the analysis in the
 operator's worker process under the default budget (``DiagnosisLimits``: 512 MiB for 2 concurrent
 diagnoses, 256 MiB each, 300 s), which kills it beyond either.
 
@@ -32,8 +32,6 @@ import numpy as np
 from operator_cpu import RANKS_PER_POD, summaries
 
 from rankwatch import protocol
-from rankwatch.analysis.ring_writer import write_rings
-from rankwatch.analysis.scenario import Scenario, generate
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import FindingKind
 from rankwatch.operator.config import DiagnosisLimits
@@ -44,6 +42,8 @@ from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, a
 from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
+from rankwatch.standins.ring_writer import write_rings
+from rankwatch.standins.scenario import Scenario, generate
 
 TP, PP = 8, 4
 MIB = 1 << 20

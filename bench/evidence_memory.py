@@ -31,7 +31,7 @@ from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import S3Archive
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 MIB = 1 << 20
 TOKEN = "bench-token"

@@ -19,7 +19,7 @@ from analysis_accuracy import ASYNC_SCENARIOS, async_case, judge
 
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
-from rankwatch.simulate import HostCost, run
+from rankwatch.standins.simulate import HostCost, run
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from figures import Figure, emit
 
-from rankwatch.native import native_artifacts
+from rankwatch.standins.native import native_artifacts
 
 HERE = Path(__file__).parent
 

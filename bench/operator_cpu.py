@@ -79,7 +79,8 @@ def summaries(
 
 def serve(port_queue: multiprocessing.Queue, world: int, window_s: float, detect_times: multiprocessing.Queue) -> None:
     from rankwatch.analysis.topology import Layout
-    from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
+    from rankwatch.operator.config import CollectorSettings
+    from rankwatch.operator.diagnosis.collector import Collector
     from rankwatch.operator.diagnosis.detector import Thresholds, detect
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 

@@ -110,7 +110,8 @@ def serve(
     """The child: collector + detector on one event loop (asyncio's or uvloop's)."""
     from rankwatch.analysis.topology import Layout
     from rankwatch.operator import garbage_collection
-    from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
+    from rankwatch.operator.config import CollectorSettings
+    from rankwatch.operator.diagnosis.collector import Collector
     from rankwatch.operator.diagnosis.detector import Thresholds, detect
     from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 

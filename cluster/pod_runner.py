@@ -303,7 +303,7 @@ class PodRunner:
     def _init_container(self, container: dict[str, Any], volumes: dict[str, Path]) -> None:
         command = container.get("command") or []
         if command[:2] == ["cp", LIBRARY_IN_IMAGE] and len(command) == 3:
-            from rankwatch.native import native_artifacts
+            from rankwatch.standins.native import native_artifacts
 
             shutil.copy(native_artifacts().interposer, self._local(command[2], container, volumes))
         else:

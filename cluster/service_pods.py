@@ -42,6 +42,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.cluster.ports import free_ports
+from rankwatch.timestamps import rfc3339_now
 
 OPERATOR_SELECTOR = "app.kubernetes.io/name=rankwatch,app.kubernetes.io/component=operator"
 PORTS_ANNOTATION = "runner.rankwatch.io/ports"
@@ -214,7 +215,7 @@ class ServicePodRunner:
         if pod.ready is ready:
             return
         pod.ready = ready
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        stamp = rfc3339_now()
         status = "True" if ready else "False"
         body = {
             "status": {

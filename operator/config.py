@@ -8,6 +8,7 @@ the variable, its value and what is expected (``RANKWATCH_BREAKER_MAX_SHARE='1.5
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -21,12 +22,8 @@ from urllib.parse import urlsplit
 from rankwatch import __version__
 from rankwatch.config_error import ConfigError
 from rankwatch.kube import DEFAULT_REQUEST_TIMEOUT_S
-from rankwatch.operator.diagnosis.collector import CollectorSettings
-from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.event_loop import loop_factory
 from rankwatch.operator.recovery import archive_endpoints
-from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
-from rankwatch.operator.remediation.cordon_decision import Safeguards
 
 T = TypeVar("T")
 
@@ -103,6 +100,87 @@ class AlertingSettings:
     """The alerting config (a mounted ConfigMap); None: no alerts are sent."""
     namespace: str = "rankwatch-system"
     """Where its Secrets and its store live (the operator's own namespace)."""
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """The collector's HTTP server (``diagnosis/collector.py``): where it listens and what it admits."""
+
+    host: str = "0.0.0.0"
+    port: int = 8080
+    rate_per_job: float = 200.0
+    """Messages per second per job: a 1,000-pod job with 5 s windows sends 200."""
+    burst_per_job: float = 2000.0
+    inflight_body_bytes: int = 64 << 20
+    """Request bodies held at once as sent (gzip'd), over all requests: beyond it a request is answered 503
+    (retry). What they inflate to is bounded where they are inflated: a parsing worker inflates one body
+    at a time, to at most ``protocol.MAX_DECODED_BYTES`` (so many concurrent gzip bombs never inflate
+    together)."""
+    body_timeout_s: float = 15.0
+    """A request body not received within this is answered 408 (a slow client holds nothing longer)."""
+    idle_timeout_s: float = 15.0
+    """A connection without a complete request head for this long is closed (slowloris)."""
+    parse_workers: int = 1
+    """Processes that check message bodies off the event loop (``message_parser``); 0: on the loop."""
+    serves_metrics: bool = True
+    """/metrics on this port too; off when it has a port of its own (``rankwatch.operator.metrics_server``)."""
+
+
+@dataclass(frozen=True)
+class NodeAlertSources:
+    """Where the diagnosis reads node alerts (``diagnosis/node_alerts.py``; ``RANKWATCH_PROMETHEUS_URL``,
+    ``RANKWATCH_ALERTMANAGER_URL``); neither set: it does not look."""
+
+    prometheus_url: str | None = None
+    alertmanager_url: str | None = None
+    timeout_seconds: float = 5.0
+    """Per source; a diagnosis waits no longer than this for alerts."""
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.prometheus_url or self.alertmanager_url)
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    """The circuit breaker (``remediation/circuit_breaker.py``): how many cordons a window may hold."""
+
+    max_share: float = 0.10
+    """Share of all nodes. NVSentinel's default is 50% for generic node health; rankwatch's own
+    signal (one job's diagnosis) is narrower, and a training cluster rarely loses even 1% of its
+    nodes to independent faults within minutes, so 10% leaves room for real bursts while a
+    systemic false positive stops long before it empties the cluster."""
+    min_nodes: int = 1
+    """Floor on the cap, so a small cluster (4 nodes: 10% is 0.4) can still cordon one node."""
+    window_seconds: float = 900.0
+    """Longer than the spread of detection times of one shared cause (sensitivity 300 s by default
+    plus diagnosis): the jobs it hits all report within this window."""
+
+    def cap(self, total_nodes: int) -> int:
+        """Most nodes rankwatch may have cordoned within the window."""
+        return max(self.min_nodes, math.floor(self.max_share * total_nodes + 1e-9))
+
+
+@dataclass(frozen=True)
+class Safeguards:
+    """Operator-wide limits on cordons a job's spec cannot raise (``remediation/cordon_decision.py``)."""
+
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    cooldown_seconds: float = 1800.0
+    """After an undo (a person judged the node good), the node is left alone this long, so a
+    diagnosis still pending on the old evidence does not cordon it again at once."""
+    min_confidence: float = 0.0
+    """Diagnoses below this confidence are recorded but cordon nothing (0: every diagnosis acts)."""
+    max_nodes_per_namespace: int = 4
+    """Most nodes rankwatch holds cordoned at once for the jobs of one namespace, however old the
+    cordons: the breaker limits only the rate, so one team's diagnoses, window after window, could
+    otherwise take the whole cluster."""
+    max_nodes: int = 16
+    """Most nodes rankwatch holds cordoned at once, all namespaces together."""
+    shared_expiry_seconds: float = 3600.0
+    """A cordon of a node on which pods of other namespaces ran (or when rankwatch cannot tell) is
+    undone by rankwatch after this long; a node only the job's own namespace used stays cordoned
+    until a person undoes it."""
 
 
 @dataclass(frozen=True)

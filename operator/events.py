@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch import tenant_text
 from rankwatch.operator import api as names
+from rankwatch.timestamps import rfc3339
 
 REPORTING_COMPONENT = "rankwatch-operator"
 MERGE_PATCH = "application/merge-patch+json"
@@ -89,7 +90,7 @@ def post_event(
     namespace = target.namespace or "default"
     digest = hashlib.sha256(f"{target.kind}/{target.uid}/{key}".encode()).hexdigest()[:16]
     event_name = f"{target.name}.rankwatch-{digest}"
-    stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now)
     message = tenant_text.one_line(message, EVENT_MESSAGE_MAX_CHARS)  # a job's text: no line of its own
     body = {
         "metadata": {"name": event_name, "namespace": namespace},

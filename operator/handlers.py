@@ -32,11 +32,12 @@ from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.kinds import group_watch, restart_suspend, unwatched, webhook
 from rankwatch.operator.lifecycle import children, job_status
-from rankwatch.operator.lifecycle.status_sync import StatusSync, now
+from rankwatch.operator.lifecycle.status_sync import StatusSync
 from rankwatch.operator.operator_metrics import OperatorMetrics
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 from rankwatch.operator.watch import Watch
+from rankwatch.timestamps import rfc3339_now
 
 JOBS = (api.GROUP, api.VERSION, api.PLURAL)
 WATCH_SECONDS = 300
@@ -94,7 +95,7 @@ def worker_pods(namespace: str, labels: dict[str, str], body: kopf.Body, **_: An
 
 def _fail(body: kopf.Body, patch: kopf.Patch, reason: str, message: str, generation: int) -> None:
     """A job that cannot be run: Failed at once, with the reason on the status and as an Event."""
-    moment = now()
+    moment = rfc3339_now()
     conditions = list(body.get("status", {}).get("conditions") or [])
     conditions = job_status.set_condition(conditions, "Failed", "True", reason, message, moment, generation)
     patch.status.update(phase=job_status.FAILED, message=message, conditions=conditions, completionTime=moment)
@@ -135,7 +136,7 @@ def create_workers(
             phase=job_status.SUSPENDED if job_spec.suspend else job_status.PENDING,
             health="Unknown",
             workers=f"0/{job_spec.replicas}",
-            conditions=job_status.initial_conditions(job_spec, now(), generation),
+            conditions=job_status.initial_conditions(job_spec, rfc3339_now(), generation),
         )
 
 

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rankwatch.simulate import HostCost
+    from rankwatch.standins.simulate import HostCost
 
 
 def _cluster(args: argparse.Namespace) -> int:
@@ -82,8 +82,8 @@ def _operator(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from rankwatch.native import NativeBuildError
-    from rankwatch.simulate import Faults, Simulation, SimulationError, run
+    from rankwatch.standins.native import NativeBuildError
+    from rankwatch.standins.simulate import Faults, Simulation, SimulationError, run
 
     simulation = Simulation(
         world_size=args.world_size,
@@ -127,8 +127,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_pod(args: argparse.Namespace) -> int:
-    from rankwatch.native import NativeBuildError
-    from rankwatch.simulate import PodRun, SimulationError, run_pod
+    from rankwatch.standins.native import NativeBuildError
+    from rankwatch.standins.simulate import PodRun, SimulationError, run_pod
 
     try:
         pod = PodRun(
@@ -337,7 +337,7 @@ def _add_device_arguments(parser: argparse.ArgumentParser, default: str | None) 
 
 def _host_cost(args: argparse.Namespace) -> HostCost:
     """The driver's host cost from --host-us-per-launch, --host-us-per-step and --kernel-us (None: its default)."""
-    from rankwatch.simulate import HostCost
+    from rankwatch.standins.simulate import HostCost
 
     return HostCost(launch_us=args.host_us_per_launch, step_us=args.host_us_per_step, kernel_us=args.kernel_us)
 
@@ -652,8 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEVELOPMENT_MODULES = ("rankwatch.cluster", "rankwatch.simulate", "rankwatch.analysis.scenario",
-                       "rankwatch.analysis.ring_writer")  # fmt: skip
+DEVELOPMENT_MODULES = ("rankwatch.cluster", "rankwatch.standins")
 """Development and test tools, not installed in the runtime image (see the Dockerfile)."""
 
 

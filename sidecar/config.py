@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rankwatch import sidecar_env as env
 from rankwatch.config_error import ConfigError
 
 
@@ -37,24 +38,24 @@ class SidecarConfig:
 
 # field -> (flag, environment variable or None, type, default)
 SETTINGS: dict[str, tuple[str, str | None, type, object]] = {
-    "trace_dir": ("--trace-dir", "RANKWATCH_TRACE_DIR", Path, Path("/tmp/rankwatch-traces")),
-    "collector_url": ("--collector-url", "RANKWATCH_COLLECTOR_URL", str, None),
-    "token_file": ("--token-file", "RANKWATCH_TOKEN_FILE", Path, None),
-    "namespace": ("--namespace", "RANKWATCH_JOB_NAMESPACE", str, "default"),
-    "job": ("--job", "RANKWATCH_JOB_NAME", str, "unknown"),
-    "pod": ("--pod", "POD_NAME", str, ""),
-    "node": ("--node", "NODE_NAME", str, ""),
-    "replica_index": ("--replica-index", "RANKWATCH_REPLICA_INDEX", int, 0),
-    "nproc_per_node": ("--nproc-per-node", "RANKWATCH_NPROC_PER_NODE", int, 0),
-    "sensitivity_s": ("--sensitivity-seconds", "RANKWATCH_SENSITIVITY_SECONDS", float, None),
-    "window_s": ("--window-seconds", "RANKWATCH_WINDOW_SECONDS", float, 5.0),
+    "trace_dir": ("--trace-dir", env.TRACE_DIR, Path, Path("/tmp/rankwatch-traces")),
+    "collector_url": ("--collector-url", env.COLLECTOR_URL, str, None),
+    "token_file": ("--token-file", env.TOKEN_FILE, Path, None),
+    "namespace": ("--namespace", env.JOB_NAMESPACE, str, "default"),
+    "job": ("--job", env.JOB_NAME, str, "unknown"),
+    "pod": ("--pod", env.POD_NAME, str, ""),
+    "node": ("--node", env.NODE_NAME, str, ""),
+    "replica_index": ("--replica-index", env.REPLICA_INDEX, int, 0),
+    "nproc_per_node": ("--nproc-per-node", env.NPROC_PER_NODE, int, 0),
+    "sensitivity_s": ("--sensitivity-seconds", env.SENSITIVITY_SECONDS, float, None),
+    "window_s": ("--window-seconds", env.WINDOW_SECONDS, float, 5.0),
     "host": ("--host", None, str, "0.0.0.0"),
-    "port": ("--port", "RANKWATCH_METRICS_PORT", int, 9400),
+    "port": ("--port", env.METRICS_PORT, int, 9400),
     "poll_s": ("--poll-seconds", None, float, 0.5),
     "queue_size": ("--queue-size", None, int, 120),
     "post_timeout_s": ("--post-timeout-seconds", None, float, 10.0),
     "shutdown_grace_s": ("--shutdown-grace-seconds", None, float, 5.0),
-    "python_stacks": ("--python-stacks", "RANKWATCH_PYTHON_STACKS", int, 1),
+    "python_stacks": ("--python-stacks", env.PYTHON_STACKS, int, 1),
     "idle_timeout_s": ("--idle-timeout-seconds", None, float, 15.0),
 }
 

@@ -23,7 +23,6 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import kubernetes
@@ -33,6 +32,7 @@ from kubernetes.client.exceptions import ApiException
 
 from rankwatch import http_logging, protocol
 from rankwatch.operator import api, metrics_server
+from rankwatch.operator.config import CollectorSettings
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits, SummaryDigest
 from rankwatch.operator.diagnosis.message_parser import MessageParser, Refusal
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
@@ -123,28 +123,6 @@ class RateLimiter:
             return 0.0
         self._buckets[key] = (level, now)
         return (1 - level) / self.rate
-
-
-@dataclass(frozen=True)
-class CollectorSettings:
-    host: str = "0.0.0.0"
-    port: int = 8080
-    rate_per_job: float = 200.0
-    """Messages per second per job: a 1,000-pod job with 5 s windows sends 200."""
-    burst_per_job: float = 2000.0
-    inflight_body_bytes: int = 64 << 20
-    """Request bodies held at once as sent (gzip'd), over all requests: beyond it a request is answered 503
-    (retry). What they inflate to is bounded where they are inflated: a parsing worker inflates one body
-    at a time, to at most ``protocol.MAX_DECODED_BYTES`` (so many concurrent gzip bombs never inflate
-    together)."""
-    body_timeout_s: float = 15.0
-    """A request body not received within this is answered 408 (a slow client holds nothing longer)."""
-    idle_timeout_s: float = 15.0
-    """A connection without a complete request head for this long is closed (slowloris)."""
-    parse_workers: int = 1
-    """Processes that check message bodies off the event loop (``message_parser``); 0: on the loop."""
-    serves_metrics: bool = True
-    """/metrics on this port too; off when it has a port of its own (``rankwatch.operator.metrics_server``)."""
 
 
 JobLimits = Callable[[str, str], StateLimits | None]

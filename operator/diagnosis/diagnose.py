@@ -19,7 +19,6 @@ gets fewer records per ring, never more memory.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import logging
 import tempfile
 import time
@@ -33,13 +32,15 @@ from rankwatch.analysis.findings import AnalysisReport
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.evidence import HOST_STARVED, NODE_ALERTS, SOURCE, node_alert_lines
 from rankwatch.model.finding import Cause, Finding, FindingKind
+from rankwatch.operator.config import NodeAlertSources
 from rankwatch.operator.diagnosis import worker
 from rankwatch.operator.diagnosis.detector import Suspicion
 from rankwatch.operator.diagnosis.differential_profile import with_differential_profile
 from rankwatch.operator.diagnosis.job_state import JobState
-from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
+from rankwatch.operator.diagnosis.node_alerts import firing_on
 from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
 from rankwatch.operator.sidecar_client import CHUNK_BYTES, SidecarPod, fetch_dumps
+from rankwatch.timestamps import rfc3339_now as _now
 
 log = logging.getLogger(__name__)
 
@@ -216,10 +217,6 @@ def host_starved_finding(suspicion: Suspicion, node_of_rank: dict[int, str], lay
         ),
         evidence={SOURCE: HOST_STARVED, **first},
     )
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import kubernetes
 from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
 from rankwatch.model.finding import Finding
 from rankwatch.operator import api, ownership
+from rankwatch.operator.config import Safeguards
 from rankwatch.operator.diagnosis import telemetry_watch, writer
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult
-from rankwatch.operator.remediation.cordon_decision import Safeguards
 from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import TrainingJobSpec
 

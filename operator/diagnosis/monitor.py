@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import kubernetes
 from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.model.finding import HUNG, Finding, FindingKind
-from rankwatch.operator.config import DiagnosisLimits
+from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.diagnosis import telemetry_watch, writer
 from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
@@ -37,15 +36,14 @@ from rankwatch.operator.diagnosis.job_metrics import JobMetrics
 from rankwatch.operator.diagnosis.job_record import JobRecord, TrainingJobRecord
 from rankwatch.operator.diagnosis.job_state import JobState, JobStore, StateLimits
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
-from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources
 from rankwatch.operator.diagnosis.slots import DiagnosisSlots
 from rankwatch.operator.diagnosis.worker import WorkerFailed
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.remediation import hook as remediation
-from rankwatch.operator.remediation.cordon_decision import Safeguards
 from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.timestamps import rfc3339_now as _now
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +52,6 @@ NO_FINDING_RETRY_S = 30.0
 """After a diagnosis that found nothing, the same kind of suspicion is looked at again this much later."""
 FAILED_RETRY_S = 10.0
 STEP_TIME_WRITE_S = 30.0
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _format_step(seconds: float) -> str:
@@ -124,15 +118,10 @@ class Monitor:
         kube: kubernetes.client.ApiClient,
         store: JobStore,
         tokens: SecretTokens,
-        sidecar_port: int,
-        limits: DiagnosisLimits,
-        safeguards: Safeguards,
+        config: OperatorConfig,
         alerts: Any = None,
         leading: Callable[[], bool] = lambda: True,
         job_metrics: JobMetrics | None = None,
-        node_alerts: NodeAlertSources | None = None,
-        sidecar_endpoint_hosts: tuple[str, ...] = (),
-        no_telemetry_seconds: float = 120.0,
         metrics: DiagnosisMetrics | None = None,
         remediation_metrics: RemediationMetrics | None = None,
     ) -> None:
@@ -141,16 +130,17 @@ class Monitor:
         self.kube = kube
         self.store = store
         self.tokens = tokens
-        self.sidecar_port = sidecar_port
-        self.sidecar_endpoint_hosts = sidecar_endpoint_hosts
+        self.sidecar_port = config.pods.sidecar_metrics_port
+        self.sidecar_endpoint_hosts = config.pods.sidecar_endpoint_hosts
+        limits = config.diagnosis
         self.budget = DiagnosisBudget(limits.worker_memory_bytes, limits.timeout_seconds)
-        self.safeguards = safeguards
+        self.safeguards = config.safeguards
         self.alerts = alerts  # an AlertPipeline, when alerting is configured
         self.leading = leading
         self.slots = DiagnosisSlots(limits.concurrency, on_change=self.metrics.diagnoses_in_progress)
         self.job_metrics = job_metrics
-        self.node_alerts = node_alerts
-        self.no_telemetry_seconds = no_telemetry_seconds
+        self.node_alerts = config.node_alerts
+        self.no_telemetry_seconds = config.no_telemetry_seconds
         self.jobs: dict[tuple[str, str], WatchedJob] = {}
         self._task: asyncio.Task[None] | None = None
 

@@ -29,6 +29,7 @@ import aiohttp
 
 from rankwatch import tenant_text
 from rankwatch.model.evidence import NodeAlertEvidence
+from rankwatch.operator.config import NodeAlertSources
 
 NODE_LABELS = ("node", "Hostname", "kubernetes_node", "nodename", "instance")
 """Labels that name the node an alert is about, as the common exporters and relabellings spell it."""
@@ -40,21 +41,6 @@ MAX_TEXT = 500
 """An alert's name and summary are cut to this (they go into status, Events and cards)."""
 PROMETHEUS_ALERTS_PATH = "/api/v1/alerts"
 ALERTMANAGER_ALERTS_PATH = "/api/v2/alerts"
-
-
-@dataclass(frozen=True)
-class NodeAlertSources:
-    """Where the diagnosis reads node alerts (``RANKWATCH_PROMETHEUS_URL``, ``RANKWATCH_ALERTMANAGER_URL``);
-    neither set: it does not look."""
-
-    prometheus_url: str | None = None
-    alertmanager_url: str | None = None
-    timeout_seconds: float = 5.0
-    """Per source; a diagnosis waits no longer than this for alerts."""
-
-    @property
-    def configured(self) -> bool:
-        return bool(self.prometheus_url or self.alertmanager_url)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from rankwatch.model import event_reasons
 from rankwatch.operator import events
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.status_patch import update_status
+from rankwatch.timestamps import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def silence_limit(no_telemetry_seconds: float, window_seconds: float) -> float:
 
 
 def describe_silence(silent_s: float, since_wall: float, shipped_before: bool, replicas: int) -> str:
-    since = datetime.datetime.fromtimestamp(since_wall, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since = rfc3339(datetime.datetime.fromtimestamp(since_wall, datetime.UTC))
     what = "since the last one" if shipped_before else "since the job started running"
     return (
         f"no window summary from any of the job's {replicas} sidecars for {silent_s:.0f} s ({what}, {since}): "

@@ -29,12 +29,12 @@ from rankwatch.model import event_reasons
 from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
 from rankwatch.model.finding import Finding
 from rankwatch.operator import api, events
+from rankwatch.operator.config import Safeguards
 from rankwatch.operator.diagnosis import writer
 from rankwatch.operator.diagnosis.diagnose import Diagnosis
 from rankwatch.operator.kinds.adapter import Group, KindAdapter, read_owner
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult
-from rankwatch.operator.remediation.cordon_decision import Safeguards
 from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import Remediation, TrainingJobSpec
 

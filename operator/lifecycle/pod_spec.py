@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rankwatch import sidecar_env
 from rankwatch.operator import api
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import gang
@@ -211,13 +212,13 @@ def _init_container(config: WorkerPodSettings) -> dict[str, Any]:
 def _sidecar_container(target: PodTracing, config: WorkerPodSettings) -> dict[str, Any]:
     field_env = [
         {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-        for name, path in (("POD_NAME", "metadata.name"), ("NODE_NAME", "spec.nodeName"), ("POD_IP", "status.podIP"))
+        for name, path in ((sidecar_env.POD_NAME, "metadata.name"), (sidecar_env.NODE_NAME, "spec.nodeName"))
     ]
     index = target.replica_index
     replica_index = (
-        {"name": "RANKWATCH_REPLICA_INDEX", "valueFrom": {"fieldRef": {"fieldPath": index.path}}}
+        {"name": sidecar_env.REPLICA_INDEX, "valueFrom": {"fieldRef": {"fieldPath": index.path}}}
         if isinstance(index, FieldPath)
-        else _env("RANKWATCH_REPLICA_INDEX", index)
+        else _env(sidecar_env.REPLICA_INDEX, index)
     )
     return {
         "name": SIDECAR_CONTAINER,
@@ -225,16 +226,16 @@ def _sidecar_container(target: PodTracing, config: WorkerPodSettings) -> dict[st
         "restartPolicy": "Always",  # native sidecar: runs beside the trainer, never keeps the pod alive
         "command": ["rankwatch", "sidecar"],
         "env": [
-            _env("RANKWATCH_TRACE_DIR", TRACE_DIR),
-            _env("RANKWATCH_COLLECTOR_URL", config.collector_url),
-            _env("RANKWATCH_TOKEN_FILE", f"{TOKEN_DIR}/{api.TOKEN_KEY}"),
-            _env("RANKWATCH_JOB_NAME", target.group),
-            _env("RANKWATCH_JOB_NAMESPACE", target.namespace),
+            _env(sidecar_env.TRACE_DIR, TRACE_DIR),
+            _env(sidecar_env.COLLECTOR_URL, config.collector_url),
+            _env(sidecar_env.TOKEN_FILE, f"{TOKEN_DIR}/{api.TOKEN_KEY}"),
+            _env(sidecar_env.JOB_NAME, target.group),
+            _env(sidecar_env.JOB_NAMESPACE, target.namespace),
             replica_index,
-            _env("RANKWATCH_NPROC_PER_NODE", target.nproc_per_node),
-            _env("RANKWATCH_SENSITIVITY_SECONDS", target.tracing.sensitivitySeconds),
-            _env("RANKWATCH_WINDOW_SECONDS", target.tracing.windowSeconds),
-            _env("RANKWATCH_METRICS_PORT", config.sidecar_metrics_port),
+            _env(sidecar_env.NPROC_PER_NODE, target.nproc_per_node),
+            _env(sidecar_env.SENSITIVITY_SECONDS, target.tracing.sensitivitySeconds),
+            _env(sidecar_env.WINDOW_SECONDS, target.tracing.windowSeconds),
+            _env(sidecar_env.METRICS_PORT, config.sidecar_metrics_port),
             *field_env,
         ],
         "ports": [{"name": SIDECAR_METRICS_PORT_NAME, "containerPort": config.sidecar_metrics_port, "protocol": "TCP"}],

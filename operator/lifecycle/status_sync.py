@@ -8,7 +8,6 @@ Event handlers (unlike kopf timers) need no finalizer, so a job stays deletable 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 
 import kopf
@@ -23,14 +22,11 @@ from rankwatch.operator.config import OperatorConfig, WorkerPodSettings
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_patch import Patched, displayable, patch_status_of_version
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.timestamps import rfc3339_now
 
 log = logging.getLogger(__name__)
 
 SYNC_RETRY_SECONDS = 5.0
-
-
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class StatusSync:
@@ -110,7 +106,7 @@ def sync_status(
                 kopf.event(job, type="Normal", reason=event_reasons.RECREATED, message=message)
                 return  # their events bring us back
         generation = job["metadata"].get("generation", 1)
-        new, events = job_status.derive(job_spec, pods, previous, now(), generation)
+        new, events = job_status.derive(job_spec, pods, previous, rfc3339_now(), generation)
         new = displayable(new)
         changed = {key: value for key, value in new.items() if previous.get(key) != value}
         if not changed:

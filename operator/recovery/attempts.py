@@ -27,17 +27,13 @@ from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.children import current_attempt
 from rankwatch.operator.lifecycle.status_patch import update_status
 from rankwatch.operator.recovery.decision import WORKER_FAILED, culprits_text
+from rankwatch.timestamps import rfc3339, rfc3339_now
 
 log = logging.getLogger(__name__)
 
 END_GRACE_SECONDS = 10
 """A hung rank may not react to SIGTERM; its pod is killed this long after."""
 MAX_ATTEMPTS_LISTED = 25
-
-
-def now_text(moment: datetime.datetime | None = None) -> str:
-    moment = moment or datetime.datetime.now(datetime.UTC)
-    return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -179,7 +175,7 @@ def write_restart(
     """Move the job to its next attempt (see the module docstring); None when the job moved on meanwhile
     (another writer handled this finding, or it ended)."""
     moment = datetime.datetime.now(datetime.UTC)
-    stamp = now_text(moment)
+    stamp = rfc3339(moment)
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
         status = job.get("status") or {}
@@ -205,7 +201,7 @@ def write_restart(
             restarts=attempt,
             attempts=attempts,
             avoidNodes=sorted({*(status.get("avoidNodes") or []), *avoid}),
-            restartAfter=now_text(moment + datetime.timedelta(seconds=backoff_s)),
+            restartAfter=rfc3339(moment + datetime.timedelta(seconds=backoff_s)),
             workerFailure=None,
             workers=f"0/{job['spec'].get('replicas', 1)}",
         )
@@ -228,7 +224,7 @@ def write_failed(
     limit_note: str,
 ) -> dict | None:
     """maxRestarts reached: Failed, naming the culprits of every attempt."""
-    stamp = now_text()
+    stamp = rfc3339_now()
 
     def change(job: dict[str, Any]) -> dict[str, Any] | None:
         status = job.get("status") or {}

@@ -44,6 +44,7 @@ from rankwatch.operator.recovery.decision import (
 )
 from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
+from rankwatch.timestamps import rfc3339_now
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class Recovery:
         metadata, status = job["metadata"], job.get("status") or {}
         namespace, name = metadata["namespace"], metadata["name"]
         attempt = children.current_attempt(status)
-        moment = attempts.now_text()
+        moment = rfc3339_now()
         started = time.monotonic()
         try:
             archive.check_target(target.s3)  # before anything is collected for it
@@ -327,7 +328,7 @@ class Recovery:
         worker_failed = verdict.reason == WORKER_FAILED
         key = WORKER_FAILED if worker_failed else key_of(DiagnosisStatus.from_status(status))
         kept = await self._keep(job, spec, verdict.reason)
-        ended = attempts.EndedAttempt.of(status, verdict.reason, attempts.now_text())
+        ended = attempts.EndedAttempt.of(status, verdict.reason, rfc3339_now())
         ended = attempts.EndedAttempt(**{**ended.__dict__, "archive": kept.path, "archiveProblems": kept.problems})
         # A worker that failed is not evidence against its node (its code may be the cause): no avoiding.
         avoid = [] if worker_failed else await asyncio.to_thread(attempts.nodes_to_avoid, self.kube, ended.nodes)
@@ -370,7 +371,7 @@ class Recovery:
         namespace, name, status = job["metadata"]["namespace"], job["metadata"]["name"], job["status"]
         key = key_of(DiagnosisStatus.from_status(status))
         kept = await self._keep(job, spec, verdict.reason)
-        ended = attempts.EndedAttempt.of(status, verdict.reason, attempts.now_text())
+        ended = attempts.EndedAttempt.of(status, verdict.reason, rfc3339_now())
         ended = attempts.EndedAttempt(**{**ended.__dict__, "archive": kept.path, "archiveProblems": kept.problems})
         written = await asyncio.to_thread(
             attempts.write_failed, self.kube, namespace, name, key, ended, verdict.message

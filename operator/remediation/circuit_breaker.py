@@ -13,29 +13,11 @@ same count. The breaker only ever limits cordoning; undoing a cordon never consu
 from __future__ import annotations
 
 import datetime
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from rankwatch.operator.config import BreakerSettings
 from rankwatch.operator.remediation.node_marks import NodeView
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    max_share: float = 0.10
-    """Share of all nodes. NVSentinel's default is 50% for generic node health; rankwatch's own
-    signal (one job's diagnosis) is narrower, and a training cluster rarely loses even 1% of its
-    nodes to independent faults within minutes, so 10% leaves room for real bursts while a
-    systemic false positive stops long before it empties the cluster."""
-    min_nodes: int = 1
-    """Floor on the cap, so a small cluster (4 nodes: 10% is 0.4) can still cordon one node."""
-    window_seconds: float = 900.0
-    """Longer than the spread of detection times of one shared cause (sensitivity 300 s by default
-    plus diagnosis): the jobs it hits all report within this window."""
-
-    def cap(self, total_nodes: int) -> int:
-        """Most nodes rankwatch may have cordoned within the window."""
-        return max(self.min_nodes, math.floor(self.max_share * total_nodes + 1e-9))
 
 
 @dataclass(frozen=True)

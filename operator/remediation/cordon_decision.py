@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from rankwatch.model.finding import Finding, FindingKind
 from rankwatch.operator import api
+from rankwatch.operator.config import Safeguards
 from rankwatch.operator.events import EventTarget
 from rankwatch.operator.remediation import circuit_breaker
-from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.node_marks import Mark, NodeView
 from rankwatch.operator.spec import Remediation
 
@@ -55,29 +55,6 @@ class CordonRequest:
     def wrote(self, mark: Mark) -> bool:
         """``mark`` is this very request's (same job, same diagnosis): an earlier try of it wrote it."""
         return bool(self.diagnosis) and mark.diagnosis == self.diagnosis and mark.is_for(self.job, self.job_uid)
-
-
-@dataclass(frozen=True)
-class Safeguards:
-    """Operator-wide limits a job's spec cannot raise (``rankwatch.operator.config`` builds them from the
-    Deployment's environment)."""
-
-    breaker: BreakerSettings = field(default_factory=BreakerSettings)
-    cooldown_seconds: float = 1800.0
-    """After an undo (a person judged the node good), the node is left alone this long, so a
-    diagnosis still pending on the old evidence does not cordon it again at once."""
-    min_confidence: float = 0.0
-    """Diagnoses below this confidence are recorded but cordon nothing (0: every diagnosis acts)."""
-    max_nodes_per_namespace: int = 4
-    """Most nodes rankwatch holds cordoned at once for the jobs of one namespace, however old the
-    cordons: the breaker limits only the rate, so one team's diagnoses, window after window, could
-    otherwise take the whole cluster."""
-    max_nodes: int = 16
-    """Most nodes rankwatch holds cordoned at once, all namespaces together."""
-    shared_expiry_seconds: float = 3600.0
-    """A cordon of a node on which pods of other namespaces ran (or when rankwatch cannot tell) is
-    undone by rankwatch after this long; a node only the job's own namespace used stays cordoned
-    until a person undoes it."""
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,10 @@ import kubernetes
 
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.model.finding import Finding
+from rankwatch.operator.config import Safeguards
 from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.remediation.cordon import RemediationResult, remediate_async
-from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards
+from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy
 from rankwatch.operator.remediation.metrics import RemediationMetrics
 from rankwatch.operator.spec import Remediation, TrainingJobSpec
 

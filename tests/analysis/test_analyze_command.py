@@ -13,7 +13,7 @@ from html import escape
 
 import pytest
 
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC"
 

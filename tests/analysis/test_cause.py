@@ -11,7 +11,7 @@ from rankwatch.analysis.analyze import analyze_trace, summary_text
 from rankwatch.analysis.cause import HostLoads, RankHostLoad, attribute
 from rankwatch.analysis.findings import AnalysisReport, Cause, Finding
 from rankwatch.analysis.load import load_path
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import HEADER_SIZE, RECORD_DTYPE, Flag, Op, RingReader, State, peek_header
 from rankwatch.sidecar.ring_tail import RingTail
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 
 def simulate(tmp_path, gpu_timing: bool, compute_us: int = 1000, **kwargs) -> dict:

@@ -12,7 +12,7 @@ from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.compute_gaps import detect_compute_stragglers
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.sync_points import stopped_at_sync
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 RINGS = Path(__file__).parent / "rings"  # rings of real runs whose analysis went wrong once
 

@@ -17,9 +17,9 @@ from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.flight_recorder import write_dumps
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.megatrace import write_logs
-from rankwatch.analysis.ring_writer import write_rings
-from rankwatch.analysis.scenario import Scenario, SyntheticRun, generate
 from rankwatch.analysis.trace import Trace
+from rankwatch.standins.ring_writer import write_rings
+from rankwatch.standins.scenario import Scenario, SyntheticRun, generate
 
 SKEW = {"clock_skew_us": 2000.0, "jitter": 0.03}
 SCENARIOS = {

@@ -15,7 +15,7 @@ import pytest
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.trace import CALL_DTYPE, Trace
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 SYNC = {"device": "sync", "gpu_timing": False}
 

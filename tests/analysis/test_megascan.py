@@ -15,8 +15,8 @@ import pytest
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.megascan import MegaScanError, write_traces
-from rankwatch.analysis.scenario import Scenario, generate
 from rankwatch.analysis.trace import BACKWARD, FORWARD
+from rankwatch.standins.scenario import Scenario, generate
 
 PUBLISHED = Path(__file__).parent / "megascan" / "megatronapp-published-runs.tar.gz"
 PP_RUN = "data-1-pipeline-4-tensor-1-pp"
@@ -260,7 +260,7 @@ def test_a_run_of_the_stand_in_device_written_as_megascan_names_its_slower_gpu(t
     from the spans alone."""
     from rankwatch.analysis.compute_spans import detect_span_stragglers
     from rankwatch.analysis.topology import Layout
-    from rankwatch.simulate import Faults, Simulation, run
+    from rankwatch.standins.simulate import Faults, Simulation, run
 
     rings, traces = tmp_path / "rings", tmp_path / "megascan"
     run(Simulation(world_size=8, tp=2, pp=2, steps=12, compute_us=2000, ranks_per_node=4,

@@ -1,5 +1,5 @@
 """Hundreds to a thousand ranks whose hosts run ahead of their GPUs: the vectorised model
-(analysis/scenario.py, ``run_ahead=True``), where real processes cannot go on this machine. A hang
+(standins/scenario.py, ``run_ahead=True``), where real processes cannot go on this machine. A hang
 leaves the GPUs that wait for the culprit stuck while their hosts go on launching up to the step's
 synchronisation, as real NCCL does; the culprit must still be named first, and call times alone must
 never name a wrong rank."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rankwatch.analysis.analyze import analyze
-from rankwatch.analysis.scenario import Scenario, generate
+from rankwatch.standins.scenario import Scenario, generate
 
 BASE = {"clock_skew_us": 2000.0, "jitter": 0.03, "run_ahead": True, "ranks_per_node": 8, "compute_us": 1000}
 LAYOUTS = [(1024, 8, 2), (512, 2, 8), (256, 1, 4)]

@@ -16,6 +16,7 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus, key_of
 from rankwatch.operator.lifecycle.status_patch import update_status
 from rankwatch.operator.recovery import attempts
 from rankwatch.operator.recovery.decision import WORKER_FAILED
+from rankwatch.timestamps import rfc3339_now
 
 WRITTEN_BEFORE = {
     "active": True,
@@ -74,7 +75,7 @@ def test_a_record_written_before_the_model_is_closed_by_a_restart_key_for_key(ap
     namespace, name = job
     status = write_status(api, namespace, name, {"phase": "Running", "diagnosis": WRITTEN_BEFORE})
     key = key_of(DiagnosisStatus.from_status(status))
-    ended = attempts.EndedAttempt.of(status, "Straggler", attempts.now_text())
+    ended = attempts.EndedAttempt.of(status, "Straggler", rfc3339_now())
 
     assert attempts.write_restart(api, namespace, name, key, ended, [], 0, "Straggler") is not None
 
@@ -91,7 +92,7 @@ def test_an_attempt_ended_by_a_failed_worker_closes_an_empty_diagnosis(api, job)
     namespace, name = job
     failure = {"attempt": 0, "reason": "Error", "message": "worker 1 exited 1", "pods": ["llama-worker-1"]}
     status = write_status(api, namespace, name, {"phase": "Running", "workerFailure": failure})
-    ended = attempts.EndedAttempt.of(status, WORKER_FAILED, attempts.now_text())
+    ended = attempts.EndedAttempt.of(status, WORKER_FAILED, rfc3339_now())
 
     assert attempts.write_restart(api, namespace, name, WORKER_FAILED, ended, [], 0, WORKER_FAILED) is not None
 

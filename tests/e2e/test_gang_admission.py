@@ -11,8 +11,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-
-from tests.e2e.test_trainingjob import create_job, phase_is, small_job, worker_pods
+from trainingjobs import create_job, phase_is, small_job, worker_pods
 
 pytestmark = pytest.mark.e2e
 

@@ -46,7 +46,7 @@ FRAME_CHARS = 4000  # py-spy leaves out a frame whose name or file name is much 
 # stacks carry all of it to the sidecar's stall report, and so towards the diagnosis, the Event and the page.
 HOSTILE_RANK = textwrap.dedent(f"""
     import time
-    from rankwatch import python_rank
+    from rankwatch.standins import python_rank
     names = [f"stage_{{i}}_" + "x" * ({FRAME_CHARS} - 10) for i in range(10)]
     source = "".join(
         f"def {{name}}(step, stall_at):\\n    if step == stall_at:\\n        return {{following}}\\n"
@@ -60,7 +60,7 @@ HOSTILE_RANK = textwrap.dedent(f"""
 """)
 HOSTILE_TRAINER = textwrap.dedent(f"""
     import os, sys
-    from rankwatch.simulate import pod_rank_env
+    from rankwatch.standins.simulate import pod_rank_env
     env = pod_rank_env(dict(os.environ), 0)  # RANK, the stand-in's library path, the fault on its rank only
     env["RANKWATCH_NODE_NAME"] = os.environ["CLAIMED_NODE"]  # its rings say it runs on the other team's node
     os.execve(sys.executable, [sys.executable, "-c", {HOSTILE_RANK!r}], env)

@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry
 
 from rankwatch.cluster.nodes import MANAGED_LABEL, fake_gpu_node
 from rankwatch.kube import TimedApiClient
+from rankwatch.operator.config import BreakerSettings
 from rankwatch.operator.remediation import node_actions, node_marks
-from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
     Outcome,
     Safeguards,

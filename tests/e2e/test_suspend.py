@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
-
-from tests.e2e.test_trainingjob import create_job, get_job, phase_is, small_job, worker_pods
+from trainingjobs import create_job, get_job, phase_is, small_job, worker_pods
 
 pytestmark = pytest.mark.e2e
 

@@ -8,35 +8,11 @@ from pathlib import Path
 
 import kubernetes
 import pytest
+from trainingjobs import create_job, get_job, phase_is, small_job, worker_pods
 
 pytestmark = pytest.mark.e2e
 
-JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 EXAMPLE = str(Path(__file__).parents[2] / "examples" / "trainingjob.yaml")
-
-
-def get_job(api, namespace: str, name: str) -> dict:
-    return kubernetes.client.CustomObjectsApi(api).get_namespaced_custom_object(
-        *JOB_API[:2], namespace, JOB_API[2], name
-    )
-
-
-def create_job(api, namespace: str, manifest: dict) -> dict:
-    return kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-        *JOB_API[:2], namespace, JOB_API[2], manifest
-    )
-
-
-def worker_pods(api, namespace: str, job: str) -> list:
-    pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
-        namespace, label_selector=f"rankwatch.io/job-name={job}"
-    )
-    return sorted(pods.items, key=lambda pod: pod.metadata.name)
-
-
-def phase_is(api, namespace: str, name: str, phase: str):
-    status = get_job(api, namespace, name).get("status", {})
-    return status if status.get("phase") == phase else None
 
 
 def test_example_job_runs_with_injected_workers(api, kubectl, namespace, eventually):
@@ -102,26 +78,6 @@ def test_deleting_the_job_removes_its_pods_service_and_secret(api, kubectl, name
         what="service garbage-collected",
     )
     assert not core.list_namespaced_secret(namespace, label_selector="rankwatch.io/job-name=llama-70b").items
-
-
-def small_job(name: str, replicas: int = 2, annotations: dict | None = None, gpus: int = 8) -> dict:
-    return {
-        "apiVersion": "rankwatch.io/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "nprocPerNode": 8,
-            "template": {
-                "metadata": {"annotations": annotations or {}},
-                "spec": {
-                    "containers": [
-                        {"name": "trainer", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
-                    ]
-                },
-            },
-        },
-    }
 
 
 def test_workers_that_finish_complete_the_job(api, namespace, eventually):

@@ -10,7 +10,8 @@ import asyncio
 import os
 import sys
 
-from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings
+from rankwatch.operator.config import CollectorSettings
+from rankwatch.operator.diagnosis.collector import Collector
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.operator.operator_metrics import OperatorMetrics
 

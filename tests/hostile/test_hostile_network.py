@@ -29,7 +29,7 @@ import pytest
 from rankwatch import protocol
 from rankwatch.analysis.ring import HEADER_DTYPE
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
-from rankwatch.simulate import Simulation, run
+from rankwatch.standins.simulate import Simulation, run
 
 TOKEN = "hostile-test-token-0123456789"
 IDLE_S = 2.0  # both servers close a connection without a complete request after this long

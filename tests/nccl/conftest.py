@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rankwatch.native import NativeArtifacts, native_artifacts
+from rankwatch.standins.native import NativeArtifacts, native_artifacts
 
 WORKER = Path(__file__).parent / "scripts" / "rank_worker.py"
 

@@ -18,7 +18,7 @@ import pytest
 from rankwatch.analysis.analyze import analyze_trace
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import Flag, Op, State, read_ring
-from rankwatch.simulate import Faults, HostCost, PodRun, Simulation, SimulationError, run, run_pod
+from rankwatch.standins.simulate import Faults, HostCost, PodRun, Simulation, SimulationError, run, run_pod
 
 ASYNC = {"RANKWATCH_STANDIN_DEVICE": "async"}
 CUDA_SUCCESS, CUDA_ERROR_NOT_READY = 0, 600
@@ -326,7 +326,7 @@ def test_bad_device_model_is_refused_clearly(tmp_path):
 
 
 def test_pod_ranks_inherit_the_device_model_while_faults_stay_on_their_rank():
-    from rankwatch.simulate import pod_rank_env
+    from rankwatch.standins.simulate import pod_rank_env
 
     environ = {"NODE_RANK": "1", "NPROC_PER_NODE": "2", "WORLD_SIZE": "4", "RANKWATCH_STANDIN_DEVICE": "async",
                "RANKWATCH_STANDIN_FAULT_RANK": "3", "RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL": "9"}  # fmt: skip

@@ -13,8 +13,8 @@ import sys
 
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.ring import RingReader
-from rankwatch.analysis.ring_writer import write_rings
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.ring_writer import write_rings
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 

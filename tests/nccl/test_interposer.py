@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.ring import Flag, Op, RingReader, State, read_ring
-from rankwatch.native import native_artifacts
+from rankwatch.standins.native import native_artifacts
 
 FLOAT32 = 7
 

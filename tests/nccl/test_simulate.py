@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rankwatch.analysis.ring import Op, State, read_ring
-from rankwatch.simulate import Faults, Simulation, SimulationError, run
+from rankwatch.standins.simulate import Faults, Simulation, SimulationError, run
 
 SYNC = {"device": "sync", "gpu_timing": False}
 

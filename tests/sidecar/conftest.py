@@ -24,7 +24,7 @@ from rankwatch.analysis.ring import HEADER_DTYPE, HEADER_SIZE, RECORD_DTYPE, Op,
 from rankwatch.sidecar.config import load
 from rankwatch.sidecar.main import Sidecar
 from rankwatch.sidecar.shipper import Backoff, Shipper
-from rankwatch.simulate import Simulation, run
+from rankwatch.standins.simulate import Simulation, run
 
 TOKEN = "test-token-0123456789"
 

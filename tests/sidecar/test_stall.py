@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from rankwatch.analysis.ring import read_ring
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 SENSITIVITY = 1.5
 

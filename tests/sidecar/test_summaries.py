@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from rankwatch.analysis.ring import Op, read_ring
-from rankwatch.simulate import Simulation, run
+from rankwatch.standins.simulate import Simulation, run
 
 
 async def test_summaries_of_a_live_run_carry_the_rings_numbers(

@@ -9,8 +9,8 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.model.finding import Finding
+from rankwatch.operator.config import BreakerSettings
 from rankwatch.operator.remediation import node_marks
-from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
 from rankwatch.operator.remediation.cordon import (
     CordonRequest,
     RemediationPolicy,

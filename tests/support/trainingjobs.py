@@ -112,3 +112,36 @@ def node_marks(api, name: str) -> tuple[bool, list[str], dict[str, str]]:
     taints = [f"{t.key}={t.value}:{t.effect}" for t in node.spec.taints or []]
     marks = {k: v for k, v in (node.metadata.annotations or {}).items() if k.startswith("rankwatch.io/")}
     return bool(node.spec.unschedulable), taints, marks
+
+
+def worker_pods(api, namespace: str, job: str) -> list:
+    pods = kubernetes.client.CoreV1Api(api).list_namespaced_pod(
+        namespace, label_selector=f"rankwatch.io/job-name={job}"
+    )
+    return sorted(pods.items, key=lambda pod: pod.metadata.name)
+
+
+def phase_is(api, namespace: str, name: str, phase: str):
+    status = get_job(api, namespace, name).get("status", {})
+    return status if status.get("phase") == phase else None
+
+
+def small_job(name: str, replicas: int = 2, annotations: dict | None = None, gpus: int = 8) -> dict:
+    """A TrainingJob whose workers kwok runs (no stand-in ranks): for the lifecycle, not the diagnosis."""
+    return {
+        "apiVersion": "rankwatch.io/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "nprocPerNode": 8,
+            "template": {
+                "metadata": {"annotations": annotations or {}},
+                "spec": {
+                    "containers": [
+                        {"name": "trainer", "image": "trainer:1", "resources": {"limits": {"nvidia.com/gpu": gpus}}}
+                    ]
+                },
+            },
+        },
+    }

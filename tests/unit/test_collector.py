@@ -19,7 +19,8 @@ import pytest
 
 from rankwatch import protocol
 from rankwatch.operator import event_loop
-from rankwatch.operator.diagnosis.collector import Collector, CollectorSettings, RateLimiter, TokenUnavailable
+from rankwatch.operator.config import CollectorSettings
+from rankwatch.operator.diagnosis.collector import Collector, RateLimiter, TokenUnavailable
 from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 

@@ -7,9 +7,9 @@ import datetime
 import pytest
 
 from rankwatch.model.finding import Finding
+from rankwatch.operator.config import BreakerSettings, Safeguards
 from rankwatch.operator.remediation import circuit_breaker, node_marks
-from rankwatch.operator.remediation.circuit_breaker import BreakerSettings
-from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, Safeguards, decide
+from rankwatch.operator.remediation.cordon_decision import CordonRequest, Outcome, RemediationPolicy, decide
 from rankwatch.operator.remediation.node_marks import NodeView
 from rankwatch.operator.spec import Remediation
 

@@ -15,7 +15,7 @@ from rankwatch.model.finding import FindingKind
 from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse, render_evidence
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
-from rankwatch.simulate import Faults, Simulation, run
+from rankwatch.standins.simulate import Faults, Simulation, run
 
 TP, WORLD = 4, 8
 

@@ -164,3 +164,30 @@ def test_importing_every_module_registers_no_metric():
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["imported"] > 100
     assert result["registered"] == []
+
+
+RUNTIME_PACKAGES = ("rankwatch.operator", "rankwatch.sidecar", "rankwatch.alerting", "rankwatch.analysis")
+
+
+def test_no_runtime_package_imports_the_stand_ins():
+    """The runtime image leaves ``rankwatch.standins`` out by folder: an import of it from what the operator,
+    the sidecar or the alerting runs would fail there, however lazily it was written."""
+    reaching = {
+        name: sorted(target for target in targets if target.startswith("rankwatch.standins"))
+        for name, targets in graph().items()
+        if name.startswith(RUNTIME_PACKAGES)
+    }
+    assert {name: targets for name, targets in reaching.items() if targets} == {}
+
+
+def test_the_configuration_is_a_leaf_that_imports_no_implementation():
+    """``operator/config.py`` holds every component's settings (the collector's, the breaker's, the
+    safeguards, the node-alert sources) and the components import it, never the reverse: what it imports
+    for parsing (the error type, the API timeout, the event-loop and archive-endpoint checks) imports
+    nothing of rankwatch in turn, so reading the configuration loads no collector, monitor or cordon code."""
+    imports = graph()
+    config = imports["rankwatch.operator.config"]
+    assert {name: sorted(imports[name]) for name in config if imports[name]} == {}
+    assert not {
+        name for name in config if name.startswith(("rankwatch.operator.diagnosis", "rankwatch.operator.remediation"))
+    }

@@ -157,8 +157,8 @@ def test_rings_carry_op_count_and_datatype_a_mismatch_shows_in_them(tmp_path):
     import numpy as np
 
     from rankwatch.analysis.load import load_path as load
-    from rankwatch.analysis.ring_writer import write_rings
-    from rankwatch.analysis.scenario import Scenario, generate
+    from rankwatch.standins.ring_writer import write_rings
+    from rankwatch.standins.scenario import Scenario, generate
 
     run = generate(Scenario(16, tp=4, pp=2, steps=6))
     calls = run.trace.calls

@@ -17,9 +17,9 @@ from rankwatch.alerting.cards import card
 from rankwatch.alerting.messages import Notification
 from rankwatch.model.evidence import node_alert_lines
 from rankwatch.model.finding import Finding, FindingKind
-from rankwatch.operator.config import ConfigError, OperatorConfig
+from rankwatch.operator.config import ConfigError, NodeAlertSources, OperatorConfig
 from rankwatch.operator.diagnosis.diagnose import with_node_alerts
-from rankwatch.operator.diagnosis.node_alerts import NodeAlertSources, firing_on
+from rankwatch.operator.diagnosis.node_alerts import firing_on
 
 THROTTLED = {
     "labels": {"alertname": "GPUClocksThrottled", "severity": "P2", "component": "gpu", "node": "gpu-node-3",

@@ -7,11 +7,11 @@ import subprocess
 import sys
 import time
 
-from rankwatch.noisy_neighbour import shared_cpu
+from rankwatch.standins.noisy_neighbour import shared_cpu
 
 LAUNCHER = (
     "import sys, time\n"
-    "from rankwatch.noisy_neighbour import shared_cpu, start_neighbours\n"
+    "from rankwatch.standins.noisy_neighbour import shared_cpu, start_neighbours\n"
     "[neighbour] = start_neighbours(1, shared_cpu())\n"
     "print(neighbour.pid, flush=True)\n"
     "time.sleep(60)\n"

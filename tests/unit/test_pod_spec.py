@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 
+from rankwatch import sidecar_env
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.lifecycle import pod_spec
 from rankwatch.operator.spec import InvalidSpec, Parallelism, Sidecar, Tracing, TrainingJobSpec
+from rankwatch.sidecar import config as sidecar_config
 
 CONFIG = WorkerPodSettings(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
 JOB = {"metadata": {"name": "llama", "namespace": "team-a", "uid": "uid-123"}}
@@ -108,10 +110,10 @@ def test_tracing_injection_init_container_preload_and_sidecar():
     assert init["command"] == ["cp", "/opt/rankwatch/lib/librankwatch-nccl.so", "/rankwatch/lib/librankwatch-nccl.so"]
     assert sidecar["name"] == "rankwatch-sidecar" and sidecar["restartPolicy"] == "Always"
     assert sidecar["command"] == ["rankwatch", "sidecar"]
-    sidecar_env = env_of(sidecar)
-    assert sidecar_env["RANKWATCH_COLLECTOR_URL"] == "http://collector:8080"
-    assert sidecar_env["RANKWATCH_TOKEN_FILE"] == "/var/run/secrets/rankwatch/token"
-    assert sidecar_env["RANKWATCH_SENSITIVITY_SECONDS"] == "120"
+    sidecar_vars = env_of(sidecar)
+    assert sidecar_vars["RANKWATCH_COLLECTOR_URL"] == "http://collector:8080"
+    assert sidecar_vars["RANKWATCH_TOKEN_FILE"] == "/var/run/secrets/rankwatch/token"
+    assert sidecar_vars["RANKWATCH_SENSITIVITY_SECONDS"] == "120"
     assert {m["name"] for m in sidecar["volumeMounts"]} == {
         "rankwatch-traces",
         "rankwatch-token",
@@ -135,6 +137,30 @@ def test_tracing_injection_init_container_preload_and_sidecar():
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert set(volumes) == {"data", "rankwatch-lib", "rankwatch-traces", "rankwatch-token", "rankwatch-no-api-token"}
     assert volumes["rankwatch-token"]["secret"]["secretName"] == "llama-rankwatch-token"
+
+
+def test_the_sidecar_reads_every_variable_the_pod_builder_sets_and_the_builder_sets_all_it_needs():
+    """The names come from one module (``rankwatch.sidecar_env``); this holds the two sides to it: the
+    sidecar's settings loaded from the built container's env carry the job's values, not defaults."""
+    spec = make_spec(tracing=Tracing(sensitivitySeconds=120, windowSeconds=2))
+    pod = pod_spec.worker_pod(JOB, spec, 3, CONFIG)
+    built = container(pod, "rankwatch-sidecar")["env"]
+    read = {variable for _, variable, _, _ in sidecar_config.SETTINGS.values() if variable}
+    assert {item["name"] for item in built} == read - sidecar_env.NOT_SET_BY_THE_OPERATOR
+    downward = {"metadata.name": "llama-worker-3", "spec.nodeName": "node-7"}
+    environ = {
+        item["name"]: item["value"] if "value" in item else downward[item["valueFrom"]["fieldRef"]["fieldPath"]]
+        for item in built
+    }
+    loaded = sidecar_config.load(environ=environ)
+    assert (loaded.job, loaded.namespace, loaded.pod, loaded.node) == (
+        "llama",
+        "team-a",
+        "llama-worker-3",
+        "node-7",
+    )
+    assert (loaded.replica_index, loaded.nproc_per_node, loaded.window_s, loaded.sensitivity_s) == (3, 8, 2.0, 120.0)
+    assert (loaded.collector_url, loaded.port) == ("http://collector:8080", CONFIG.sidecar_metrics_port)
 
 
 def test_the_job_token_is_readable_by_the_sidecar_alone_and_no_api_token_reaches_it():

@@ -118,7 +118,7 @@ def test_the_status_follows_the_current_attempts_pods_and_ends_restarting_when_t
 
 def test_a_stragglers_slowdown_is_measured_for_restart_on_slowdown_above():
     from rankwatch.analysis.analyze import analyze
-    from rankwatch.analysis.scenario import Scenario, generate
+    from rankwatch.standins.scenario import Scenario, generate
 
     finding = analyze(generate(Scenario(16, tp=4, stragglers=((5, 0.3),))).trace)["findings"][0]
     assert finding["ranks"] == [5] and finding["evidence"]["slowdown"] == pytest.approx(0.3, abs=0.05)

@@ -24,8 +24,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rankwatch import noisy_neighbour
-from rankwatch.native import native_artifacts
+from rankwatch.standins import noisy_neighbour
+from rankwatch.standins.native import native_artifacts
 
 
 class SimulationError(RuntimeError):
@@ -304,7 +304,7 @@ FAULT_RANK = "RANKWATCH_STANDIN_FAULT_RANK"
 FAULT_ATTEMPT = "RANKWATCH_STANDIN_FAULT_ATTEMPT"
 RENDEZVOUS = "RANKWATCH_STANDIN_RENDEZVOUS"
 CPU_NEIGHBOURS = "RANKWATCH_STANDIN_CPU_NEIGHBOURS"
-"""Busy processes sharing the fault rank's CPU (``rankwatch.noisy_neighbour``): a host-starved rank."""
+"""Busy processes sharing the fault rank's CPU (``rankwatch.standins.noisy_neighbour``): a host-starved rank."""
 POD_FAULT_VARIABLES = (
     "RANKWATCH_STANDIN_SLOWDOWN",
     "RANKWATCH_STANDIN_SLOWDOWN_FROM_CALL",
@@ -331,7 +331,7 @@ class PodRun:
     steps: int = 10
     microbatches: int = 2
     compute_us: int = 2000
-    python: bool = False  # ranks are Python processes (``rankwatch.python_rank``), not the C driver
+    python: bool = False  # ranks are Python processes (``rankwatch.standins.python_rank``), not the C driver
     device: str | None = None  # None: RANKWATCH_STANDIN_DEVICE from the pod's environment (else async)
     p2p_sync: bool = False
     host_cost: HostCost = field(default_factory=HostCost)  # the C driver's; a Python rank's host cost is Python's
@@ -391,7 +391,7 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
     ] + (["--p2p-sync"] if pod.p2p_sync else []) + pod.host_cost.driver_args()  # fmt: skip
     if pod.python:
         environ[RENDEZVOUS] = str(rendezvous)
-        argv = [sys.executable, "-m", "rankwatch.python_rank", "--steps", str(pod.steps),
+        argv = [sys.executable, "-m", "rankwatch.standins.python_rank", "--steps", str(pod.steps),
                 "--compute-us", str(pod.compute_us)]  # fmt: skip
     processes, neighbours = [], []
     for local in range(nproc):

@@ -8,7 +8,8 @@ the batch of step N never arrives (a data loader stuck on storage): the rank sto
 while its peers wait in ``all_reduce``. With ``RANKWATCH_STANDIN_BACKWARD_SLOWDOWN=0.6`` its
 ``backward`` takes 60% longer (a slower kernel in one layer): a straggler in one function.
 
-    RANK=r WORLD_SIZE=w RANKWATCH_STANDIN_RENDEZVOUS=DIR python -m rankwatch.python_rank [--steps S] [--compute-us U]
+    RANK=r WORLD_SIZE=w RANKWATCH_STANDIN_RENDEZVOUS=DIR python -m rankwatch.standins.python_rank
+        [--steps S] [--compute-us U]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from rankwatch.native import native_artifacts
+from rankwatch.standins.native import native_artifacts
 
 DATA_STALL_AT_STEP = "RANKWATCH_STANDIN_DATA_STALL_AT_STEP"
 BACKWARD_SLOWDOWN = "RANKWATCH_STANDIN_BACKWARD_SLOWDOWN"
