@@ -134,7 +134,8 @@ class GroupRecord:
         def change(owner: dict[str, Any]) -> dict[str, str | None] | None:
             annotations = (owner.get("metadata") or {}).get("annotations") or {}
             fields = {STEP_TIME_ANNOTATION: step_time} if step_time else {}
-            if annotations.get(HEALTH_ANNOTATION) == "Unknown" and not diagnosis_of(owner).get("active"):
+            diagnosis = diagnosis_of(owner)
+            if annotations.get(HEALTH_ANNOTATION) == "Unknown" and not (diagnosis and diagnosis.active):
                 fields[HEALTH_ANNOTATION] = "Healthy"
             return fields or None
 
