@@ -30,15 +30,15 @@ from rankwatch.analysis.straggler import detect_stragglers
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 TEST_TYPES = ("all", "hang", "slow", "parallel")
-# Ranks are compared over at most this many of the most recent calls (hundreds per rank even at 16k
-# ranks: ample for the sign test and the medians); hangs and the step-time history use everything.
-EVIDENCE_CALLS = 8_000_000
+# Ranks are compared over at most this many of the most recent calls; None: every call (32 M calls of a
+# 16k-rank job fit the analysis' 4 GiB). Hangs and the step-time history always use everything.
+EVIDENCE_CALLS: int | None = None
 
 
-def recent_since(trace: Trace, budget: int = EVIDENCE_CALLS) -> int | None:
-    """The call time after which about ``budget`` calls lie, or None when the trace is smaller."""
+def recent_since(trace: Trace, budget: int | None = EVIDENCE_CALLS) -> int | None:
+    """The call time after which about ``budget`` calls lie, or None when the trace is smaller (or no budget)."""
     calls = len(trace.calls)
-    if calls <= budget:
+    if budget is None or calls <= budget:
         return None
     sample = trace.calls["t_call"][:: max(1, calls // 200_000)]
     return int(np.quantile(sample, 1 - budget / calls))
@@ -104,7 +104,7 @@ def analyze_trace(
         links: list[Finding] = []
         since = recent_since(trace)
         if since is not None:
-            problems.append(f"{len(trace.calls):,} calls: ranks compared over the most recent {EVIDENCE_CALLS:,}")
+            problems.append(f"{len(trace.calls):,} calls: ranks compared over the most recent {EVIDENCE_CALLS or 0:,}")
         if trace.has_returns:
             links = detect_slow_links(trace, since_ns=since)
         else:

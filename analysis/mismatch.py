@@ -21,10 +21,12 @@ sequence number (coalesced collectives) are left out.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
 from rankwatch.analysis.findings import Cause, Finding, FindingKind, comm_label
+from rankwatch.analysis.instances import Instances, group_instances
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.stacks import caller_frame
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
@@ -46,52 +48,79 @@ def describe(signature: Signature) -> str:
     return f"{name} of {count:,} x {DTYPE_NAMES.get(dtype, f'datatype {dtype}')}"
 
 
-def _instances(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The collectives sorted by (communicator, sequence, rank), the start of each instance in that
-    order, and which instances are whole (no rank with two calls under one number)."""
-    # Column by column, and only the six columns compared: copying whole records of millions of calls
-    # twice (select, then sort) took 2.7 s of CPU at 8 M calls.
-    collective = np.isin(trace.calls["op"], COLLECTIVE_OPS)
-    columns = {name: trace.calls[name][collective] for name in ("comm", "seq", "rank", *FIELDS)}
-    order = np.lexsort((columns["rank"], columns["seq"], columns["comm"]))
-    calls = np.empty(len(order), dtype=[(name, trace.calls.dtype[name]) for name in columns])
-    for name, column in columns.items():
-        calls[name] = column[order]
+@dataclass(frozen=True)
+class _Collectives:
+    """The collectives grouped into instances (members in rank order), with the compared fields of each
+    call in that order: gathered once, column by column (copying whole records of millions of calls
+    was what cost, and a three-key sort of them)."""
+
+    instances: Instances
+    rank: np.ndarray
+    op: np.ndarray
+    count: np.ndarray  # 0 for the uneven operations
+    dtype: np.ndarray
+
+    @property
+    def starts(self) -> np.ndarray:
+        return self.instances.starts[:-1]
+
+    def by_rank(self, index: int) -> dict[int, Signature]:
+        """Each member's call in one instance."""
+        rows = slice(int(self.instances.starts[index]), int(self.instances.starts[index + 1]))
+        columns = (
+            self.rank[rows].tolist(),
+            self.op[rows].tolist(),
+            self.count[rows].tolist(),
+            self.dtype[rows].tolist(),
+        )
+        return {rank: (op, count, dtype) for rank, op, count, dtype in zip(*columns, strict=True)}
+
+    def signature(self, index: int) -> Signature:
+        """The call of an instance's first member (every member's, in an instance they agree on)."""
+        row = int(self.instances.starts[index])
+        return int(self.op[row]), int(self.count[row]), int(self.dtype[row])
+
+
+def _instances(trace: Trace) -> tuple[_Collectives, np.ndarray]:
+    """The collectives and which instances are whole (no rank with two calls under one number)."""
+    calls = trace.calls
+    collective = np.flatnonzero(np.isin(calls["op"], COLLECTIVE_OPS))
+    instances = group_instances(calls["comm"][collective], calls["seq"][collective], collective)
+    rows = instances.rows
+    op = calls["op"][rows]
     # uneven all-to-alls, gathers and scatters take inputs of different sizes on different ranks by design
     # (fr_trace leaves them undecided): only their op and datatype are compared
-    calls["count"][np.isin(calls["op"], UNEVEN_OPS)] = 0
-    if not len(calls):
-        return calls, np.zeros(0, np.int64), np.zeros(0, bool)
-    same_instance = (calls["comm"][1:] == calls["comm"][:-1]) & (calls["seq"][1:] == calls["seq"][:-1])
-    starts = np.flatnonzero(np.r_[True, ~same_instance])
-    repeated = np.r_[same_instance & (calls["rank"][1:] == calls["rank"][:-1]), False]
-    whole = np.add.reduceat(repeated.astype(np.int64), starts) == 0
-    return calls, starts, whole
+    count = calls["count"][rows]
+    count[np.isin(op, UNEVEN_OPS)] = 0
+    found = _Collectives(instances, calls["rank"][rows], op, count, calls["dtype"][rows])
+    if not len(rows):
+        return found, np.zeros(0, bool)
+    repeated = np.zeros(len(rows), bool)
+    np.equal(found.rank[1:], found.rank[:-1], out=repeated[1:])
+    repeated[found.starts] = False
+    return found, ~np.logical_or.reduceat(repeated, found.starts)
 
 
 def detect_mismatches(trace: Trace) -> list[Finding]:
     """One finding per communicator and set of odd ranks, at the first instance where they disagree."""
-    calls, starts, whole = _instances(trace)
-    if not len(calls):
+    collectives, whole = _instances(trace)
+    instances = collectives.instances
+    if not len(instances):
         return []
-    differs = np.zeros(len(starts), bool)
-    for name in FIELDS:
-        column = calls[name].astype(np.int64)
-        differs |= np.minimum.reduceat(column, starts) != np.maximum.reduceat(column, starts)
+    differs = np.zeros(len(instances), bool)
+    for column in (collectives.op, collectives.count, collectives.dtype):
+        differs |= np.minimum.reduceat(column, collectives.starts) != np.maximum.reduceat(column, collectives.starts)
     bad = np.flatnonzero(differs & whole)
-    bounds = np.r_[starts, len(calls)]
-    agreed = _agreed_signatures(calls, starts, whole & ~differs, trace)
+    agreed = _agreed_signatures(collectives, whole & ~differs, trace)
     findings: dict[tuple[int, tuple[int, ...]], Finding] = {}
-    for index, expected in _lone_odd_instances(calls, starts, whole & ~differs, agreed, trace):
-        rows = calls[bounds[index] : bounds[index + 1]]
-        comm_id, seq = int(rows[0]["comm"]), int(rows[0]["seq"])
-        by_rank = {int(r["rank"]): (int(r["op"]), int(r["count"]), int(r["dtype"])) for r in rows}
+    for index, expected in _lone_odd_instances(collectives, whole & ~differs, agreed, trace):
+        comm_id, seq = int(instances.comm[index]), int(instances.seq[index])
+        by_rank = collectives.by_rank(index)
         findings[(comm_id, tuple(sorted(by_rank)))] = _finding(trace, comm_id, seq, by_rank, sorted(by_rank),
                                                                "siblings", expected)  # fmt: skip
     for index in bad.tolist():
-        rows = calls[bounds[index] : bounds[index + 1]]
-        comm_id, seq = int(rows[0]["comm"]), int(rows[0]["seq"])
-        by_rank = {int(r["rank"]): (int(r["op"]), int(r["count"]), int(r["dtype"])) for r in rows}
+        comm_id, seq = int(instances.comm[index]), int(instances.seq[index])
+        by_rank = collectives.by_rank(index)
         odd, how = _odd_ranks(by_rank, agreed.get((_kind(trace, comm_id), seq), Counter()))
         key = (comm_id, tuple(odd))
         if key in findings:
@@ -110,23 +139,31 @@ def _kind(trace: Trace, comm_id: int) -> tuple[str, int]:
 
 
 def _agreed_signatures(
-    calls: np.ndarray, starts: np.ndarray, agreeing: np.ndarray, trace: Trace
+    collectives: _Collectives, agreeing: np.ndarray, trace: Trace
 ) -> dict[tuple[tuple[str, int], int], Counter[Signature]]:
-    """(communicator kind, sequence) -> how many communicators of that kind agreed on each call there."""
+    """(communicator kind, sequence) -> how many communicators of that kind agreed on each call there:
+    one count of the distinct (kind, sequence, call) over the instances, the kinds decided per communicator."""
+    instances = collectives.instances
+    kinds: dict[tuple[str, int], int] = {}  # kind -> its index
+    of_comm = [kinds.setdefault(_kind(trace, comm_id), len(kinds)) for comm_id in instances.comm_ids.tolist()]
+    kind_of = list(kinds)
+    chosen = np.flatnonzero(agreeing)
+    firsts = instances.starts[chosen]
+    columns = (np.array(of_comm, np.int64)[instances.comm_index[chosen]], instances.seq[chosen],
+               collectives.op[firsts], collectives.count[firsts], collectives.dtype[firsts])  # fmt: skip
+    order = np.lexsort(columns[::-1])
+    columns = tuple(column[order] for column in columns)
+    same = np.ones(len(order), bool)
+    same[:1] = False
+    for column in columns:
+        same[1:] &= column[1:] == column[:-1]
+    starts = np.flatnonzero(~same)
+    votes = np.diff(np.r_[starts, len(order)])
     counted: dict[tuple[tuple[str, int], int], Counter[Signature]] = {}
-    kinds: dict[int, tuple[str, int]] = {}
-    for index in np.flatnonzero(agreeing).tolist():
-        row = calls[starts[index]]
-        comm_id = int(row["comm"])
-        if comm_id not in kinds:
-            kinds[comm_id] = _kind(trace, comm_id)
-        signature = (int(row["op"]), int(row["count"]), int(row["dtype"]))
-        counted.setdefault((kinds[comm_id], int(row["seq"])), Counter())[signature] += 1
+    for kind, seq, op, count, dtype, n in zip(*(column[starts].tolist() for column in columns), votes.tolist(),
+                                              strict=True):  # fmt: skip
+        counted.setdefault((kind_of[kind], seq), Counter())[(op, count, dtype)] = n
     return counted
-
-
-def _signature(row: np.void) -> Signature:
-    return int(row["op"]), int(row["count"]), int(row["dtype"])
 
 
 def _consensus(siblings: Counter[Signature]) -> Signature | None:
@@ -138,16 +175,15 @@ def _consensus(siblings: Counter[Signature]) -> Signature | None:
 
 
 def _lone_odd_instances(
-    calls: np.ndarray,
-    starts: np.ndarray,
+    collectives: _Collectives,
     agreeing: np.ndarray,
     agreed: dict[tuple[tuple[str, int], int], Counter[Signature]],
     trace: Trace,
 ) -> list[tuple[int, Signature]]:
     """(instance, the siblings' call) for each instance some members never recorded whose recorded members
     made a call the siblings do not make there, as the module says."""
-    comm_of = calls["comm"][starts]
-    sizes = np.diff(np.r_[starts, len(calls)])
+    instances = collectives.instances
+    comm_of, sizes = instances.comm, instances.sizes
     last = np.r_[comm_of[1:] != comm_of[:-1], True]  # sorted by communicator, then number
     found = []
     for index in np.flatnonzero(agreeing & last).tolist():
@@ -155,16 +191,15 @@ def _lone_odd_instances(
         if comm is None or sizes[index] >= comm.size:
             continue
         kind = _kind(trace, comm.id)
-        row = calls[starts[index]]
-        expected = _consensus(agreed.get((kind, int(row["seq"])), Counter()))
-        if expected is None or expected == _signature(row):
+        signature = collectives.signature(index)
+        expected = _consensus(agreed.get((kind, int(instances.seq[index])), Counter()))
+        if expected is None or expected == signature:
             continue
-        earlier = np.flatnonzero((comm_of == comm.id) & agreeing)[:-1]
+        own = slice(int(np.searchsorted(comm_of, comm_of[index])), index)  # the communicator's earlier instances
         matched = 0
-        for before in earlier.tolist():
-            first = calls[starts[before]]
-            consensus = _consensus(agreed.get((kind, int(first["seq"])), Counter()))
-            if consensus is not None and consensus != _signature(first):
+        for before in (own.start + np.flatnonzero(agreeing[own])).tolist():
+            consensus = _consensus(agreed.get((kind, int(instances.seq[before])), Counter()))
+            if consensus is not None and consensus != collectives.signature(before):
                 break
             matched += consensus is not None
         else:

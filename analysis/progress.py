@@ -17,8 +17,8 @@ class Progress:
         self.delay = delay
         self.shown = False
 
-    def advance(self) -> None:
-        self.done += 1
+    def advance(self, items: int = 1) -> None:
+        self.done += items
         if not self.stream.isatty() or time.monotonic() - self.started < self.delay:
             return
         width = 30

@@ -212,7 +212,7 @@ MAX_GLOBAL_RANK = (1 << 20) - 1
 indexed by rank (the analysis has some) stay small."""
 
 
-def _validate(path: Path, head: bytes, size: int) -> int:
+def validate_ring(path: str | Path, head: bytes, size: int) -> int:
     """The ring's capacity, once its header shows a ring this reader understands."""
     if size < HEADER_SIZE:
         raise RingError(f"{path}: {size} bytes is shorter than a ring header ({HEADER_SIZE})")
@@ -250,12 +250,12 @@ def peek_header(path: str | Path) -> tuple[int, int]:
             head, size = handle.read(HEADER_SIZE), os.fstat(handle.fileno()).st_size
     except OSError as error:
         raise RingError(f"{path}: cannot read: {error}") from error
-    capacity = _validate(path, head, size)
+    capacity = validate_ring(path, head, size)
     header = np.frombuffer(head, HEADER_DTYPE, count=1)[0]
     return int(header["global_rank"]), min(int(header["next"]), capacity)
 
 
-def _gpu_of(header: np.void) -> dict[str, int | str | None]:
+def gpu_of(header: np.void) -> dict[str, int | str | None]:
     """gpu_index / gpu_uuid of a header that names its GPU (version 2 with the flag set), else none."""
     if header["version"] < 2 or not int(header["flags"]) & HEADER_GPU_KNOWN:
         return {}
@@ -276,14 +276,14 @@ class RingReader:
         try:
             with open(self.path, "rb") as handle:
                 head, size = handle.read(HEADER_SIZE), os.fstat(handle.fileno()).st_size
-                self.capacity = _validate(self.path, head, size)
+                self.capacity = validate_ring(self.path, head, size)
                 if load:  # what the header promises, not the whole file (which may be larger, or sparse)
                     self._map: mmap.mmap | bytes = head + handle.read(self.capacity * RECORD_SIZE)
                 else:
                     self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as error:
             raise RingError(f"{self.path}: cannot map: {error}") from error
-        self.capacity = _validate(self.path, self._map[:HEADER_SIZE], len(self._map))
+        self.capacity = validate_ring(self.path, self._map[:HEADER_SIZE], len(self._map))
         self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1, offset=0)
         self._slots = np.frombuffer(self._map, RECORD_DTYPE, count=self.capacity, offset=HEADER_SIZE)
         # copies through an opaque 128-byte type are one memcpy; a structured copy goes field by field
@@ -310,7 +310,7 @@ class RingReader:
             gpu_skipped=int(h["gpu_skipped"]),
             start_monotonic_ns=int(h["start_monotonic_ns"]),
             gpu_clock_error_ns=int(h["gpu_clock_error_ns"]),
-            **_gpu_of(h),
+            **gpu_of(h),
         )
 
     @property

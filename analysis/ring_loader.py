@@ -1,7 +1,9 @@
 """Read many ring files into one Trace, optionally with several processes.
 
-Headers first (4 KiB each) to order the rings by rank and size one output array; then each ring is
-read whole and its records converted with one structured copy into its slot of that array. With
+Headers first (4 KiB each) to order the rings by rank and size one output array; then the rings'
+windows of records are read back to back into a batch buffer (64 MiB), and each batch is checked and
+converted with one pass per column into the rings' slots of that array: no per-record Python, and
+the memory beyond the output is one batch. With
 ``workers > 1`` the array lives in an anonymous shared mapping and forked processes fill disjoint
 slots (at 16k ranks reading is most of an analysis); what they learn about communicators comes back
 as small tuples. Unreadable rings become problems, not failures.
@@ -11,24 +13,32 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import (
+    HEADER_DTYPE,
+    HEADER_SIZE,
     MAX_GLOBAL_RANK,
     RAW_RECORD,
     RECORD_DTYPE,
+    RECORD_SIZE,
+    Flag,
     Op,
     RingError,
-    RingReader,
     State,
     gpu_in_flight,
+    gpu_of,
     peek_header,
+    take,
+    validate_ring,
 )
 from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
 
@@ -67,63 +77,189 @@ class _RingRead:
     from_calls: list[tuple[int, int, int]] = field(default_factory=list)  # comm, rank in it, size
 
 
-def _read_one(rank: int, path: str, offset: int) -> _RingRead:
-    result = _RingRead(rank, path, offset)
-    try:
-        with RingReader(path, load=True) as reader:
-            snapshot = reader.read()
-    except RingError as error:
-        result.problem, result.readable = str(error), False
-        return result
-    records = snapshot.records
-    result.hostname, result.pid = snapshot.header.hostname, snapshot.header.pid
-    result.world_size = snapshot.header.world_size if snapshot.header.world_size > 0 else None
-    result.gpu_index, result.gpu_uuid = snapshot.header.gpu_index, snapshot.header.gpu_uuid
-    if snapshot.torn:
-        result.problem = f"{path}: {snapshot.torn} torn or in-flight records skipped"
-    rejected = records["state"] == State.FAILED  # NCCL returned an error at once: no operation took place
-    if rejected.any():
-        note = f"{path}: {int(rejected.sum())} calls NCCL refused (an error result) not analysed"
-        result.problem = f"{result.problem}; {note}" if result.problem else note
-        records = records[~rejected]
+BATCH_RECORDS = 1 << 19
+"""Records (64 MiB) read before they are converted together: the per-ring work is a file read, and
+the memory beyond the output stays one batch whatever the number of rings."""
+
+
+@dataclass
+class _Batch:
+    """Rings read back to back into one buffer of records in claim order."""
+
+    reads: list[_RingRead]
+    buffer: np.ndarray  # RAW_RECORD
+    counts: list[int]  # records read from each ring (0 for one that could not be read)
+    firsts: list[int]  # the claim index of each ring's first record read
+
+
+class _Scratch:
+    """Buffers reused from batch to batch: fresh ones of 64 MiB each time cost more in page faults
+    (system time) than the conversion itself."""
+
+    def __init__(self) -> None:
+        self.records = np.empty(0, RAW_RECORD)
+        self.calls = np.empty(0, CALL_DTYPE)
+
+    def sized(self, records: int) -> None:
+        if len(self.records) < records:
+            self.records = np.empty(max(records, BATCH_RECORDS), RAW_RECORD)
+            self.calls = np.empty(len(self.records), CALL_DTYPE)
+
+
+def _read_records(handle: BinaryIO, into: memoryview, slot: int, count: int) -> None:
+    handle.seek(HEADER_SIZE + slot * RECORD_SIZE)
+    if handle.readinto(into) != count * RECORD_SIZE:
+        raise RingError(f"{handle.name}: shorter than its header promises (changed while read)")
+
+
+def _read_batch(rings: list[tuple[int, str, int, int]], buffer: np.ndarray) -> _Batch:
+    """Each ring's window of claims (at most what its slot holds: the newest), straight into ``buffer``."""
+    raw = memoryview(buffer.view(np.uint8))
+    batch, filled = _Batch([], buffer, [], []), 0
+    for rank, path, offset, held in rings:
+        result = _RingRead(rank, path, offset)
+        batch.reads.append(result)
+        count = first = 0
+        try:
+            with open(path, "rb") as handle:
+                head, size = handle.read(HEADER_SIZE), os.fstat(handle.fileno()).st_size
+                capacity = validate_ring(path, head, size)
+                header = np.frombuffer(head, HEADER_DTYPE, count=1)[0]
+                claimed = int(header["next"])
+                count = min(claimed, capacity, held)
+                first = claimed - count
+                start = first % capacity
+                ahead = min(count, capacity - start)  # the window is at most two runs of slots
+                at = filled * RECORD_SIZE
+                _read_records(handle, raw[at : at + ahead * RECORD_SIZE], start, ahead)
+                if count > ahead:
+                    at += ahead * RECORD_SIZE
+                    _read_records(handle, raw[at : at + (count - ahead) * RECORD_SIZE], 0, count - ahead)
+        except RingError as error:
+            result.problem, result.readable, count = str(error), False, 0
+        except OSError as error:
+            result.problem, result.readable, count = f"{path}: cannot read: {error}", False, 0
+        else:
+            result.hostname = bytes(header["hostname"]).split(b"\0", 1)[0].decode(errors="replace")
+            result.pid = int(header["pid"])
+            result.world_size = int(header["world_size"]) if header["world_size"] > 0 else None
+            gpu = gpu_of(header)
+            result.gpu_index, result.gpu_uuid = gpu.get("gpu_index"), gpu.get("gpu_uuid")  # type: ignore[assignment]
+        batch.counts.append(count)
+        batch.firsts.append(first)
+        filled += count
+    batch.buffer = buffer[:filled]
+    return batch
+
+
+def _note(result: _RingRead, note: str) -> None:
+    result.problem = f"{result.problem}; {note}" if result.problem else note
+
+
+def _convert_batch(batch: _Batch, converted: np.ndarray, output: np.ndarray) -> None:
+    """The batch's records as calls in their rings' slots of ``output``, with one pass per column over
+    the whole batch; Python only for the few rings with something to say (torn or refused records,
+    communicator creations, calls still on the GPU, threads whose calls interleaved). ``output``'s
+    last row takes the records that are not calls."""
+    counts = np.array(batch.counts, np.int64)
+    starts = np.r_[0, np.cumsum(counts)]
+    ring_of = np.repeat(np.arange(len(counts)), counts)
+    records = batch.buffer.view(RECORD_DTYPE)
+    claims = np.arange(len(records), dtype=np.int64) + np.repeat(np.array(batch.firsts, np.int64) - starts[:-1], counts)
+    valid = records["stamp"] == claims.astype(np.uint64) * np.uint64(2) + np.uint64(2)
+    rejected = valid & (records["state"] == State.FAILED)  # NCCL returned an error at once: no operation took place
     op = records["op"]
     traced = (op > Op.NONE) & (op < Op.COMM_INIT)
-    lifecycle = np.flatnonzero(~traced)
-    if len(lifecycle):
-        events = records[lifecycle]
-        creation = events["op"] <= Op.COMM_SHRINK
-        columns = (events[name][creation].tolist() for name in ("comm_id", "rank", "nranks", "aux"))
-        result.created = list(zip(*columns, strict=True))
-        if lifecycle[-1] == len(lifecycle) - 1:  # creations first, as usual: a slice, no copy
-            records = records[len(lifecycle) :]
-        else:
-            records = records.view(RAW_RECORD)[traced].view(RECORD_DTYPE)
-    created = {comm_id for comm_id, *_ in result.created}
-    # One sort for every communicator's first call (a search per communicator was quadratic in a ring of
-    # many communicators).
-    unique_ids, first_rows = np.unique(records["comm_id"], return_index=True)
-    for comm_id, row in zip(unique_ids.tolist(), first_rows.tolist(), strict=True):
-        if comm_id not in created:  # its creation fell out of a wrapped ring: its first call tells its place
-            first = records[row]
-            result.from_calls.append((comm_id, int(first["rank"]), int(first["nranks"])))
+    torn = np.bincount(ring_of[~valid], minlength=len(counts))
+    refused = np.bincount(ring_of[rejected], minlength=len(counts))
+    for index in np.flatnonzero(torn | refused).tolist():
+        result = batch.reads[index]
+        if torn[index]:
+            _note(result, f"{result.path}: {torn[index]} torn or in-flight records skipped")
+        if refused[index]:
+            _note(result, f"{result.path}: {refused[index]} calls NCCL refused (an error result) not analysed")
+    kept = valid & ~rejected
+    creations = np.flatnonzero(kept & ~traced & (op <= Op.COMM_SHRINK))
+    if len(creations):
+        events = records[creations]
+        fields = (events[name].tolist() for name in ("comm_id", "rank", "nranks", "aux"))
+        for index, *created in zip(ring_of[creations].tolist(), *fields, strict=True):
+            batch.reads[index].created.append(tuple(created))  # type: ignore[arg-type]
+    is_call = kept & traced
+    _communicators_from_calls(batch, records, is_call, ring_of)
+    converted = converted[: len(records)]
+    converted[...] = records.view(_RECORD_AS_CALL)
+    ranks = np.array([result.rank for result in batch.reads], np.int32)
+    converted["rank"] = ranks[ring_of]  # the header's word, as for the communicators
+    written = np.bincount(ring_of[is_call], minlength=len(counts))
+    offsets = np.array([result.offset for result in batch.reads], np.int64)
+    # each call's row in the output: its ring's slot plus its place among the ring's calls
+    destination = np.cumsum(is_call) - 1 + np.repeat(offsets - np.r_[0, np.cumsum(written)][:-1], counts)
+    destination[~is_call] = len(output) - 1
+    output.view(RAW_CALL)[destination] = converted.view(RAW_CALL)
+    for result, count in zip(batch.reads, written.tolist(), strict=True):
+        result.count = count
     # A GPU-timed call is over when its GPU work ended: the host call of an asynchronous GPU returns at
     # once, so one whose GPU work has not ended is still in flight (t_return 0), as on a synchronous one.
-    gpu_pending = gpu_in_flight(records)  # in claim order: a stream runs its work in that order
-    if len(records) > 1 and (np.diff(records["t_call_ns"]) < 0).any():  # threads interleaved
-        by_call = np.argsort(records["t_call_ns"], kind="stable")
-        records, gpu_pending = records[by_call], gpu_pending[by_call]
+    maybe_pending = is_call & ((records["flags"] & Flag.GPU_TIMED) != 0) & (records["state"] == State.RETURNED)
+    maybe_pending &= records["gpu_end_ns"] == 0
+    for index in np.unique(ring_of[maybe_pending]).tolist():
+        rows = starts[index] + np.flatnonzero(is_call[starts[index] : starts[index + 1]])
+        pending = gpu_in_flight(take(records, rows))  # in claim order: a stream runs its work in that order
+        output["t_return"][destination[rows[pending]]] = 0
+    call_rings, t_call = ring_of[is_call], records["t_call_ns"][is_call]
+    backwards = np.flatnonzero((t_call[1:] < t_call[:-1]) & (call_rings[1:] == call_rings[:-1]))
+    for index in np.unique(call_rings[backwards]).tolist():  # threads interleaved: sorted by call time
+        own = output[offsets[index] : offsets[index] + written[index]]
+        own[...] = own.view(RAW_CALL)[np.argsort(own["t_call"], kind="stable")].view(CALL_DTYPE)
+
+
+def _communicators_from_calls(batch: _Batch, records: np.ndarray, is_call: np.ndarray, ring_of: np.ndarray) -> None:
+    """Each ring's communicators whose creation fell out of a wrapped ring: their first call tells
+    their place. One sort for the batch (a search per communicator was quadratic in a ring of many),
+    of the calls that start a run on one communicator (a first call among them)."""
+    comm = records["comm_id"]
+    rows = np.flatnonzero(is_call)
+    if not len(rows):
+        return
+    rings, comms = ring_of[rows], comm[rows]
+    runs = np.flatnonzero(np.r_[True, (rings[1:] != rings[:-1]) | (comms[1:] != comms[:-1])])
+    rows, rings, comms = rows[runs], rings[runs], comms[runs]
+    order = np.lexsort((comms, rings))  # stable: the first row of each (ring, communicator) comes first
+    ring_sorted, comm_sorted = rings[order], comms[order]
+    firsts = rows[order[np.r_[True, (ring_sorted[1:] != ring_sorted[:-1]) | (comm_sorted[1:] != comm_sorted[:-1])]]]
+    created = {(index, comm_id) for index, result in enumerate(batch.reads) for comm_id, *_ in result.created}
+    for index, comm_id, rank, size in zip(ring_of[firsts].tolist(), comm[firsts].tolist(),
+                                          records["rank"][firsts].tolist(), records["nranks"][firsts].tolist(),
+                                          strict=True):  # fmt: skip
+        if (index, comm_id) not in created:
+            batch.reads[index].from_calls.append((comm_id, rank, size))
+
+
+def _batches(rings: list[tuple[int, str, int, int]]) -> Iterator[list[tuple[int, str, int, int]]]:
+    batch: list[tuple[int, str, int, int]] = []
+    held = 0
+    for ring in rings:
+        if batch and held + ring[3] > BATCH_RECORDS:
+            yield batch
+            batch, held = [], 0
+        batch.append(ring)
+        held += ring[3]
+    if batch:
+        yield batch
+
+
+def _read_rings(rings: list[tuple[int, str, int, int]], scratch: _Scratch) -> list[_RingRead]:
     assert _output is not None
-    out = _output[offset : offset + len(records)]
-    out[:] = records.view(_RECORD_AS_CALL)
-    out["rank"] = rank  # the header's word, as for the communicators
-    if gpu_pending.any():
-        out["t_return"][gpu_pending] = 0
-    result.count = len(records)
-    return result
+    scratch.sized(sum(held for *_, held in rings))
+    batch = _read_batch(rings, scratch.records)
+    _convert_batch(batch, scratch.calls, _output)
+    return batch.reads
 
 
-def _read_chunk(chunk: list[tuple[int, str, int]]) -> list[_RingRead]:
-    return [_read_one(*ring) for ring in chunk]
+def _read_chunk(chunk: list[tuple[int, str, int, int]]) -> list[_RingRead]:
+    scratch = _Scratch()
+    return [result for batch in _batches(chunk) for result in _read_rings(batch, scratch)]
 
 
 def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
@@ -131,11 +267,11 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
     global _output
     problems: list[str] = []
     skipped: list[str] = []
-    chosen: list[tuple[int, str, int]] = []  # rank, path, where its calls go
-    first_path: dict[int, Path] = {}
+    chosen: list[tuple[int, str, int, int]] = []  # rank, path, where its calls go, how many it holds
+    first_path: dict[int, str] = {}
     upper = 0
-    headers: list[tuple[int, Path, int]] = []
-    for path in sorted(map(Path, paths)):
+    headers: list[tuple[int, str, int]] = []
+    for path in sorted(map(str, paths)):  # as strings: comparing 16k paths part by part costs seconds
         try:
             rank, held = peek_header(path)
         except RingError as error:
@@ -153,11 +289,11 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
             first_path[rank] = path
             headers.append((rank, path, held))
     for rank, path, held in sorted(headers):
-        chosen.append((rank, str(path), upper))
+        chosen.append((rank, path, upper, held))
         upper += held
-    size = max(upper, 1) * CALL_DTYPE.itemsize
+    size = (upper + 1) * CALL_DTYPE.itemsize  # the last row takes what is not a call
     shared = workers > 1 and len(chosen) >= 2 * workers
-    _output = np.frombuffer(mmap.mmap(-1, size), CALL_DTYPE) if shared else np.empty(upper, CALL_DTYPE)
+    _output = np.frombuffer(mmap.mmap(-1, size), CALL_DTYPE) if shared else np.empty(upper + 1, CALL_DTYPE)
     try:
         if shared:
             chunks = [chosen[i :: workers * 8] for i in range(workers * 8)]  # interleaved: even work
@@ -165,10 +301,10 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
                 results = sorted((r for part in pool.map(_read_chunk, chunks) for r in part), key=lambda r: r.rank)
         else:
             progress = Progress(len(chosen), "reading rings")
-            results = []
-            for ring in chosen:
-                progress.advance()
-                results.append(_read_one(*ring))
+            results, scratch = [], _Scratch()
+            for batch in _batches(chosen):
+                results += _read_rings(batch, scratch)
+                progress.advance(len(batch))
             progress.close()
         calls = _output
     finally:
