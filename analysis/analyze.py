@@ -118,7 +118,7 @@ def analyze_trace(
         if host_call_times_only(trace):  # gloo: call times are when compute ended; the job's own spread decides
             stragglers = detect_host_stragglers(trace, problems, since_ns=since)
         else:
-            stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since)
+            stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since, problems=problems)
         if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
             stragglers = detect_compute_stragglers(trace, explained=endpoints)
         if not stragglers and trace.spans is not None:  # MegaScan: each microbatch's compute, recorded

@@ -28,22 +28,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from statistics import NormalDist
 
 import numpy as np
 
 from rankwatch.analysis.compute_gaps import NOISE_FACTOR, StepExcess, step_excess
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.instances import group_instances
-from rankwatch.analysis.straggler import sign_tail
+from rankwatch.analysis.job_noise import FALSE_RANK_CHANCE, sign_tail, student_tail
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
 
 MIN_HOST_SLOWDOWN = 0.10
 """A host's compute is shared with whatever else runs on its CPU: a co-tenant holds one rank a few
 percent back for a whole run (the real bench's healthy runs beside a CPU-bound process: +3.3%, far
 beyond the ranks' spread). Below this a rank standing out is reported as not localisable, not named."""
-FALSE_RANK_CHANCE = 0.002  # the z a rank must reach: a healthy job of N ranks names one this rarely ...
-SIGN_P = 0.05  # ... and the chance that a healthy rank is longer in this many steps (divided by the ranks)
+SIGN_P = 0.05  # the chance that a healthy rank is longer in this many steps (divided by the ranks)
 
 
 def host_timed(trace: Trace, since_ns: int | None = None) -> Trace:
@@ -107,27 +105,12 @@ def _standing(measured: StepExcess) -> _Standing:
     judged = ~np.isnan(excess)
     median = float(np.median(excess[judged]))
     spread = 1.4826 * float(np.median(np.abs(excess[judged] - median)))
-    tail = max(NOISE_FACTOR, _student_tail(1 - FALSE_RANK_CHANCE / int(judged.sum()), int(judged.sum()) - 1))
+    tail = max(NOISE_FACTOR, student_tail(1 - FALSE_RANK_CHANCE / int(judged.sum()), int(judged.sum()) - 1))
     p_values = np.ones(len(excess))
     trials = measured.compared_steps > 0
     p_values[trials] = sign_tail(measured.longer_steps[trials], measured.compared_steps[trials])
     order = [int(i) for i in np.argsort(-np.nan_to_num(excess, nan=-np.inf)) if judged[i]]
     return _Standing(order, median, spread, tail, p_values)
-
-
-def _student_tail(quantile: float, freedom: int) -> float:
-    """Student's t quantile (Cornish-Fisher from the normal one): the spread is measured from the same
-    few ranks it judges, so a job of 8 ranks must stand further out than a normal tail says."""
-    z = NormalDist().inv_cdf(quantile)
-    if freedom < 1:
-        return float("inf")
-    n = float(freedom)
-    return (
-        z
-        + (z**3 + z) / (4 * n)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * n**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * n**3)
-    )
 
 
 def _judge(trace: Trace, measured: StepExcess | None, when: str) -> tuple[list[Finding], list[str]]:

@@ -4,9 +4,19 @@ The n-th Send a->b is matched with the n-th Recv b<-a of the same communicator (
 sequence numbers). A transfer's own time is from the moment both sides had arrived until the first
 side was released, ``min(returns) - max(calls)`` on host clocks aligned across nodes (clocks.py);
 it excludes either side's lateness (that is a straggler, not a link), and a grouped partner's other
-transfers (which hold back only that side's return). Pairs are
-compared with each other by their median transfer time; a pair far above the rest (median/MAD score
-and an absolute floor) is reported with both endpoints.
+transfers (which hold back only that side's return).
+
+Pairs are compared by their median transfer time with the other pairs of their own kind (both ends
+on one node, or on two: a transfer over the network takes longer than one inside a node by nature;
+all pairs together when a kind has too few for one slow link to be a minority among them),
+against the noise of that same job (job_noise.py): a pair is named when its excess over the kind's
+typical pair stands out of the spread of those pairs (1.4826 x MAD) by the Student tail that so many
+pairs reach by chance once in 500 jobs, and its transfers take at least twice the typical one (pairs
+within a factor of two differ by placement, not by a fault). The one absolute floor is physical: an
+excess within one tick of the timestamps' measured resolution is no measurement. A pair must also be
+slow in most of its transfers and all through the run (``_steadily_slow``): a busy moment on a shared
+machine's hosts or GPUs slows some transfers of every pair. The evidence holds z, the z needed, and
+the spread.
 """
 
 from __future__ import annotations
@@ -16,10 +26,12 @@ import numpy as np
 from rankwatch.analysis.clocks import aligned, node_offsets
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import grouped_median, grouped_quantile
+from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, robust_spread
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
 
 MIN_TRANSFERS = 5
+MIN_PAIRS_OF_A_KIND = 6  # three links (both directions): one slow link among them leaves their median alone
 MAX_CLOCK_ERROR_NS = 100_000  # what node clock alignment leaves
 
 
@@ -45,29 +57,37 @@ def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _steadily_slow(
-    transfer: np.ndarray, when: np.ndarray, pair_index: np.ndarray, pairs: int, typical: float, min_excess_ns: float
+    transfer: np.ndarray,
+    when: np.ndarray,
+    pair_index: np.ndarray,
+    pairs: int,
+    typical: np.ndarray,
+    min_excess_ns: float,
 ) -> np.ndarray:
     """Per pair, whether it is slow in most of its transfers and all through the run: its lower
     quartile above twice what most pairs reach in their slowest tenth (and ``min_excess_ns`` above
-    the typical pair), and its median in each third of its transfers above that floor too. GPU
-    times of a shared machine jitter and a busy moment slows some transfers of every pair; a slow
-    link is slow in every one. ``when``: each transfer's time, to split a pair's transfers in thirds."""
+    the typical pair), and its median in each third of its transfers above that floor too. Times
+    of a shared machine jitter and a busy moment slows some transfers of every pair; a slow
+    link is slow in every one. ``when``: each transfer's time, to split a pair's transfers in thirds;
+    ``typical``: per pair, the typical pair of its kind."""
     values = transfer.astype(np.float64)
     upper = float(np.nanmedian(grouped_quantile(values, pair_index, pairs, 0.9)))
-    floor = max(2 * upper, typical + min_excess_ns)
+    floor = np.maximum(2 * upper, typical + min_excess_ns)
     steady = grouped_quantile(values, pair_index, pairs, 0.25) >= floor
     order = np.lexsort((when, pair_index))
     bounds = np.searchsorted(pair_index[order], np.arange(pairs + 1))
     for pair in np.flatnonzero(steady):
         own = values[order[bounds[pair] : bounds[pair + 1]]]
-        steady[pair] = all(np.median(part) >= floor for part in np.array_split(own, 3) if len(part))
+        steady[pair] = all(np.median(part) >= floor[pair] for part in np.array_split(own, 3) if len(part))
     return steady
 
 
 def detect_slow_links(
-    trace: Trace, min_score: float = 6.0, min_excess_ns: float = 200_000, since_ns: int | None = None
+    trace: Trace, min_score: float | None = None, min_excess_ns: float | None = None, since_ns: int | None = None
 ) -> list[Finding]:
-    """``since_ns``: only transfers entered from then on."""
+    """``min_score``: the z a pair must reach (default: the chance tail for the pairs compared);
+    ``min_excess_ns``: the least excess that is a measurement (default: one tick of the timestamps'
+    resolution); ``since_ns``: only transfers entered from then on."""
     calls = trace.calls
     usable = (calls["t_return"] > 0) & ((calls["op"] == Op.SEND) | (calls["op"] == Op.RECV))
     if since_ns is not None:
@@ -98,7 +118,6 @@ def detect_slow_links(
     # number their sends and receives from different origins): such a pair tells nothing.
     overlapping = transfer > -MAX_CLOCK_ERROR_NS
     s, r, transfer = s[overlapping], r[overlapping], transfer[overlapping]
-    gpu_timed = bool(len(s)) and bool(np.mean(gpu[s] & gpu[r]) >= 0.5)
     rank = columns["rank"]
     pair_key = rank[s].astype(np.int64) << 32 | rank[r].astype(np.int64)
     unique_keys, pair_index = np.unique(pair_key, return_inverse=True)
@@ -110,17 +129,32 @@ def detect_slow_links(
     usable = ~np.isnan(medians)
     if usable.sum() < 3:
         return []  # nothing to compare a pair with
-    typical = float(np.median(medians[usable]))
-    spread = 1.4826 * float(np.median(np.abs(medians[usable] - typical))) + 1e3
-    steady = None
-    if gpu_timed:
-        steady = _steadily_slow(transfer, t_call[s], pair_index, len(unique_keys), typical, min_excess_ns)
+    if min_excess_ns is None:
+        min_excess_ns = float(clock_tick_ns(np.concatenate([t_call[s], t_return[s]]).astype(np.int64)))
+    across = np.array([trace.node_of(int(a)) != trace.node_of(int(b)) for a, b in unique_pairs.tolist()], dtype=bool)
+    kinds = {kind: usable & (across == kind) for kind in (False, True)}
+    if any(0 < int(pairs.sum()) < MIN_PAIRS_OF_A_KIND for pairs in kinds.values()):
+        kinds = {False: usable}  # too few of one kind for one slow link to be a minority: all together
+    typical_of = np.zeros(len(unique_keys))
+    spread_of = np.zeros(len(unique_keys))
+    tail_of = np.full(len(unique_keys), np.inf)
+    compared_of = np.zeros(len(unique_keys), np.int64)
+    for pairs in kinds.values():
+        if pairs.sum():
+            compared_of[pairs] = int(pairs.sum())
+            typical_of[pairs] = float(np.median(medians[pairs]))
+            spread_of[pairs] = robust_spread(medians[pairs]) + min_excess_ns
+            tail_of[pairs] = min_score if min_score is not None else chance_tail(int(pairs.sum()))
+    # a busy moment (a shared machine's CPU or GPU) slows some transfers of every pair; a slow link, all
+    steady = _steadily_slow(transfer, t_call[s], pair_index, len(unique_keys), typical_of, min_excess_ns)
     findings: dict[frozenset[int], Finding] = {}  # a link is both directions of one pair
     for position in np.flatnonzero(usable):
+        typical, spread, tail = typical_of[position], spread_of[position], tail_of[position]
         excess = medians[position] - typical
-        if excess < min_excess_ns or excess / spread < min_score:
+        z = excess / spread
+        if excess < max(min_excess_ns, typical) or z < tail:
             continue
-        if steady is not None and not steady[position]:
+        if not steady[position]:
             continue  # a few slow transfers (a busy moment), not a slow link
         sender, receiver = (int(x) for x in unique_pairs[position])
         comm_id = int(comm[s[np.argmax(pair_index == position)]])
@@ -130,7 +164,7 @@ def detect_slow_links(
             ranks=[sender, receiver],
             nodes=sorted({trace.node_of(sender), trace.node_of(receiver)}),
             communicator=comm_label(comm_id),
-            confidence=round(float(min(1.0, excess / spread / (2 * min_score))), 3),
+            confidence=round(float(min(1.0, z / (2 * tail))), 3),
             summary=(
                 f"transfers from {trace.label(sender)} to {trace.label(receiver)} take "
                 f"{medians[position] / 1e6:.2f} ms once both sides are ready, against {typical / 1e6:.2f} ms "
@@ -138,9 +172,13 @@ def detect_slow_links(
             ),
             evidence={
                 "median_transfer_ms": round(float(medians[position]) / 1e6, 4),
-                "typical_transfer_ms": round(typical / 1e6, 4),
+                "typical_transfer_ms": round(float(typical) / 1e6, 4),
                 "transfers": int(counts[position]),
-                "pairs_compared": int(usable.sum()),
+                "pairs_compared": int(compared_of[position]),
+                "across_nodes": bool(across[position]),
+                "pair_spread_ms": round(float(spread) / 1e6, 4),  # 1.4826 x MAD of those pairs' medians
+                "z": round(float(z), 1),
+                "z_needed": round(float(tail), 2),
             },
         )
         if link not in findings or finding.confidence > findings[link].confidence:

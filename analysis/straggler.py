@@ -10,16 +10,21 @@ a member's "wait" is the last arrival minus its own, after removing each node's 
 
 A straggler waits less than its peers' median in far more instances than chance allows (sign test,
 p = 1/2), is the last to arrive well above chance, and its typical margin (``median(peer waits) -
-own wait``) is above a floor relative to the compute between calls. Communicators are judged
-separately (TP peers do the same work); when many members of one are "late" together that is the
-job's structure (a pipeline stage reaching a world collective), not a fault. A rank is reported
-once, with the communicator that shows it most clearly. All communicators of one size are scored
-together as ``[instances, members]`` arrays: a 16k-rank trace is a few array passes.
+own wait``) stands out of the noise measured in the same instances: its z (the margin over the
+standard error of its median, from the spread of the margins instance by instance) passes the
+Student tail that a job of this many ranks reaches by chance once in 500 jobs (job_noise.py). A
+margin within one tick of the timestamps' measured resolution is no measurement (a clock that keeps
+microseconds cannot show a 5 us delay), and one below 3% of the compute between calls is not worth a
+cordon; a margin above both that the noise still covers is told as not localisable, with its numbers.
+Communicators are judged separately (TP peers do the same work); when many members of one are
+"late" together that is the job's structure (a pipeline stage reaching a world collective), not a
+fault. A rank is reported once, with the communicator that shows it most clearly. All
+communicators of one size are scored together as ``[instances, members]`` arrays: a 16k-rank trace is
+a few array passes.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -28,11 +33,11 @@ import numpy as np
 from rankwatch.analysis.compute_gaps import MIN_EXCESS
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import Instances, group_instances, grouped_median
+from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, median_standard_error, sign_tail
 from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace, durations
 
 MIN_INSTANCES = 8
-MIN_DELAY_NS = 20_000  # below this nobody would act on a "straggler"
-RELATIVE_DELAY = 0.03  # ... nor on a delay below 3% of the compute between calls
+RELATIVE_DELAY = 0.03  # nobody would act on a delay below 3% of the compute between calls
 
 
 @dataclass(frozen=True)
@@ -49,20 +54,6 @@ def _waits(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Per row, the time inside the call (computed in trace order, then gathered once: gathers from
     the wide call records are what costs at 16k ranks)."""
     return durations(trace.calls)[rows].astype(np.float64)
-
-
-def sign_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
-    """P(X >= successes) for X ~ Binomial(trials, 1/2), via the normal approximation above 60 trials."""
-    out = np.ones(len(successes))
-    for i, (k, n) in enumerate(zip(successes.tolist(), trials.tolist(), strict=True)):
-        out[i] = (
-            _binomial_tail(k, n, 0.5) if n <= 60 else 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / 2**0.5)
-        )
-    return out
-
-
-def _binomial_tail(successes: int, trials: int, p: float) -> float:
-    return float(sum(math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(successes, trials + 1)))
 
 
 def _arrival_waits(trace: Trace, instances: Instances, complete: np.ndarray) -> np.ndarray:
@@ -101,12 +92,16 @@ def _segment_median(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
 def detect_stragglers(
     trace: Trace,
     max_p_value: float = 1e-4,
-    min_delay_ns: float = MIN_DELAY_NS,
+    min_delay_ns: float | None = None,
     explained_by_links: frozenset[int] = frozenset(),
     since_ns: int | None = None,
+    problems: list[str] | None = None,
 ) -> list[Finding]:
-    """``explained_by_links``: endpoints of slow links; lateness they pass on is not a straggler.
-    ``since_ns``: only collectives entered from then on (the steps after a fail-slow onset)."""
+    """``min_delay_ns``: the least margin that is a measurement (default: one tick of the timestamps'
+    measured resolution). ``explained_by_links``: endpoints of slow links; lateness they pass on is not a
+    straggler. ``since_ns``: only collectives entered from then on (the steps after a fail-slow onset).
+    ``problems`` gets the numbers of a rank whose margin the job's noise still covers (when nobody is
+    named, and the rank is no slow link's endpoint: lateness a named rank or link passes on is no news)."""
     calls = trace.calls
     mask = np.isin(calls["op"], COLLECTIVE_OPS)
     if trace.has_returns:
@@ -155,7 +150,10 @@ def detect_stragglers(
                     last_share=float(share[comm_position, position]),
                 )
             )
-    return _findings(trace, candidates, min_delay_ns, explained_by_links)
+    if min_delay_ns is None:
+        timed = trace.calls["gpu_start"][instances.rows] if trace.has_returns else np.zeros(0, np.int64)
+        min_delay_ns = float(max(clock_tick_ns(calls["t_call"][instances.rows]), clock_tick_ns(timed)))
+    return _findings(trace, candidates, min_delay_ns, explained_by_links, problems)
 
 
 def _comm_sizes(trace: Trace, instances: Instances) -> np.ndarray:
@@ -193,22 +191,40 @@ def _gpu_queue_ns(trace: Trace, rows: np.ndarray) -> float | None:
 
 
 def _findings(
-    trace: Trace, candidates: list[_Candidate], min_delay_ns: float, explained_by_links: frozenset[int]
+    trace: Trace,
+    candidates: list[_Candidate],
+    min_delay_ns: float,
+    explained_by_links: frozenset[int],
+    problems: list[str] | None,
 ) -> list[Finding]:
+    z_needed = chance_tail(max(2, len(trace.ranks)))
     best: dict[int, Finding] = {}
     flagged_in: dict[int, set[int]] = {}  # rank -> communicators it was flagged in
+    weak: list[str] = []  # candidates the noise still covers: told only when nobody is named
     for candidate in candidates:
         waits, size, position = candidate.waits, candidate.waits.shape[1], candidate.position
         own = waits[:, position]
         others = np.delete(waits, position, axis=1) if size <= 16 else waits  # one hardly moves the median of many
         peer_median = np.median(others, axis=1)
-        delay = float(np.median(peer_median - own))
+        margins = peer_median - own
+        delay = float(np.median(margins))
+        error = median_standard_error(margins)
+        z = delay / error if error > 0 else (float("inf") if delay > 0 else 0.0)
         gaps = _gaps(trace, candidate.rows)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns: no previous call known
             typical_gap = float(np.nanmedian(gaps)) if np.isfinite(gaps).any() else 0.0
             excess = float(np.nanmedian(gaps[:, position] - np.nanmedian(np.delete(gaps, position, axis=1), axis=1)))
         if delay < max(min_delay_ns, RELATIVE_DELAY * typical_gap):
+            continue
+        if z < z_needed:
+            if int(candidate.ranks[position]) not in explained_by_links:
+                weak.append(
+                    f"{trace.label(int(candidate.ranks[position]))} arrives last at the collectives of "
+                    f"{trace.comm_name(candidate.comm)} by {delay / 1e6:.3f} ms (median over {len(waits)}), but its "
+                    f"collectives spread so much that this is z {z:.1f} where {z_needed:.1f} names a rank: "
+                    "a slowdown is not localisable"
+                )
             continue
         # Lateness passed on by someone else (a pipeline partner, its place in the pipeline) comes with
         # normal compute; a straggler's own compute is longer. Call times alone cannot tell them apart.
@@ -219,8 +235,8 @@ def _findings(
         if trace.has_returns and np.isfinite(excess) and typical_gap > 0 and excess < MIN_EXCESS * typical_gap:
             continue
         rank = int(candidate.ranks[position])
-        spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + 1e3
-        confidence = candidate.last_share * min(1.0, delay / (4 * min_delay_ns))
+        spread = 1.4826 * float(np.median(np.abs(waits - np.median(waits, axis=1, keepdims=True)))) + min_delay_ns
+        confidence = candidate.last_share * min(1.0, z / (2 * z_needed))
         what = "waits" if trace.has_returns else "arrives later: it waits"
         queued = _gpu_queue_ns(trace, candidate.rows[:, position])
         own_wait, peers_wait = float(np.median(own)), float(np.median(peer_median))
@@ -246,6 +262,10 @@ def _findings(
                 # host launch to GPU start of its collectives: GPU work still queued ahead of them
                 "gpu_queue_ms": round(queued / 1e6, 4) if queued is not None else None,
                 "score": round(delay / spread, 2),
+                # the margin against the standard error of its median, and what names a rank in a job this size
+                "z": round(z, 1) if np.isfinite(z) else None,
+                "z_needed": round(z_needed, 2),
+                "delay_floor_ms": round(max(min_delay_ns, RELATIVE_DELAY * typical_gap) / 1e6, 4),
                 "last_share": round(candidate.last_share, 3),
                 "collectives": len(waits),
                 "communicator_size": size,
@@ -254,6 +274,8 @@ def _findings(
         flagged_in.setdefault(rank, set()).add(candidate.comm)
         if rank not in best or _strength(finding) > _strength(best[rank]):
             best[rank] = finding
+    if not best and problems is not None:
+        problems.extend(weak)
     return [best[rank] for rank in _root_causes(trace, best, flagged_in, explained_by_links)]
 
 
