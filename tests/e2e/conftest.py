@@ -28,6 +28,17 @@ import yaml
 from kopf.testing import KopfRunner
 from kubernetes.client.exceptions import ApiException
 
+# the fixtures of the other kinds' tests (tests/support/other_kinds.py), for every e2e file that runs one
+from other_kinds import (  # noqa: F401
+    alert_sink,
+    chart_rbac_kubeconfig,
+    jobset_controller,
+    volcano_commands,
+    volcano_crd,
+    watching,
+    webhook,
+)
+
 from rankwatch.cluster.operator_process import start_operator
 
 REPO = Path(__file__).parents[2]

@@ -11,22 +11,18 @@ from typing import Any
 
 import kubernetes
 import pytest
-
-from tests.e2e import test_other_kinds as other_kinds
-from tests.e2e.test_other_kinds import (
+from other_kinds import (
     GROUP_ANNOTATIONS,
     PATIENCE_S,
     STRAGGLER,
+    assert_hang_handled,
     assert_straggler_handled,
     describe_cli,
-    diagnosis_on,
     injected,
     standin_trainer,
+    start_operator,
+    stop,
 )
-
-# The fixtures of the other kinds' tests, which these share (pytest finds fixtures by module name).
-webhook, chart_rbac_kubeconfig = other_kinds.webhook, other_kinds.chart_rbac_kubeconfig
-alert_sink, watching, jobset_controller = other_kinds.alert_sink, other_kinds.watching, other_kinds.jobset_controller
 
 pytestmark = pytest.mark.e2e
 
@@ -187,28 +183,14 @@ def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
     watching, trainer_controller, api, unwatched_namespace, eventually, alert_sink, tmp_path
 ):  # fmt: skip
     namespace = unwatched_namespace
-    core = kubernetes.client.CoreV1Api(api)
     hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
     with watching("stucktrain"):
         uid = create_trainjob(api, namespace, "stucktrain", hang)
 
-        def hung() -> dict[str, Any]:
-            record = diagnosis_on(read_trainjob(api, namespace, "stucktrain")["metadata"].get("annotations"))
-            return record.get("active") and record.get("alertedTime") and record.get("remediation") and record
+        def read() -> dict[str, Any]:
+            return read_trainjob(api, namespace, "stucktrain")
 
-        record = eventually(hung, PATIENCE_S, interval=1, what="the TrainJob's Hang diagnosis, cordon and alert")
-        assert record["kind"] == "Hang" and record["ranks"] == [2], record
-        [pod_name] = record["pods"]
-        node = core.read_namespaced_pod(pod_name, namespace).spec.node_name
-        assert record["nodes"] == [node] and record["remediation"] == f"cordoned and tainted {node}"
-        events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
-        assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["TrainJob"]
-        [alert] = eventually(
-            lambda: alert_sink.alerts(jobkind="TrainJob", trainingjob="stucktrain", alertname="TrainingJobHang"),
-            PATIENCE_S,
-            what="the hang's alert",
-        )
-        assert alert["labels"]["node"] == node
+        assert_hang_handled(api, namespace, read, "TrainJob", "stucktrain", uid, alert_sink, eventually)
     assert_no_refused_call(tmp_path / "operator.log")
 
 
@@ -229,7 +211,7 @@ def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on
     assert not any(injected(pod) for pod in pods)
     names = sorted(pod.metadata.name for pod in pods)
 
-    operator = other_kinds.start_operator(
+    operator = start_operator(
         processes, chart_rbac_kubeconfig, namespace, tmp_path / "operator.log", port, certs, processes.free_port()
     )
     try:
@@ -246,5 +228,5 @@ def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on
         events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
         assert [e.involved_object.kind for e in events] == ["TrainJob"], "said on the TrainJob, not its JobSet"
     finally:
-        other_kinds.stop(operator)
+        stop(operator)
     assert_no_refused_call(tmp_path / "operator.log")
