@@ -12,7 +12,7 @@ from pathlib import Path
 
 import kubernetes
 import pytest
-from trainingjobs import standin_job
+from trainingjobs import standin_job, stored_diagnosis
 
 pytestmark = pytest.mark.e2e
 
@@ -105,7 +105,7 @@ def test_twenty_jobs_hanging_at_once_are_all_diagnosed_within_the_limits(
             return sorted(
                 job["metadata"]["name"]
                 for job in items["items"]
-                if (job.get("status", {}).get("diagnosis") or {}).get("kind") in ("Hang", "StuckInCollective")
+                if stored_diagnosis(job).get("kind") in ("Hang", "StuckInCollective")
             )
 
         def all_hung() -> list[str] | None:

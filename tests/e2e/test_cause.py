@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from trainingjobs import create_job, diagnosed, events, get_job, report, standin_job, wait_running
+from trainingjobs import create_job, diagnosed, events, get_job, report, standin_job, stored_diagnosis, wait_running
 
 pytestmark = pytest.mark.e2e
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 def diagnosis_with_cause(api, kubectl, namespace: str, name: str, eventually) -> tuple[dict, str]:
     """(status.diagnosis once the job is Degraded, the Warning Event's message)."""
     job = eventually(lambda: diagnosed(api, namespace, name, "Degraded"), 150, interval=1, what="Degraded=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     warning = eventually(
         lambda: [e.message for e in events(api, namespace, name) if e.reason == diagnosis["kind"]],
         20,
@@ -94,7 +94,7 @@ def test_a_rank_stalled_in_python_is_shown_at_its_frame_against_its_peers(api, n
     create_job(api, namespace, manifest)
     wait_running(api, namespace, "data-stall", eventually)
     job = eventually(lambda: diagnosed(api, namespace, "data-stall", "Hung"), 90, interval=1, what="Hung=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2], diagnosis
     summary = diagnosis["summary"]
     found = re.search(r"Python: rank 2 is at \S+python_rank\.py:\d+ load_batch; ranks ([\d, ]+) at \S+ (\S+)", summary)

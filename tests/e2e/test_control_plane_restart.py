@@ -33,7 +33,17 @@ import pytest
 import yaml
 from api_relay import ApiRelay
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
-from trainingjobs import WINDOW, create_job, diagnosed, events, node_marks, node_of_pod, standin_job, wait_running
+from trainingjobs import (
+    WINDOW,
+    create_job,
+    diagnosed,
+    events,
+    node_marks,
+    node_of_pod,
+    standin_job,
+    stored_diagnosis,
+    wait_running,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -123,11 +133,11 @@ class Scene:
         """The hang written once, one Warning Event, this node cordoned once and no other, one page."""
         job = self.eventually(lambda: diagnosed(self.api, self.namespace, self.name, "Hung"), 120, interval=0.5,
                               what="Hung=True")  # fmt: skip
-        diagnosis = job["status"]["diagnosis"]
+        diagnosis = stored_diagnosis(job)
         assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2] and diagnosis["nodes"] == [self.node]
 
         def followed_up() -> dict | None:
-            written = diagnosed(self.api, self.namespace, self.name, "Hung")["status"]["diagnosis"]
+            written = stored_diagnosis(diagnosed(self.api, self.namespace, self.name, "Hung"))
             return written if written.get("remediation") and written.get("alertedTime") else None
 
         written = self.eventually(followed_up, 120, interval=0.5, what="the cordon and the page recorded")
@@ -153,7 +163,7 @@ class Scene:
         ]
         assert len(cordons) == 1, [e.message for e in cordons]
         assert len(self.feishu.pages("TrainingJobHang")) == 1, self.feishu.pages("TrainingJobHang")
-        latest = diagnosed(self.api, self.namespace, self.name, "Hung")["status"]["diagnosis"]
+        latest = stored_diagnosis(diagnosed(self.api, self.namespace, self.name, "Hung"))
         assert latest["time"] == diagnosis["time"], "one diagnosis"
         assert self.operator.poll() is None, "the operator did not survive"
         print(f"{what}: hang written, cordoned and paged once, {recovered_s:.1f} s after the fault ended")

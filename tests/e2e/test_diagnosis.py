@@ -26,6 +26,7 @@ from trainingjobs import (
     node_of_pod,
     report,
     standin_job,
+    stored_diagnosis,
     wait_running,
 )
 
@@ -58,7 +59,7 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
     job = eventually(lambda: diagnosed(api, namespace, name, "Degraded"), 90, interval=1, what="Degraded=True")
     latency = time.monotonic() - started
     node = node_of_pod(api, namespace, f"{name}-worker-1")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] == "Straggler" and diagnosis["active"] is True
     assert diagnosis["ranks"] == [5] and diagnosis["nodes"] == [node] and diagnosis["pods"] == [f"{name}-worker-1"]
     assert job["status"]["health"] == "Degraded" and job["status"]["suspects"] == node
@@ -95,7 +96,7 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
     assert marked.get("rankwatch.io/dry-run") == ("true" if dry_run else None), marked
     unschedulable, taints, _ = node_marks(api, node)
     recorded = eventually(
-        lambda: get_job(api, namespace, name)["status"]["diagnosis"].get("remediation"), 30, what="remediation recorded"
+        lambda: stored_diagnosis(get_job(api, namespace, name)).get("remediation"), 30, what="remediation recorded"
     )
     assert recorded == (f"dry run: would cordon and taint {node}" if dry_run else f"cordoned and tainted {node}")
     warnings = [e for e in events(api, namespace, name) if e.reason == "Straggler"]
@@ -115,7 +116,7 @@ def test_rank_that_never_calls_makes_the_job_hung_naming_it(api, kubectl, namesp
     create_job(api, namespace, standin_job("hang", faults))
     wait_running(api, namespace, "hang", eventually)
     job = eventually(lambda: diagnosed(api, namespace, "hang", "Hung"), 90, interval=1, what="Hung=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     node = node_of_pod(api, namespace, "hang-worker-0")
     assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2] and diagnosis["nodes"] == [node]
     assert condition(job, "Hung")["reason"] == "Hang" and job["status"]["health"] == "Hung"
@@ -142,7 +143,7 @@ def test_without_gpu_timing_the_rank_that_never_called_is_still_named(api, names
     create_job(api, namespace, standin_job("hang-untimed", faults, gpu_timing=False))
     wait_running(api, namespace, "hang-untimed", eventually)
     job = eventually(lambda: diagnosed(api, namespace, "hang-untimed", "Hung"), 90, interval=1, what="Hung=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [2], diagnosis
     assert diagnosis["nodes"] == [node_of_pod(api, namespace, "hang-untimed-worker-0")]
 
@@ -160,8 +161,8 @@ def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(api, names
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        diagnosis = get_job(api, namespace, "slow-untimed")["status"].get("diagnosis")
-        assert diagnosis is None or set(diagnosis.get("ranks") or []) <= {5}, diagnosis
+        diagnosis = stored_diagnosis(get_job(api, namespace, "slow-untimed"))
+        assert set(diagnosis.get("ranks") or []) <= {5}, diagnosis
         time.sleep(2)
 
 
@@ -170,7 +171,7 @@ def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespac
     create_job(api, namespace, standin_job("stuck", faults))
     wait_running(api, namespace, "stuck", eventually)
     job = eventually(lambda: diagnosed(api, namespace, "stuck", "Hung"), 90, interval=1, what="Hung=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] == "StuckInCollective", diagnosis
     if STANDIN_DEVICE == "async":
         # Rank 6's call 300 was enqueued (its host returned) but its GPU never started it, while its TP
@@ -192,7 +193,7 @@ def test_without_gpu_timing_a_stuck_rank_is_a_hang_that_names_nobody_else(api, n
     create_job(api, namespace, standin_job("stuck-untimed", faults, gpu_timing=False))
     wait_running(api, namespace, "stuck-untimed", eventually)
     job = eventually(lambda: diagnosed(api, namespace, "stuck-untimed", "Hung"), 90, interval=1, what="Hung=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] in ("Hang", "StuckInCollective"), diagnosis
     assert diagnosis["ranks"] in ([], [6]), diagnosis
     assert diagnosis["nodes"] in ([], [node_of_pod(api, namespace, "stuck-untimed-worker-1")]), diagnosis
@@ -238,7 +239,7 @@ def test_slow_pipeline_link_between_nodes_is_named_with_both_ends(
     latency = time.monotonic() - started
     ends = sorted({node_of_pod(api, namespace, "link-worker-0"), node_of_pod(api, namespace, "link-worker-1")})
     assert len(ends) == 2, f"the two stages' pods on one node: {ends}"
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     # the GPU start/end of matched sends and receives time the transfers once both sides are ready: the
     # pair 1<->5 is slow, not rank 1 or rank 5 as a straggler (each waits on the other through the link)
     assert diagnosis["kind"] == "SlowLink" and condition(job, "Degraded")["reason"] == "SlowLink", diagnosis
@@ -249,7 +250,7 @@ def test_slow_pipeline_link_between_nodes_is_named_with_both_ends(
     # a link has two ends and either may hold the fault: both nodes are taken out, no other node
     eventually(lambda: marked_nodes(api) == ends, 30, what=f"exactly {ends} cordoned")
     done = eventually(
-        lambda: get_job(api, namespace, "link")["status"]["diagnosis"].get("remediation"), 30, what="remediation"
+        lambda: stored_diagnosis(get_job(api, namespace, "link")).get("remediation"), 30, what="remediation"
     )
     print(f"slow link (3 ms per transfer) diagnosed {latency:.1f} s after the job started running: "
           f"{diagnosis['summary']}; {done}", file=sys.__stdout__)  # fmt: skip
@@ -275,8 +276,8 @@ def test_without_gpu_timing_a_slow_link_names_nobody(api, namespace, pod_runner,
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         job = get_job(api, namespace, "link-untimed")
-        diagnosis = job["status"].get("diagnosis")
-        assert diagnosis is None or not diagnosis.get("nodes"), f"a slow link named from host times: {diagnosis}"
+        diagnosis = stored_diagnosis(job)
+        assert not diagnosis.get("nodes"), f"a slow link named from host times: {diagnosis}"
         assert not marked_nodes(api), "a node cordoned on host call times"
         time.sleep(2)
     assert job["status"]["health"] == "Healthy", job["status"]
@@ -329,7 +330,7 @@ def test_operator_on_uvloop_diagnoses_a_straggler(
         create_job(api, namespace, standin_job("on-uvloop", faults))
         wait_running(api, namespace, "on-uvloop", eventually)
         job = eventually(lambda: diagnosed(api, namespace, "on-uvloop", "Degraded"), 90, interval=1, what="Degraded")
-        assert job["status"]["diagnosis"]["kind"] == "Straggler" and job["status"]["diagnosis"]["ranks"] == [5]
+        assert stored_diagnosis(job)["kind"] == "Straggler" and stored_diagnosis(job)["ranks"] == [5]
         assert "event loop: uvloop (uvloop)" in log.read_text()
     finally:
         processes.stop(runner)
@@ -379,7 +380,7 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
 
         operator = restart(operator)  # B
         job = eventually(lambda: diagnosed(api, namespace, "flaky", "Hung"), 120, interval=1, what="Hung (B)")
-        assert job["status"]["diagnosis"]["kind"] == "Hang" and job["status"]["diagnosis"]["ranks"] == [5]
+        assert stored_diagnosis(job)["kind"] == "Hang" and stored_diagnosis(job)["ranks"] == [5]
         if gpu_timing:
             degraded = condition(job, "Degraded")
             assert degraded["status"] == "False" and degraded["reason"] == "Superseded", degraded

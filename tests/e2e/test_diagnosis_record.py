@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import kubernetes
 import pytest
-from trainingjobs import JOB_API, standin_job
+from trainingjobs import JOB_API, diagnosis_in, standin_job
 
 from rankwatch.model.diagnosis_status import DiagnosisStatus, key_of
 from rankwatch.operator.lifecycle.status_patch import update_status
@@ -67,7 +67,7 @@ def test_what_the_model_writes_the_api_server_stores_and_gives_back(api, job):
     diagnosis = DiagnosisStatus.from_record(WRITTEN_BEFORE)
     assert diagnosis is not None
     status = write_status(api, namespace, name, {"phase": "Running", **diagnosis.to_status()})
-    assert status["diagnosis"] == diagnosis.stored() == WRITTEN_BEFORE
+    assert diagnosis_in(status) == diagnosis.stored() == WRITTEN_BEFORE
     assert DiagnosisStatus.from_status(status) == diagnosis
 
 
@@ -80,8 +80,8 @@ def test_a_record_written_before_the_model_is_closed_by_a_restart_key_for_key(ap
     assert attempts.write_restart(api, namespace, name, key, ended, [], 0, "Straggler") is not None
 
     status = read_status(api, namespace, name)
-    resolved = status["diagnosis"].pop("resolvedTime")
-    assert status["diagnosis"] == {**WRITTEN_BEFORE, "active": False} and resolved
+    resolved = diagnosis_in(status).pop("resolvedTime")
+    assert diagnosis_in(status) == {**WRITTEN_BEFORE, "active": False} and resolved
     assert status["handledDiagnosis"] == key == "2026-11-28T10:35:36Z/Straggler/5"
     assert status["attempts"][0]["ranks"] == [5] and status["attempts"][0]["nodes"] == ["gpu-node-1"]
 
@@ -99,5 +99,5 @@ def test_an_attempt_ended_by_a_failed_worker_closes_an_empty_diagnosis(api, job)
     status = read_status(api, namespace, name)
     diagnosis = DiagnosisStatus.from_status(status)
     assert diagnosis is not None and not diagnosis.active and diagnosis.resolved_time
-    assert "kind" not in status["diagnosis"] and "time" not in status["diagnosis"]
+    assert "kind" not in diagnosis_in(status) and "time" not in diagnosis_in(status)
     assert status["restarts"] == 1 and status["handledDiagnosis"] == "//"

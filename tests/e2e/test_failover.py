@@ -22,7 +22,7 @@ import yaml
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
 from local_feishu import Feishu
 from operator_pods import Replicas, http, metric, refuses
-from trainingjobs import JOB_API, standin_job
+from trainingjobs import JOB_API, diagnosis_in, standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -166,7 +166,7 @@ def test_the_standby_takes_over_diagnoses_in_flight_and_repeats_nothing(installe
 
         def written(job: str = job) -> dict | None:
             status = objects.get_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], job).get("status", {})
-            diagnosis = status.get("diagnosis") or {}
+            diagnosis = diagnosis_in(status)
             return diagnosis if diagnosis.get("remediation") and diagnosis.get("alertedTime") else None
 
         diagnosis = eventually(written, 120, interval=1, what=f"{job}: diagnosis, cordon and alert recorded")

@@ -18,7 +18,7 @@ import kubernetes
 import pytest
 import yaml
 from operator_pods import Replicas, http, metric
-from trainingjobs import JOB_API, standin_job
+from trainingjobs import JOB_API, diagnosis_in, standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -127,7 +127,7 @@ def diagnoses_a_straggler(replicas: Replicas, jobs: str, api, eventually) -> dic
 
     def diagnosed() -> dict | None:
         status = objects.get_namespaced_custom_object(*JOB_API[:2], jobs, JOB_API[2], "slow").get("status", {})
-        diagnosis = status.get("diagnosis") or {}
+        diagnosis = diagnosis_in(status)
         return diagnosis if diagnosis.get("remediation") else None
 
     diagnosis = eventually(diagnosed, 240, interval=1, what="the straggler's diagnosis and cordon")

@@ -25,6 +25,7 @@ from trainingjobs import (
     node_of_pod,
     report,
     standin_job,
+    stored_diagnosis,
     wait_running,
 )
 
@@ -98,7 +99,7 @@ def test_a_rank_calling_another_collective_is_a_mismatch_that_pages_and_cordons_
     create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True}))
     wait_running(api, namespace, name, eventually)
     job = eventually(lambda: diagnosed(api, namespace, name, "Degraded"), 120, interval=1, what="Degraded=True")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert (diagnosis["kind"], diagnosis["ranks"], diagnosis["cause"]) == ("CollectiveMismatch", [ODD_RANK], "software")
     assert diagnosis["nodes"] == [node_of_pod(api, namespace, f"{name}-worker-1")], diagnosis
     finding = report(api, namespace, job)["findings"][0]

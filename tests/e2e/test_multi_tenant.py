@@ -29,7 +29,7 @@ import kubernetes
 import pytest
 import yaml
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
-from trainingjobs import condition, create_job, events, get_job, node_marks, standin_job
+from trainingjobs import condition, create_job, events, get_job, node_marks, standin_job, stored_diagnosis
 
 pytestmark = pytest.mark.e2e
 
@@ -240,7 +240,7 @@ def test_a_hostile_team_costs_the_other_team_no_node_no_page_and_no_evidence(tea
         return job if condition(job, "Hung").get("status") == "True" and archived(api, teams.normal, "normal") else None
 
     job = eventually(normal_diagnosed, 180, interval=1, what="the normal job hung and archived")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [HANG_RANK], diagnosis
     assert diagnosis["nodes"] == [normal_pods["normal-worker-0"]], diagnosis
     kept = archived(api, teams.normal, "normal")
@@ -267,7 +267,7 @@ def test_a_hostile_team_costs_the_other_team_no_node_no_page_and_no_evidence(tea
         )
 
     job = eventually(hostile_handled, 180, interval=1, what="the hostile job hung and its archive refused")
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["ranks"] == [1] and diagnosis["nodes"] == [hostile_pods["hostile-worker-1"]], diagnosis
     summary = diagnosis["summary"]
     assert (

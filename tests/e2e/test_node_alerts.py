@@ -10,7 +10,7 @@ import time
 import kubernetes
 import pytest
 from monitoring_stack import Exporter, Prometheus, start_monitoring
-from trainingjobs import create_job, diagnosed, events, report, standin_job
+from trainingjobs import create_job, diagnosed, events, report, standin_job, stored_diagnosis
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,7 @@ def test_a_stragglers_diagnosis_carries_the_throttle_alert_firing_on_its_node(
         create_job(api, namespace, standin_job("throttled", faults))
         job = eventually(lambda: diagnosed(api, namespace, "throttled", "Degraded"), 120, interval=1, what="Degraded")
         print(f"diagnosed {time.monotonic() - started:.1f} s after the job was created")
-        diagnosis = job["status"]["diagnosis"]
+        diagnosis = stored_diagnosis(job)
         (node,) = diagnosis["nodes"]
         (line,) = diagnosis["nodeAlerts"]  # its node's alert, none of the other nodes'
         assert line.startswith(f"GPUClocksThrottled (P2) on {node} since "), line

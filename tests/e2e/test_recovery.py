@@ -14,7 +14,17 @@ import time
 
 import kubernetes
 import pytest
-from trainingjobs import SENSITIVITY, condition, create_job, events, get_job, report, standin_job
+from trainingjobs import (
+    SENSITIVITY,
+    condition,
+    create_job,
+    diagnosis_in,
+    events,
+    get_job,
+    report,
+    standin_job,
+    stored_diagnosis,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +101,7 @@ def wait_hung(api, namespace: str, name: str, eventually, attempt: int = 0) -> d
         if int(status.get("restarts") or 0) == attempt and condition(job, "Hung").get("status") == "True":
             return job
         ended = [a for a in status.get("attempts") or [] if a.get("attempt") == attempt]
-        return job if ended and ended[0].get("reason") == "Hang" and status.get("diagnosis") else None
+        return job if ended and ended[0].get("reason") == "Hang" and diagnosis_in(status) else None
 
     return eventually(hung, 150, interval=0.5, what=f"Hung=True in attempt {attempt}")
 
@@ -113,7 +123,7 @@ def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
 
     first_pods = eventually(attempt_0_pods, 60, what="attempt 0's pods")
     job = wait_hung(api, namespace, "hang", eventually)
-    diagnosis = job["status"]["diagnosis"]
+    diagnosis = stored_diagnosis(job)
     assert diagnosis["kind"] == "Hang" and diagnosis["ranks"] == [HANG_RANK], diagnosis
     [node] = diagnosis["nodes"]
     finding = report(api, namespace, job)["findings"][0]
@@ -149,7 +159,7 @@ def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
     [ended] = status["attempts"]
     assert (ended["attempt"], ended["reason"], ended["ranks"], ended["nodes"]) == (0, "Hang", [HANG_RANK], [node])
     assert ended["archive"].startswith(f"s3://{BUCKET}/e2e/{namespace}/hang/"), ended
-    assert condition(job, "Restarting")["status"] == "False" and status["diagnosis"]["active"] is False
+    assert condition(job, "Restarting")["status"] == "False" and diagnosis_in(status)["active"] is False
     reasons = [e.reason for e in events(api, namespace, "hang")]
     assert "Restarting" in reasons, reasons
     assert "evidence-bucket" not in json.dumps(status).replace(
@@ -165,7 +175,7 @@ def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
     time.sleep(3 * SENSITIVITY)
     job = get_job(api, namespace, "hang")
     assert job["status"]["restarts"] == 1 and job["status"]["phase"] == "Running"
-    assert condition(job, "Hung")["status"] == "False" and job["status"]["diagnosis"]["active"] is False
+    assert condition(job, "Hung")["status"] == "False" and stored_diagnosis(job)["active"] is False
 
     # the archive holds every rank's trace, and `rankwatch analyze` on it names the same culprit
     from rankwatch.analysis.archive import download, s3_client
@@ -229,7 +239,7 @@ def test_dry_run_restarts_nothing_but_writes_and_archives_everything(
     manifest["spec"]["remediation"]["dryRun"] = True
     create_job(api, namespace, manifest)
     job = wait_hung(api, namespace, "dry", eventually)
-    [node] = job["status"]["diagnosis"]["nodes"]
+    [node] = stored_diagnosis(job)["nodes"]
     job = eventually(
         lambda: (j := get_job(api, namespace, "dry")) and j["status"].get("archives") and j,
         60,

@@ -10,6 +10,8 @@ from typing import Any
 
 import kubernetes
 
+from rankwatch.model.diagnosis_status import STATUS_KEY
+
 JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 SENSITIVITY = 10
 WINDOW = 2
@@ -75,6 +77,17 @@ def create_job(api, namespace: str, manifest: dict) -> None:
     )
 
 
+def diagnosis_in(status: dict) -> dict:
+    """The diagnosis record a job's ``status`` holds, as the API server stores it ({} when none): the
+    tests check the stored keys themselves, as a user reading the object would."""
+    return (status or {}).get(STATUS_KEY) or {}
+
+
+def stored_diagnosis(job: dict) -> dict:
+    """``diagnosis_in`` of a TrainingJob object."""
+    return diagnosis_in(job.get("status") or {})
+
+
 def condition(job: dict, type_: str) -> dict:
     return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == type_), {})
 
@@ -99,9 +112,7 @@ def diagnosed(api, namespace: str, name: str, type_: str):
 
 
 def report(api, namespace: str, job: dict) -> dict:
-    configmap = kubernetes.client.CoreV1Api(api).read_namespaced_config_map(
-        job["status"]["diagnosis"]["report"], namespace
-    )
+    configmap = kubernetes.client.CoreV1Api(api).read_namespaced_config_map(stored_diagnosis(job)["report"], namespace)
     assert configmap.metadata.owner_references[0].name == job["metadata"]["name"]
     return json.loads(configmap.data["report.json"])
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rankwatch.model.diagnosis_status import STATUS_KEY
 from rankwatch.model.finding import STUCK_IN_COLLECTIVE, Cause, FindingKind
 from rankwatch.operator.spec import (
     Alerting,
@@ -84,7 +85,7 @@ def test_from_manifest_reads_alerting_levels_and_refuses_unknown_kinds():
 
 def test_the_status_speaks_the_finding_kinds_reasons():
     status = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    reasons = status["diagnosis"]["properties"]["kind"]["enum"]
+    reasons = status[STATUS_KEY]["properties"]["kind"]["enum"]
     assert set(reasons) == {kind.reason for kind in FindingKind} | {STUCK_IN_COLLECTIVE}
     assert all(FindingKind.from_reason(reason) for reason in reasons)
 
@@ -92,7 +93,7 @@ def test_the_status_speaks_the_finding_kinds_reasons():
 def test_the_status_admits_every_cause():
     # a cause the CRD refuses fails the whole status write: the diagnosis is never seen (a mismatch's software)
     status = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    assert set(status["diagnosis"]["properties"]["cause"]["enum"]) == {cause.value for cause in Cause}
+    assert set(status[STATUS_KEY]["properties"]["cause"]["enum"]) == {cause.value for cause in Cause}
 
 
 def test_from_manifest_reads_recovery_and_the_archive_without_the_secret_values():
