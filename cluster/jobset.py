@@ -16,15 +16,13 @@ import copy
 import json
 import os
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rankwatch.cluster import binaries, pki, ports
+from rankwatch.cluster.loopback_controller import LoopbackController
 from rankwatch.cluster.versions import JOBSET, VOLCANO_MODULE_VERSION
 
 CRD = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
@@ -74,22 +72,10 @@ def webhook_configurations(namespace: str, url: str, ca_bundle: bytes) -> list[d
     return configurations
 
 
-class JobSetController:
+class JobSetController(LoopbackController):
     """``start`` installs the CRD, serves and registers the webhooks, runs the controller until ``stop``."""
 
-    def __init__(self, kubeconfig: str, namespace: str, work_dir: Path) -> None:
-        self.kubeconfig, self.namespace, self.work_dir = kubeconfig, namespace, work_dir
-        self.process: subprocess.Popen | None = None
-        self.configurations: list[dict[str, Any]] = []
-
-    def _kubectl(self, *args: str, input: str | None = None) -> None:
-        subprocess.run(
-            [str(binaries.binary_path("kubectl")), "--kubeconfig", self.kubeconfig, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+    title = "JobSet controller"
 
     def start(self, patience_s: float = 300) -> None:
         binary = binaries.ensure_component(JOBSET) / "jobset-controller"
@@ -106,57 +92,7 @@ class JobSetController:
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         }
-        (self.work_dir / "config.yaml").write_text(yaml.safe_dump(config))
-        self._install_crd(patience_s)
-        log = open(self.work_dir / "jobset-controller.log", "ab")  # noqa: SIM115 (the child holds it)
-        self.process = subprocess.Popen(
-            [str(binary), "--config", str(self.work_dir / "config.yaml"), "--kubeconfig", self.kubeconfig],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self._wait_ready(health_port, patience_s)
-        self.configurations = webhook_configurations(
-            self.namespace, f"https://127.0.0.1:{webhook_port}", (certs / "ca.crt").read_bytes()
-        )
-        self._kubectl("apply", "-f", "-", input=yaml.safe_dump_all(self.configurations))
-
-    def _install_crd(self, patience_s: float) -> None:
-        """Apply the JobSet CRD until it is Established. Right after another controller's CRDs were
-        removed (the Kueue e2e's) the first apply and wait failed once; the next one held."""
-        deadline = time.monotonic() + patience_s
-        while True:
-            try:
-                self._kubectl("apply", "--server-side", "--force-conflicts", "-f", str(module_dir() / CRD))
-                self._kubectl("wait", "--for=condition=Established", "crd/jobsets.jobset.x-k8s.io", "--timeout=30s")
-                return
-            except subprocess.CalledProcessError as error:
-                if time.monotonic() >= deadline:
-                    raise RuntimeError(f"the JobSet CRD was not Established: {error.stderr.strip()[-500:]}") from None
-                time.sleep(2)
-
-    def _wait_ready(self, port: int, patience_s: float) -> None:
-        deadline = time.monotonic() + patience_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"the JobSet controller exited ({self.process.returncode}); see {self.work_dir}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"the JobSet controller was not ready within {patience_s:.0f} s; see {self.work_dir}")
-
-    def stop(self) -> None:
-        for configuration in self.configurations:
-            kind = configuration["kind"].lower()
-            self._kubectl("delete", kind, configuration["metadata"]["name"], "--ignore-not-found")
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        self._install_crds([module_dir() / CRD], ["jobsets.jobset.x-k8s.io"], patience_s)
+        self._run(binary, config, health_port, patience_s)
+        url, ca = f"https://127.0.0.1:{webhook_port}", (certs / "ca.crt").read_bytes()
+        self._register(webhook_configurations(self.namespace, url, ca))

@@ -15,10 +15,6 @@ from __future__ import annotations
 import base64
 import copy
 import os
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +22,7 @@ import yaml
 
 from rankwatch.cluster import binaries, pki, ports
 from rankwatch.cluster.jobset import module_source
+from rankwatch.cluster.loopback_controller import LoopbackController
 from rankwatch.cluster.versions import TRAINER
 
 CRDS = "manifests/base/crds"
@@ -68,22 +65,10 @@ def webhook_configurations(namespace: str, url: str, ca_bundle: bytes) -> list[d
     return configurations
 
 
-class TrainerController:
+class TrainerController(LoopbackController):
     """``start`` installs the CRDs, serves and registers the webhooks, runs the controller until ``stop``."""
 
-    def __init__(self, kubeconfig: str, namespace: str, work_dir: Path) -> None:
-        self.kubeconfig, self.namespace, self.work_dir = kubeconfig, namespace, work_dir
-        self.process: subprocess.Popen | None = None
-        self.configurations: list[dict[str, Any]] = []
-
-    def _kubectl(self, *args: str, input: str | None = None) -> None:
-        subprocess.run(
-            [str(binaries.binary_path("kubectl")), "--kubeconfig", self.kubeconfig, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
+    title = "Trainer controller"
 
     def start(self, patience_s: float = 300) -> None:
         binary = binaries.ensure_component(TRAINER) / "trainer-controller-manager"
@@ -101,62 +86,8 @@ class TrainerController:
             "metrics": {"bindAddress": "0"},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
         }
-        (self.work_dir / "config.yaml").write_text(yaml.safe_dump(config))
-        self._install_crds(patience_s)
-        log = open(self.work_dir / "trainer-controller.log", "ab")  # noqa: SIM115 (the child holds it)
-        self.process = subprocess.Popen(
-            [str(binary), "--config", str(self.work_dir / "config.yaml"), "--kubeconfig", self.kubeconfig],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "TMPDIR": str(temp)},
-        )
-        log.close()
-        self._wait_ready(health_port, patience_s)
-        self.configurations = webhook_configurations(
-            self.namespace, f"https://127.0.0.1:{webhook_port}", (certs / "ca.crt").read_bytes()
-        )
-        self._kubectl("apply", "-f", "-", input=yaml.safe_dump_all(self.configurations))
-
-    def _install_crds(self, patience_s: float) -> None:
-        """Apply the Trainer's CRDs until they are Established (retried, as the JobSet CRD is)."""
-        deadline = time.monotonic() + patience_s
-        while True:
-            try:
-                files = [f"--filename={module_dir() / CRDS / f'trainer.kubeflow.org_{n}.yaml'}" for n in CRD_NAMES]
-                self._kubectl("apply", "--server-side", "--force-conflicts", *files)
-                for name in CRD_NAMES:
-                    self._kubectl(
-                        "wait", "--for=condition=Established", f"crd/{name}.trainer.kubeflow.org", "--timeout=30s"
-                    )
-                return
-            except subprocess.CalledProcessError as error:
-                if time.monotonic() >= deadline:
-                    why = error.stderr.strip()[-500:]
-                    raise RuntimeError(f"the Trainer CRDs were not Established: {why}") from None
-                time.sleep(2)
-
-    def _wait_ready(self, port: int, patience_s: float) -> None:
-        deadline = time.monotonic() + patience_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"the Trainer controller exited ({self.process.returncode}); see {self.work_dir}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as answer:
-                    if answer.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"the Trainer controller was not ready within {patience_s:.0f} s; see {self.work_dir}")
-
-    def stop(self) -> None:
-        for configuration in self.configurations:
-            kind = configuration["kind"].lower()
-            self._kubectl("delete", kind, configuration["metadata"]["name"], "--ignore-not-found")
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        files = [module_dir() / CRDS / f"trainer.kubeflow.org_{name}.yaml" for name in CRD_NAMES]
+        self._install_crds(files, [f"{name}.trainer.kubeflow.org" for name in CRD_NAMES], patience_s)
+        self._run(binary, config, health_port, patience_s, env={**os.environ, "TMPDIR": str(temp)})
+        url, ca = f"https://127.0.0.1:{webhook_port}", (certs / "ca.crt").read_bytes()
+        self._register(webhook_configurations(self.namespace, url, ca))
