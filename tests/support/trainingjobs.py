@@ -71,8 +71,9 @@ def get_job(api, namespace: str, name: str) -> dict:
     )
 
 
-def create_job(api, namespace: str, manifest: dict) -> None:
-    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+def create_job(api, namespace: str, manifest: dict) -> dict:
+    """The TrainingJob as the API server made it."""
+    return kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
         *JOB_API[:2], namespace, JOB_API[2], manifest
     )
 
