@@ -39,18 +39,25 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(values)
     row_bits = _bits(n)
     hash_bits = 63 - row_bits
-    if hash_bits >= 24:
-        low = (values & np.uint64((1 << hash_bits) - 1)).astype(np.int64)
-        packed = np.sort((low << row_bits) | np.arange(n, dtype=np.int64))
+    if hash_bits >= 24:  # in place where it can be: at 16k ranks each array of the calls is 100s of MB
+        packed = (values & np.uint64((1 << hash_bits) - 1)).view(np.int64)
+        packed <<= row_bits
+        packed |= np.arange(n, dtype=np.int64)
+        packed.sort()
         rows = packed & ((1 << row_bits) - 1)
-        hashes = packed >> row_bits
+        packed >>= row_bits  # the hashes
         new = np.empty(n, bool)
         new[:1] = True
-        np.not_equal(hashes[1:], hashes[:-1], out=new[1:])
+        np.not_equal(packed[1:], packed[:-1], out=new[1:])
+        del packed
         distinct = values[rows[new]]
         order = np.argsort(distinct)
+        position = np.cumsum(new)
+        del new
+        position -= 1
         index = np.empty(n, np.int64)
-        index[rows] = np.argsort(order)[np.cumsum(new) - 1]
+        index[rows] = np.argsort(order)[position]
+        del rows, position
         distinct = distinct[order]
         if (distinct[index] == values).all():  # no two ids share their low bits
             return distinct, index
@@ -70,11 +77,14 @@ def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Inst
     n = len(rows)
     comm_bits, seq_bits, row_bits = _bits(len(comm_ids)), _bits(int(seq.max()) - seq_low), _bits(n)
     if comm_bits + seq_bits + row_bits <= 63:
-        packed = np.sort(
-            (comm_index << (seq_bits + row_bits)) | ((seq - seq_low) << row_bits) | np.arange(n, dtype=np.int64)
-        )
+        packed = seq - seq_low
+        packed <<= row_bits
+        packed |= np.arange(n, dtype=np.int64)
+        packed |= comm_index << (seq_bits + row_bits)
+        packed.sort()
         order = packed & ((1 << row_bits) - 1)
-        instance_key = packed >> row_bits
+        instance_key = packed
+        instance_key >>= row_bits
     else:
         order = np.lexsort((np.arange(n), seq, comm_index))
         instance_key = comm_index[order] * (int(seq.max()) - seq_low + 1) + (seq[order] - seq_low)

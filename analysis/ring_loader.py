@@ -214,20 +214,36 @@ def _convert_batch(batch: _Batch, converted: np.ndarray, output: np.ndarray) -> 
         own[...] = own.view(RAW_CALL)[np.argsort(own["t_call"], kind="stable")].view(CALL_DTYPE)
 
 
+def _first_of_each(rings: np.ndarray, comms: np.ndarray, passes: int = 8) -> np.ndarray:
+    """Positions of the first call of each (ring, communicator), ascending. A ring uses a few
+    communicators: one pass per communicator takes each ring's first remaining call and drops the calls
+    on the same communicator; whatever remains after ``passes`` (a ring of many) is sorted once."""
+    firsts = []
+    remaining = np.arange(len(rings))
+    head_comm = np.zeros(int(rings.max()) + 1 if len(rings) else 0, comms.dtype)
+    for _ in range(passes):
+        if not len(remaining):
+            break
+        ring = rings[remaining]
+        head = remaining[np.r_[True, ring[1:] != ring[:-1]]]
+        firsts.append(head)
+        head_comm[rings[head]] = comms[head]
+        remaining = remaining[comms[remaining] != head_comm[ring]]
+    if len(remaining):
+        order = np.lexsort((comms[remaining], rings[remaining]))  # stable: each pair's first call comes first
+        ring, comm = rings[remaining][order], comms[remaining][order]
+        firsts.append(remaining[order[np.r_[True, (ring[1:] != ring[:-1]) | (comm[1:] != comm[:-1])]]])
+    return np.sort(np.concatenate(firsts)) if firsts else remaining
+
+
 def _communicators_from_calls(batch: _Batch, records: np.ndarray, is_call: np.ndarray, ring_of: np.ndarray) -> None:
     """Each ring's communicators whose creation fell out of a wrapped ring: their first call tells
-    their place. One sort for the batch (a search per communicator was quadratic in a ring of many),
-    of the calls that start a run on one communicator (a first call among them)."""
-    comm = records["comm_id"]
+    their place."""
     rows = np.flatnonzero(is_call)
     if not len(rows):
         return
-    rings, comms = ring_of[rows], comm[rows]
-    runs = np.flatnonzero(np.r_[True, (rings[1:] != rings[:-1]) | (comms[1:] != comms[:-1])])
-    rows, rings, comms = rows[runs], rings[runs], comms[runs]
-    order = np.lexsort((comms, rings))  # stable: the first row of each (ring, communicator) comes first
-    ring_sorted, comm_sorted = rings[order], comms[order]
-    firsts = rows[order[np.r_[True, (ring_sorted[1:] != ring_sorted[:-1]) | (comm_sorted[1:] != comm_sorted[:-1])]]]
+    comm = records["comm_id"]
+    firsts = rows[_first_of_each(ring_of[rows], comm[rows])]
     created = {(index, comm_id) for index, result in enumerate(batch.reads) for comm_id, *_ in result.created}
     for index, comm_id, rank, size in zip(ring_of[firsts].tolist(), comm[firsts].tolist(),
                                           records["rank"][firsts].tolist(), records["nranks"][firsts].tolist(),

@@ -101,7 +101,8 @@ def detect_slow_links(
     gpu = (calls["gpu_start"][p2p] > 0) & (calls["gpu_end"][p2p] > 0)
     t_call = np.where(gpu, calls["gpu_start"][p2p], calls["t_call"][p2p]) - shift
     t_return = np.where(gpu, calls["gpu_end"][p2p], calls["t_return"][p2p]) - shift
-    send = columns["op"] == Op.SEND
+    del p2p, shift, gpu  # memory: at 16k ranks each of these arrays is 100s of MB
+    send = columns.pop("op") == Op.SEND
     sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
     if not len(sends) or not len(recvs):
         return []
@@ -109,10 +110,13 @@ def detect_slow_links(
     # the n-th Send i->j of a communicator meets the n-th Recv j<-i: no global rank needed to match
     send_keys = transfer_keys(comm[sends], me[sends], peer[sends], seq[sends])
     recv_keys = transfer_keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
+    del me, peer, seq, columns["comm_rank"], columns["peer"], columns["seq"]
     s_index, r_index = _match(send_keys, recv_keys)
+    del send_keys, recv_keys
     if not len(s_index):
         return []
     s, r = sends[s_index], recvs[r_index]
+    del sends, recvs, s_index, r_index
     transfer = np.minimum(t_return[s], t_return[r]) - np.maximum(t_call[s], t_call[r])
     # Both sides inside the call at once, or the match is wrong (dumps that start at different points
     # number their sends and receives from different origins): such a pair tells nothing.
