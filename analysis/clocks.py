@@ -46,6 +46,8 @@ def aligned(trace: Trace, offsets: dict[str, float], ranks: np.ndarray) -> np.nd
     """ns to subtract from the host times of ``ranks`` (one value per element)."""
     if not offsets:
         return np.zeros(len(ranks))
-    distinct, index = np.unique(ranks, return_inverse=True)
-    per_rank = np.array([offsets.get(trace.node_of(int(r)), 0.0) for r in distinct])
-    return per_rank[index.reshape(-1)]
+    present = np.bincount(ranks) if len(ranks) else np.zeros(0, np.int64)  # global ranks are small: no sort
+    per_rank = np.zeros(len(present))
+    for rank in np.flatnonzero(present).tolist():
+        per_rank[rank] = offsets.get(trace.node_of(rank), 0.0)
+    return per_rank[ranks]

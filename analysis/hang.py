@@ -38,19 +38,15 @@ def _queued(calls: np.ndarray, pending: np.ndarray) -> np.ndarray:
     rows = np.flatnonzero(pending)
     if not len(rows):
         return queued
-    ranks = calls["rank"][rows]
-    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True])
-    for start, stop in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        own = rows[start:stop]  # one rank's calls in flight, in call order
-        started = calls["gpu_start"][own] > 0
-        if started.any():
-            queued[own[~started]] = True
-            continue
-        head = own[0]
-        group = calls["group"][head]
-        queued[own[1:]] = True
-        if group:
-            queued[own[calls["group"][own] == group]] = False
+    ranks = calls["rank"][rows]  # each rank's calls in flight, in call order
+    is_head = np.r_[True, ranks[1:] != ranks[:-1]]
+    rank_of = np.cumsum(is_head) - 1  # columns, not a loop over ranks: a 16k-rank hang has 16k of them
+    started = calls["gpu_start"][rows] > 0
+    any_started = np.bincount(rank_of, weights=started, minlength=int(rank_of[-1]) + 1) > 0
+    group = calls["group"][rows]
+    head_group = group[np.flatnonzero(is_head)][rank_of]
+    behind_head = ~is_head & ~((head_group != 0) & (group == head_group))
+    queued[rows] = np.where(any_started[rank_of], ~started, behind_head)
     return queued
 
 

@@ -79,10 +79,24 @@ def clock_tick_ns(times: np.ndarray) -> int:
     multiples of it; a difference of two such readings is uncertain by one tick, so no delay shorter
     than that is a measurement. 1 for a nanosecond clock; at least 1 with no timestamps."""
     recorded = np.asarray(times, dtype=np.int64)
-    recorded = recorded[recorded > 0]
-    if not len(recorded):
+    # a few readings bound the tick from above: a nanosecond clock is told without a pass over millions
+    upper = _largest_tick(recorded[:TICK_SAMPLE], SECOND_NS)
+    if upper == 1:
         return 1
+    return _largest_tick(recorded, upper or SECOND_NS) or 1
+
+
+TICK_SAMPLE = 4096
+SECOND_NS = 1_000_000_000
+
+
+def _largest_tick(times: np.ndarray, upper: int) -> int | None:
+    """The largest power of ten up to ``upper`` that divides every positive one of ``times``; None
+    when none is positive."""
+    recorded = times[times > 0]
+    if not len(recorded):
+        return None
     tick = 1
-    while tick < 1_000_000_000 and not np.any(recorded % (tick * 10)):
+    while tick < upper and not np.any(recorded % (tick * 10)):
         tick *= 10
     return tick

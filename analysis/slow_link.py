@@ -25,7 +25,7 @@ import numpy as np
 
 from rankwatch.analysis.clocks import aligned, node_offsets
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.instances import grouped_median, grouped_quantile
+from rankwatch.analysis.instances import GroupedValues
 from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, robust_spread
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
@@ -57,10 +57,10 @@ def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _steadily_slow(
-    transfer: np.ndarray,
+    transfer: GroupedValues,
+    values: np.ndarray,
     when: np.ndarray,
     pair_index: np.ndarray,
-    pairs: int,
     typical: np.ndarray,
     min_excess_ns: float,
 ) -> np.ndarray:
@@ -68,14 +68,15 @@ def _steadily_slow(
     quartile above twice what most pairs reach in their slowest tenth (and ``min_excess_ns`` above
     the typical pair), and its median in each third of its transfers above that floor too. Times
     of a shared machine jitter and a busy moment slows some transfers of every pair; a slow
-    link is slow in every one. ``when``: each transfer's time, to split a pair's transfers in thirds;
-    ``typical``: per pair, the typical pair of its kind."""
-    values = transfer.astype(np.float64)
-    upper = float(np.nanmedian(grouped_quantile(values, pair_index, pairs, 0.9)))
+    link is slow in every one. ``transfer``: the transfer times grouped by pair; ``values``, ``when``,
+    ``pair_index``: each transfer's time, when it was entered (to split a pair's transfers in thirds) and
+    its pair; ``typical``: per pair, the typical pair of its kind."""
+    upper = float(np.nanmedian(transfer.quantile(0.9)))
     floor = np.maximum(2 * upper, typical + min_excess_ns)
-    steady = grouped_quantile(values, pair_index, pairs, 0.25) >= floor
-    order = np.lexsort((when, pair_index))
-    bounds = np.searchsorted(pair_index[order], np.arange(pairs + 1))
+    steady = transfer.quantile(0.25) >= floor
+    rows = np.flatnonzero(steady[pair_index])  # the few steady pairs' transfers, not every one
+    order = rows[np.lexsort((when[rows], pair_index[rows]))]
+    bounds = np.searchsorted(pair_index[order], np.arange(len(steady) + 1))
     for pair in np.flatnonzero(steady):
         own = values[order[bounds[pair] : bounds[pair + 1]]]
         steady[pair] = all(np.median(part) >= floor[pair] for part in np.array_split(own, 3) if len(part))
@@ -127,7 +128,9 @@ def detect_slow_links(
     unique_keys, pair_index = np.unique(pair_key, return_inverse=True)
     unique_pairs = np.stack([unique_keys >> 32, unique_keys & 0xFFFFFFFF], axis=1)
     pair_index = pair_index.reshape(-1)
-    medians = grouped_median(transfer.astype(np.float64), pair_index, len(unique_keys))
+    values = transfer.astype(np.float64)
+    grouped = GroupedValues(values, pair_index, len(unique_keys))
+    medians = grouped.median()
     counts = np.bincount(pair_index, minlength=len(unique_keys))
     medians[counts < MIN_TRANSFERS] = np.nan
     usable = ~np.isnan(medians)
@@ -150,7 +153,7 @@ def detect_slow_links(
             spread_of[pairs] = robust_spread(medians[pairs]) + min_excess_ns
             tail_of[pairs] = min_score if min_score is not None else chance_tail(int(pairs.sum()))
     # a busy moment (a shared machine's CPU or GPU) slows some transfers of every pair; a slow link, all
-    steady = _steadily_slow(transfer, t_call[s], pair_index, len(unique_keys), typical_of, min_excess_ns)
+    steady = _steadily_slow(grouped, values, t_call[s], pair_index, typical_of, min_excess_ns)
     findings: dict[frozenset[int], Finding] = {}  # a link is both directions of one pair
     for position in np.flatnonzero(usable):
         typical, spread, tail = typical_of[position], spread_of[position], tail_of[position]
