@@ -9,8 +9,12 @@ in trace order, i.e. by global rank.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rankwatch.analysis.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,18 @@ class Instances:
 
     def __len__(self) -> int:
         return len(self.starts) - 1
+
+
+def instances_of(trace: Trace, rows: np.ndarray) -> Instances:
+    """:func:`group_instances` of the trace's calls ``rows`` (ascending), kept on the trace for the next
+    detector that groups the same rows (mismatches and stragglers group the same collectives: each
+    grouping is a sort of millions at 16k ranks). Callers must not write into the result."""
+    cached = trace._instances
+    if cached is not None and cached[0] is trace.calls and np.array_equal(cached[1], rows):
+        return cached[2]
+    instances = group_instances(trace.calls["comm"][rows], trace.calls["seq"][rows], rows)
+    trace._instances = (trace.calls, rows, instances)
+    return instances
 
 
 def _bits(value: int) -> int:

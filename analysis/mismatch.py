@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rankwatch.analysis.findings import Cause, Finding, FindingKind, comm_label
-from rankwatch.analysis.instances import Instances, group_instances
+from rankwatch.analysis.instances import Instances, instances_of
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.stacks import caller_frame
 from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
@@ -85,7 +85,7 @@ def _instances(trace: Trace) -> tuple[_Collectives, np.ndarray]:
     """The collectives and which instances are whole (no rank with two calls under one number)."""
     calls = trace.calls
     collective = np.flatnonzero(np.isin(calls["op"], COLLECTIVE_OPS))
-    instances = group_instances(calls["comm"][collective], calls["seq"][collective], collective)
+    instances = instances_of(trace, collective)
     rows = instances.rows
     op = calls["op"][rows]
     # uneven all-to-alls, gathers and scatters take inputs of different sizes on different ranks by design

@@ -43,17 +43,17 @@ def transfer_keys(comm: np.ndarray, sender: np.ndarray, receiver: np.ndarray, se
     return hashed ^ seq.astype(np.uint64)
 
 
-def _match(send_keys: np.ndarray, recv_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of the sends and receives with equal keys (each key once on either side)."""
-    keys = np.concatenate([send_keys, recv_keys])
+def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the sends and receives with equal keys (each key once on either side); ``keys``: the
+    sends' then the receives', sorted in place (memory: at 16k ranks there are millions)."""
     order = np.argsort(keys)
-    ordered = keys[order]
-    pair = np.flatnonzero(ordered[1:] == ordered[:-1])
+    keys[...] = keys[order]
+    pair = np.flatnonzero(keys[1:] == keys[:-1])
     first, second = order[pair], order[pair + 1]
-    is_send = first < len(send_keys)
+    is_send = first < sends
     first, second = np.where(is_send, first, second), np.where(is_send, second, first)
-    valid = (first < len(send_keys)) & (second >= len(send_keys))
-    return first[valid], second[valid] - len(send_keys)
+    valid = (first < sends) & (second >= sends)
+    return first[valid], second[valid] - sends
 
 
 def _steadily_slow(
@@ -109,16 +109,22 @@ def detect_slow_links(
         return []
     comm, me, peer, seq = columns["comm"], columns["comm_rank"], columns["peer"], columns["seq"]
     # the n-th Send i->j of a communicator meets the n-th Recv j<-i: no global rank needed to match
-    send_keys = transfer_keys(comm[sends], me[sends], peer[sends], seq[sends])
-    recv_keys = transfer_keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
+    keys = np.empty(len(sends) + len(recvs), np.uint64)
+    keys[: len(sends)] = transfer_keys(comm[sends], me[sends], peer[sends], seq[sends])
+    keys[len(sends) :] = transfer_keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
     del me, peer, seq, columns["comm_rank"], columns["peer"], columns["seq"]
-    s_index, r_index = _match(send_keys, recv_keys)
-    del send_keys, recv_keys
+    s_index, r_index = _match(keys, len(sends))
+    del keys
     if not len(s_index):
         return []
     s, r = sends[s_index], recvs[r_index]
     del sends, recvs, s_index, r_index
-    transfer = np.minimum(t_return[s], t_return[r]) - np.maximum(t_call[s], t_call[r])
+    transfer = t_return[s]  # min(returns) - max(calls), a column at a time (memory)
+    np.minimum(transfer, t_return[r], out=transfer)
+    entered = t_call[s]
+    np.maximum(entered, t_call[r], out=entered)
+    transfer -= entered
+    del entered
     # Both sides inside the call at once, or the match is wrong (dumps that start at different points
     # number their sends and receives from different origins): such a pair tells nothing.
     overlapping = transfer > -MAX_CLOCK_ERROR_NS

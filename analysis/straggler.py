@@ -32,7 +32,7 @@ import numpy as np
 
 from rankwatch.analysis.compute_gaps import MIN_EXCESS
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.instances import Instances, group_instances, grouped_median
+from rankwatch.analysis.instances import Instances, grouped_median, instances_of
 from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, median_standard_error, sign_tail
 from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace, durations
 
@@ -108,7 +108,7 @@ def detect_stragglers(
         mask &= calls["t_return"] > 0
     if since_ns is not None:
         mask &= calls["t_call"] >= since_ns
-    instances = group_instances(calls["comm"][mask], calls["seq"][mask], np.flatnonzero(mask))
+    instances = instances_of(trace, np.flatnonzero(mask))
     if not len(instances):
         return []
     sizes = instances.sizes

@@ -8,6 +8,7 @@ cannot be read are listed in ``Trace.problems`` with the reason; the other ranks
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -123,6 +124,8 @@ class Trace:
     # the analysis (rings). Logs that simply end were watched only until their last call.
     observed_until_ns: int | None = None
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    # the calls, the rows grouped and their instances (instances.instances_of): detectors share one grouping
+    _instances: tuple[np.ndarray, np.ndarray, Any] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:
         """The calls of one rank (calls are sorted by rank): a slice."""
