@@ -151,8 +151,9 @@ def detect_stragglers(
                 )
             )
     if min_delay_ns is None:
-        timed = trace.calls["gpu_start"][instances.rows] if trace.has_returns else np.zeros(0, np.int64)
-        min_delay_ns = float(max(clock_tick_ns(calls["t_call"][instances.rows]), clock_tick_ns(timed)))
+        tick = clock_tick_ns(calls["t_call"][instances.rows])  # one column at a time (memory at 16k ranks)
+        timed_tick = clock_tick_ns(calls["gpu_start"][instances.rows]) if trace.has_returns else 1
+        min_delay_ns = float(max(tick, timed_tick))
     return _findings(trace, candidates, min_delay_ns, explained_by_links, problems)
 
 
