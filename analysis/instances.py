@@ -34,15 +34,17 @@ class Instances:
         return len(self.starts) - 1
 
 
-def instances_of(trace: Trace, rows: np.ndarray) -> Instances:
-    """:func:`group_instances` of the trace's calls ``rows`` (ascending), kept on the trace for the next
-    detector that groups the same rows (mismatches and stragglers group the same collectives: each
-    grouping is a sort of millions at 16k ranks). Callers must not write into the result."""
+def instances_of(trace: Trace, chosen: np.ndarray) -> Instances:
+    """:func:`group_instances` of the trace's calls where the mask ``chosen`` is set, kept on the trace
+    for the next detector that groups the same calls (mismatches and stragglers group the same
+    collectives: each grouping is a sort of millions at 16k ranks; the mask, not the rows, is kept to
+    tell them: 1 byte a call). Callers must not write into the result, nor into the mask after."""
     cached = trace._instances
-    if cached is not None and cached[0] is trace.calls and np.array_equal(cached[1], rows):
+    if cached is not None and cached[0] is trace.calls and np.array_equal(cached[1], chosen):
         return cached[2]
+    rows = np.flatnonzero(chosen)
     instances = group_instances(trace.calls["comm"][rows], trace.calls["seq"][rows], rows)
-    trace._instances = (trace.calls, rows, instances)
+    trace._instances = (trace.calls, chosen, instances)
     return instances
 
 

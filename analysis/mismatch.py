@@ -84,8 +84,7 @@ class _Collectives:
 def _instances(trace: Trace) -> tuple[_Collectives, np.ndarray]:
     """The collectives and which instances are whole (no rank with two calls under one number)."""
     calls = trace.calls
-    collective = np.flatnonzero(np.isin(calls["op"], COLLECTIVE_OPS))
-    instances = instances_of(trace, collective)
+    instances = instances_of(trace, np.isin(calls["op"], COLLECTIVE_OPS))
     rows = instances.rows
     op = calls["op"][rows]
     # uneven all-to-alls, gathers and scatters take inputs of different sizes on different ranks by design

@@ -108,7 +108,7 @@ def detect_stragglers(
         mask &= calls["t_return"] > 0
     if since_ns is not None:
         mask &= calls["t_call"] >= since_ns
-    instances = instances_of(trace, np.flatnonzero(mask))
+    instances = instances_of(trace, mask)
     if not len(instances):
         return []
     sizes = instances.sizes

@@ -124,7 +124,7 @@ class Trace:
     # the analysis (rings). Logs that simply end were watched only until their last call.
     observed_until_ns: int | None = None
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
-    # the calls, the rows grouped and their instances (instances.instances_of): detectors share one grouping
+    # the calls, the mask of those grouped and their instances (instances.instances_of): detectors share one
     _instances: tuple[np.ndarray, np.ndarray, Any] | None = field(default=None, repr=False, compare=False)
 
     def rows_of(self, rank: int) -> slice:
