@@ -5,6 +5,7 @@ the tolerance (30%) fails. Run by hand and before each release, on a quiet machi
 
     .venv/bin/python bench/check_results.py                     # runs every bench of the table
     make bench | tee bench.out; .venv/bin/python bench/check_results.py --from bench.out
+    .venv/bin/python bench/check_results.py --only analysis.    # the rows of one bench (runs only it)
 
 Figures that load moves are published and compared as their ratio to a baseline measured in the same
 run (see bench/figures.py); the others as values. Exit code 1 when one is worse or missing.
@@ -87,11 +88,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--from", dest="saved", type=Path, nargs="*", help="saved bench output instead of running")
     parser.add_argument("--tolerance", type=float, default=TOLERANCE)
+    parser.add_argument("--only", default="", help="the rows whose figure name starts with this")
     args = parser.parse_args()
     try:
-        rows = published(RESULTS.read_text())
+        rows = [row for row in published(RESULTS.read_text()) if row.name.startswith(args.only)]
     except ValueError as error:
         print(f"check_results: {error}", file=sys.stderr)
+        return 2
+    if not rows:
+        print(f"check_results: no published figure starts with {args.only!r}", file=sys.stderr)
         return 2
     text = "\n".join(path.read_text() for path in args.saved) if args.saved else run_benches(rows)
     figures = parse(text)
