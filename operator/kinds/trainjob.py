@@ -13,8 +13,9 @@ TrainJob controls it, writes that TrainJob's uid on the pod (``rankwatch.io/trai
 - size: ``spec.trainer.numNodes`` (None when the TrainJob leaves it to its runtime);
 - index: the Job's completion index, which the Trainer gives torchrun as ``PET_NODE_RANK``; ranks come
   from torchrun's RANK / WORLD_SIZE in each process (``PET_NPROC_PER_NODE`` per node);
-- restart lever: none pulled by rankwatch yet: rankwatch cordons and pages (the JobSet's own
-  ``failurePolicy``, set in the runtime, recreates the Jobs when a hung rank's NCCL timeout fails one).
+- restart lever: the TrainJob's ``spec.suspend`` toggle (``restart_trainjob.py``): the Trainer suspends its
+  JobSet, every pod ends; resumed once they are gone, new pods are scheduled away from the cordoned
+  suspects. Not where Kueue or MultiKueue owns ``spec.suspend``: cordon and page only.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class TrainJobAdapter:
     key = "TrainJob"
     api_version = API_VERSION
     plural = "trainjobs"
-    restart_lever: str | None = None
+    restart_lever: str | None = "spec.suspend toggle (not under Kueue)"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         metadata = pod.get("metadata", {})
@@ -71,9 +72,10 @@ class TrainJobAdapter:
         return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
-        owned = _jobset_controlled_by(kube, group.namespace, group.name, group.uid)
-        if owned is None:
+        found = controlled_jobset(kube, group.namespace, group.name, group.uid)
+        if found is None:
             return []
+        owned = str(found["metadata"]["uid"])
         jobs = kubernetes.client.BatchV1Api(kube).list_namespaced_job(
             group.namespace, label_selector=f"{jobset.UID_LABEL}={owned}"
         )
@@ -89,16 +91,16 @@ def _training_job_of(job: kubernetes.client.V1Job, jobset_uid: str) -> bool:
     return (job.metadata.labels or {}).get(ANCESTOR_LABEL, TRAINER_ANCESTOR) == TRAINER_ANCESTOR
 
 
-def _jobset_controlled_by(
+def controlled_jobset(
     kube: kubernetes.client.ApiClient, namespace: str, name: str, trainjob_uid: str
-) -> str | None:
-    """The uid of JobSet ``namespace/name`` when the TrainJob of its name and uid ``trainjob_uid`` controls
-    it, else None."""
+) -> dict[str, Any] | None:
+    """JobSet ``namespace/name`` as stored when the TrainJob of its name and uid ``trainjob_uid`` controls
+    it, else None. Blocking."""
     found = _read_jobset(kube, namespace, name)
     owner = _controlling_trainjob(found)
     if found is None or owner is None or owner.get("uid") != trainjob_uid:
         return None
-    return str((found.get("metadata") or {}).get("uid") or "") or None
+    return found if (found.get("metadata") or {}).get("uid") else None
 
 
 def _read_jobset(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
