@@ -13,12 +13,17 @@ import kubernetes
 import pytest
 from other_kinds import (
     GROUP_ANNOTATIONS,
+    HANG_IN_FIRST_ATTEMPT,
     PATIENCE_S,
     STRAGGLER,
     assert_hang_handled,
     assert_straggler_handled,
     describe_cli,
     injected,
+    owner_events,
+    resumed_pods,
+    second_look,
+    settled_restart,
     standin_trainer,
     start_operator,
     stop,
@@ -27,6 +32,7 @@ from other_kinds import (
 pytestmark = pytest.mark.e2e
 
 TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
+TRAINJOB_GROUP = ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs")
 
 
 @pytest.fixture
@@ -191,6 +197,53 @@ def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
             return read_trainjob(api, namespace, "stucktrain")
 
         assert_hang_handled(api, namespace, read, "TrainJob", "stucktrain", uid, alert_sink, eventually)
+    assert_no_refused_call(tmp_path / "operator.log")
+
+
+def test_a_hang_in_a_trainjob_restarts_it_through_suspend_away_from_the_node(
+    watching, trainer_controller, kubeconfig, api, unwatched_namespace, eventually, alert_sink, tmp_path
+):  # fmt: skip
+    from rankwatch.operator.kinds.adapter import Group
+
+    namespace = unwatched_namespace
+    core = kubernetes.client.CoreV1Api(api)
+    with watching("rerun-train"):
+        uid = create_trainjob(api, namespace, "rerun-train", HANG_IN_FIRST_ATTEMPT)
+
+        def read() -> dict[str, Any]:
+            return read_trainjob(api, namespace, "rerun-train")
+
+        def pods() -> list[Any]:
+            selector = "jobset.sigs.k8s.io/jobset-name=rerun-train"
+            return core.list_namespaced_pod(namespace, label_selector=selector).items
+
+        first = {pod.metadata.uid for pod in eventually(lambda: len(pods()) == 2 and pods(), PATIENCE_S, what="pods")}
+        record = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the TrainJob's restart")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [node] = record["nodes"]
+        assert record["remediation"] == f"cordoned and tainted {node}"
+        assert record["restart"].startswith("suspended the TrainJob"), record
+        assert "restart 1 of at most 3" in record["restart"] and record["active"] is False
+        assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"
+
+        # The Trainer suspended its JobSet, the Job controller ended every pod; resumed, new ones run.
+        restarted = eventually(lambda: resumed_pods(read, pods, first, 2), PATIENCE_S,
+                               what="the TrainJob resumed, 2 new pods running")  # fmt: skip
+        assert node not in {pod.spec.node_name for pod in restarted}, "a restarted pod landed on the cordoned node"
+        assert not {pod.metadata.uid for pod in pods()} & first, "every pod of the hung attempt ended"
+        assert all(injected(pod) for pod in restarted)
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "Restarting"), PATIENCE_S, what="Restarting")
+        assert event.type == "Warning" and event.involved_object.kind == "TrainJob" and node in event.message
+
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted TrainJob watched again, healthy")  # fmt: skip
+        described = describe_cli(kubeconfig, namespace, "trainjob/rerun-train")
+        assert f"  Restart:     {record['restart']}" in described and "  Active:      false" in described
+        second_look(api, Group(*TRAINJOB_GROUP, namespace, "rerun-train", uid), read)
+        assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"
+        assert not read()["spec"].get("suspend")
+        conditions = (read().get("status") or {}).get("conditions") or []
+        assert not [c for c in conditions if c["type"] == "Failed" and c["status"] == "True"], "the suspend fails none"
     assert_no_refused_call(tmp_path / "operator.log")
 
 
