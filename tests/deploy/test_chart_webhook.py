@@ -122,5 +122,7 @@ def test_webhook_rbac_grants_the_restart_levers_exactly_what_they_call(render):
     assert verbs(on, "batch.volcano.sh", "jobs") == {"get", "patch"}
     assert verbs(on, "bus.volcano.sh", "commands") == {"create"}
     assert verbs(on, "trainer.kubeflow.org", "trainjobs") == {"get", "list", "watch", "patch"}
+    assert verbs(on, "trainer.kubeflow.org", "clustertrainingruntimes") == {"get"}, "a TrainJob's size, by name"
+    assert verbs(on, "trainer.kubeflow.org", "trainingruntimes") == {"get"}
     assert not verbs(render(), "batch", "jobs") and not verbs(render(), "bus.volcano.sh", "commands")
     assert not verbs(render(), "trainer.kubeflow.org", "trainjobs")

@@ -98,12 +98,31 @@ def assert_no_refused_call(log: Path) -> None:
     assert not calls, calls[:5]
 
 
-def create_trainjob(api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False) -> str:
+def create_trainjob(
+    api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False, runtime: str = ""
+) -> str:
+    """``runtime``: run on that TrainingRuntime, the number of nodes left to it (no ``numNodes``)."""
     objects = kubernetes.client.CustomObjectsApi(api)
     trainjob = standin_trainjob(name, faults)
     trainjob["spec"]["suspend"] = suspend
+    if runtime:
+        trainjob["spec"]["runtimeRef"]["name"] = runtime
+        del trainjob["spec"]["trainer"]["numNodes"]
     created = objects.create_namespaced_custom_object(*TRAINJOB_API[:2], namespace, TRAINJOB_API[2], trainjob)
     return created["metadata"]["uid"]
+
+
+def create_runtime_of_nodes(api, namespace: str, nodes: int) -> str:
+    """The Trainer's torch runtime as a TrainingRuntime whose ``mlPolicy.numNodes`` is ``nodes``; its name."""
+    from rankwatch.cluster.trainer import torch_runtime
+
+    runtime = torch_runtime(namespace)
+    runtime["metadata"]["name"] = f"torch-{nodes}-nodes"
+    runtime["spec"]["mlPolicy"]["numNodes"] = nodes
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", namespace, "trainingruntimes", runtime
+    )
+    return runtime["metadata"]["name"]
 
 
 def jobset_uid_of(api, namespace: str, name: str) -> str | None:
@@ -254,7 +273,9 @@ def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on
     namespace = unwatched_namespace
     core = kubernetes.client.CoreV1Api(api)
     # No operator: the API server gets no answer from the webhook and, failing open, admits the pods.
-    uid = create_trainjob(api, namespace, "unseen", {})
+    # The TrainJob leaves its number of nodes to its runtime (mlPolicy.numNodes 2), as the Trainer allows.
+    runtime = create_runtime_of_nodes(api, namespace, 2)
+    uid = create_trainjob(api, namespace, "unseen", {}, runtime=runtime)
     selector = "jobset.sigs.k8s.io/jobset-name=unseen"
     pods = eventually(
         lambda: len(p := core.list_namespaced_pod(namespace, label_selector=selector).items) == 2 and p,
@@ -263,6 +284,16 @@ def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on
     )  # fmt: skip
     assert not any(injected(pod) for pod in pods)
     names = sorted(pod.metadata.name for pod in pods)
+    # The runtime changed since: the Trainer goes on with the snapshot it took of it, and so does rankwatch.
+    assert core.read_namespaced_config_map("unseen-runtime-snapshot", namespace).data["runtime"]
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        "trainer.kubeflow.org",
+        "v1alpha1",
+        namespace,
+        "trainingruntimes",
+        runtime,
+        {"spec": {"mlPolicy": {"numNodes": 3}}},
+    )
 
     operator = start_operator(
         processes, chart_rbac_kubeconfig, namespace, tmp_path / "operator.log", port, certs, processes.free_port()
@@ -275,7 +306,8 @@ def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on
 
         [event] = eventually(reported, PATIENCE_S, what="the Unwatched Event on the TrainJob")
         assert event.type == "Warning" and event.involved_object.kind == "TrainJob"
-        assert event.message.startswith("2 of 2 opted-in pod(s)") and "operator was down" in event.message
+        assert event.message.startswith("2 of 2 opted-in pod(s)"), "of 2: the runtime's mlPolicy.numNodes"
+        assert "operator was down" in event.message
         annotations = read_trainjob(api, namespace, "unseen")["metadata"]["annotations"]
         assert annotations["rankwatch.io/unwatched-pods"] == "2"
         events = core.list_namespaced_event(namespace, field_selector="reason=Unwatched").items
