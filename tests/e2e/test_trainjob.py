@@ -99,12 +99,14 @@ def assert_no_refused_call(log: Path) -> None:
 
 
 def create_trainjob(
-    api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False, runtime: str = ""
-) -> str:
+    api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False, runtime: str = "",
+    labels: dict[str, str] | None = None,
+) -> str:  # fmt: skip
     """``runtime``: run on that TrainingRuntime, the number of nodes left to it (no ``numNodes``)."""
     objects = kubernetes.client.CustomObjectsApi(api)
     trainjob = standin_trainjob(name, faults)
     trainjob["spec"]["suspend"] = suspend
+    trainjob["metadata"]["labels"] = labels or {}
     if runtime:
         trainjob["spec"]["runtimeRef"]["name"] = runtime
         del trainjob["spec"]["trainer"]["numNodes"]
@@ -210,12 +212,19 @@ def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
     namespace = unwatched_namespace
     hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
     with watching("stucktrain"):
-        uid = create_trainjob(api, namespace, "stucktrain", hang)
+        # Queued for Kueue (whose TrainJob integration does not run here): spec.suspend is Kueue's.
+        uid = create_trainjob(api, namespace, "stucktrain", hang, labels={"kueue.x-k8s.io/queue-name": "team"})
 
         def read() -> dict[str, Any]:
             return read_trainjob(api, namespace, "stucktrain")
 
         assert_hang_handled(api, namespace, read, "TrainJob", "stucktrain", uid, alert_sink, eventually)
+        skipped = eventually(lambda: settled_restart(read), PATIENCE_S, what="the restart decided")
+        assert skipped["restart"].startswith("not restarted: Kueue admits this TrainJob"), skipped
+        assert skipped["active"] is True, "the finding stands: nothing restarted the TrainJob"
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "RestartSkipped"), PATIENCE_S, what="Event")
+        assert event.type == "Normal" and "kueue.x-k8s.io/queue-name" in event.message
+        assert not read()["spec"].get("suspend") and "rankwatch.io/restarts" not in read()["metadata"]["annotations"]
     assert_no_refused_call(tmp_path / "operator.log")
 
 
