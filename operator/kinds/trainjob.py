@@ -73,8 +73,7 @@ class TrainJobAdapter:
         return annotation_field(COMPLETION_INDEX)
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
-        nodes = ((owner.get("spec") or {}).get("trainer") or {}).get("numNodes")
-        return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None
+        return _positive(((owner.get("spec") or {}).get("trainer") or {}).get("numNodes"))
 
     def referred_size(self, kube: kubernetes.client.ApiClient, owner: Mapping[str, Any]) -> int | None:
         """The training nodes the TrainJob's runtime gives it (``runtime_nodes``), None when the runtime
@@ -123,8 +122,8 @@ def runtime_nodes(runtime: Mapping[str, Any]) -> int | None:
 def _runtime_ref(trainjob: Mapping[str, Any]) -> tuple[str, str] | None:
     """(kind, name) of the runtime the TrainJob names, None when it is not one of the Trainer's."""
     ref = (trainjob.get("spec") or {}).get("runtimeRef") or {}
-    kind, name = ref.get("kind") or DEFAULT_RUNTIME_KIND, ref.get("name")
-    if ref.get("apiGroup", API_VERSION.split("/")[0]) != API_VERSION.split("/")[0] or kind not in RUNTIME_PLURALS:
+    kind, name, api_group = ref.get("kind") or DEFAULT_RUNTIME_KIND, ref.get("name"), API_VERSION.split("/")[0]
+    if ref.get("apiGroup", api_group) != api_group or kind not in RUNTIME_PLURALS:
         return None
     return (kind, name) if isinstance(name, str) and name else None
 
