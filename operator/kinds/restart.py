@@ -38,7 +38,7 @@ from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.lever import LeverRefused, Pulled, RestartLever
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER
 from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
-from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_SUSPEND_LEVER
+from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER
 from rankwatch.operator.recovery.decision import counts
 from rankwatch.operator.spec import TrainingJobSpec
@@ -106,7 +106,7 @@ LEVERS: dict[str, RestartLever] = {
     "Job": SUSPEND_LEVER,
     "JobSet": JOBSET_LEVER,
     "VolcanoJob": VOLCANO_LEVER,
-    "TrainJob": TRAINJOB_SUSPEND_LEVER,
+    "TrainJob": TRAINJOB_LEVER,
 }
 
 

@@ -1,13 +1,14 @@
 """A TrainJob's restart lever: its ``spec.suspend`` toggle, which Kubeflow Trainer v2 hands down to the
-whole chain (read in v2.3.0 and JobSet v0.12.0).
+whole chain (read in v2.3.0 and JobSet v0.12.0); where Kueue owns that, its JobSet's ``failurePolicy``.
 
 The Trainer copies the TrainJob's ``suspend`` onto its JobSet (``plugins/jobset/jobset.go`` Build; it
 rewrites the JobSet only while one of the two is suspended), the JobSet controller suspends every child
 Job (``suspendJobs``) and the Job controller deletes their pods, counting no failure. Resumed, the JobSet
 controller resumes the same Jobs (``resumeJobsIfNecessary``) and each makes a new pod per index,
 scheduled anew, so away from the cordoned suspects. ``spec.suspend`` is mutable on a running TrainJob (its
-webhook guards only ``runtimePatches``). The JobSet's own ``failurePolicy`` lever (``restart_jobset.py``)
-is not used: the Trainer's runtimes give their JobSet none, so a failed child Job would fail the TrainJob.
+webhook guards only ``runtimePatches``). It is preferred to the JobSet's own ``failurePolicy`` lever
+(``restart_jobset.py``): the Trainer's runtimes give their JobSet none (a failed child Job would fail the
+TrainJob), and a suspend spends none of its ``maxRestarts``.
 
 Two steps, as an Indexed Job's (``restart_suspend.py``, whose marks it shares), each level-triggered so
 that an operator that dies between them never leaves a training job suspended: ``pull`` suspends the
@@ -17,10 +18,12 @@ left, and removes the mark. The TrainJob's status follows its JobSet's Jobs, not
 change may come while the pods still terminate: the handler looks again every few seconds until they
 are gone (a kopf timer or daemon would put a finalizer on the user's TrainJob).
 
-Refused (cordon and page only) when someone else owns ``spec.suspend``: Kueue, when it admits the
-TrainJob (label ``kueue.x-k8s.io/queue-name``), MultiKueue (``spec.managedBy``), a controller that owns
-the TrainJob; or when it is suspended already, or past ``rankwatch.io/max-restarts`` restarts (counted in
-its ``rankwatch.io/restarts``).
+Where someone else owns ``spec.suspend`` (Kueue, when it admits the TrainJob: label
+``kueue.x-k8s.io/queue-name``; MultiKueue: ``spec.managedBy``; a controller that owns the TrainJob) the
+suspend is never touched: the group is restarted through its JobSet's ``failurePolicy`` when the runtime
+gives the JobSet one answering a failed child Job with a whole-group restart within its ``maxRestarts``
+(Kueue keeps the workload admitted through it), else cordon and page only. Also refused when the TrainJob
+is suspended already, or past ``rankwatch.io/max-restarts`` suspends (counted in ``rankwatch.io/restarts``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from kubernetes.client.exceptions import ApiException
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.operator.kinds import jobset, trainjob
 from rankwatch.operator.kinds.adapter import Group
+from rankwatch.operator.kinds.jobset import JOBSET
 from rankwatch.operator.kinds.lever import LeverRefused, Pulled
+from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER
 from rankwatch.operator.kinds.restart_suspend import KUEUE_QUEUE, RESTARTS_ANNOTATION, SUSPENDED_ANNOTATION, restarts_of
 from rankwatch.operator.spec import TrainingJobSpec
 
@@ -55,20 +60,46 @@ _API_GROUP, _, _VERSION = trainjob.API_VERSION.rpartition("/")
 _watching = False
 
 
-class TrainJobSuspendToggle:
+def suspend_owner(trainjob_: Mapping[str, Any]) -> str | None:
+    """Who other than the Trainer owns the TrainJob's ``spec.suspend`` (said as a reason), None when nobody."""
+    metadata, trainjob_spec = trainjob_.get("metadata") or {}, trainjob_.get("spec") or {}
+    if KUEUE_QUEUE in (metadata.get("labels") or {}) or KUEUE_QUEUE in (metadata.get("annotations") or {}):
+        return f"Kueue admits this TrainJob ({KUEUE_QUEUE}): its spec.suspend is Kueue's"
+    if trainjob_spec.get("managedBy") not in (None, TRAINER_MANAGER):
+        return f"the TrainJob is managed by {trainjob_spec.get('managedBy')}"
+    controller = next((o for o in metadata.get("ownerReferences") or [] if o.get("controller")), None)
+    if controller is not None:
+        return f"the TrainJob is controlled by {controller.get('kind')} {controller.get('name')}, which owns it"
+    return None
+
+
+def _jobset_of(kube: kubernetes.client.ApiClient, owner: Mapping[str, Any]) -> tuple[Group, dict[str, Any]] | None:
+    metadata = owner.get("metadata") or {}
+    found = trainjob.controlled_jobset(kube, metadata["namespace"], metadata["name"], metadata["uid"])
+    if found is None:
+        return None
+    group = Group(JOBSET.api_version, JOBSET.kind, JOBSET.plural, metadata["namespace"], metadata["name"],
+                  found["metadata"]["uid"])  # fmt: skip
+    return group, found
+
+
+class TrainJobLever:
+    """The suspend toggle where nobody else owns ``spec.suspend``; else (Kueue) the JobSet's own
+    ``failurePolicy`` (``restart_jobset.py``) when the TrainJob's runtime gives its JobSet one that restarts
+    the whole group."""
+
     def refusal(
         self, kube: kubernetes.client.ApiClient, owner: Mapping[str, Any], diagnosis: DiagnosisStatus,
         pods: list[dict[str, Any]], spec: TrainingJobSpec,
     ) -> str | None:  # fmt: skip
-        metadata, trainjob_spec = owner.get("metadata") or {}, owner.get("spec") or {}
-        if KUEUE_QUEUE in (metadata.get("labels") or {}) or KUEUE_QUEUE in (metadata.get("annotations") or {}):
-            return f"Kueue admits this TrainJob ({KUEUE_QUEUE}): its spec.suspend is Kueue's"
-        if trainjob_spec.get("managedBy") not in (None, TRAINER_MANAGER):
-            return f"the TrainJob is managed by {trainjob_spec.get('managedBy')}"
-        controller = next((o for o in metadata.get("ownerReferences") or [] if o.get("controller")), None)
-        if controller is not None:
-            return f"the TrainJob is controlled by {controller.get('kind')} {controller.get('name')}, which owns it"
-        if trainjob_spec.get("suspend"):
+        other = suspend_owner(owner)
+        if other is not None:
+            found = _jobset_of(kube, owner)
+            if found is None:
+                return f"{other}; no JobSet of it here to restart through its failurePolicy"
+            why = JOBSET_LEVER.refusal(kube, found[1], diagnosis, pods, spec)
+            return None if why is None else f"{other}; nor through its JobSet: {why}"
+        if (owner.get("spec") or {}).get("suspend"):
             return "the TrainJob is suspended already"
         used = restarts_of(owner)
         if used >= spec.recovery.maxRestarts:
@@ -76,6 +107,17 @@ class TrainJobSuspendToggle:
         return None
 
     def pull(
+        self, kube: kubernetes.client.ApiClient, group: Group, owner: Mapping[str, Any],
+        diagnosis: DiagnosisStatus, pods: list[dict[str, Any]], spec: TrainingJobSpec,
+    ) -> Pulled:  # fmt: skip
+        if suspend_owner(owner) is not None:
+            found = _jobset_of(kube, owner)
+            if found is None:
+                raise LeverRefused("the TrainJob's JobSet is gone")
+            return JOBSET_LEVER.pull(kube, found[0], found[1], diagnosis, pods, spec)
+        return self._suspend(kube, group, owner, diagnosis, pods, spec)
+
+    def _suspend(
         self, kube: kubernetes.client.ApiClient, group: Group, owner: Mapping[str, Any],
         diagnosis: DiagnosisStatus, pods: list[dict[str, Any]], spec: TrainingJobSpec,
     ) -> Pulled:  # fmt: skip
@@ -102,7 +144,7 @@ class TrainJobSuspendToggle:
         return Pulled(done, frozenset(pod["metadata"]["name"] for pod in pods))
 
 
-TRAINJOB_SUSPEND_LEVER = TrainJobSuspendToggle()
+TRAINJOB_LEVER = TrainJobLever()
 
 
 def _drained(kube: kubernetes.client.ApiClient, namespace: str, name: str, uid: str) -> bool:

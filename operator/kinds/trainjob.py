@@ -18,7 +18,7 @@ TrainJob controls it, writes that TrainJob's uid on the pod (``rankwatch.io/trai
   from torchrun's RANK / WORLD_SIZE in each process (``PET_NPROC_PER_NODE`` per node);
 - restart lever: the TrainJob's ``spec.suspend`` toggle (``restart_trainjob.py``): the Trainer suspends its
   JobSet, every pod ends; resumed once they are gone, new pods are scheduled away from the cordoned
-  suspects. Not where Kueue or MultiKueue owns ``spec.suspend``: cordon and page only.
+  suspects. Where Kueue owns ``spec.suspend``, its JobSet's ``failurePolicy`` when the runtime gives one.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class TrainJobAdapter:
     key = "TrainJob"
     api_version = API_VERSION
     plural = "trainjobs"
-    restart_lever: str | None = "spec.suspend toggle (not under Kueue)"
+    restart_lever: str | None = "spec.suspend toggle; under Kueue, its JobSet's failurePolicy"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         metadata = pod.get("metadata", {})

@@ -100,11 +100,13 @@ def assert_no_refused_call(log: Path) -> None:
 
 def create_trainjob(
     api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False, runtime: str = "",
-    labels: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None, env: tuple[dict[str, Any], ...] = (),
 ) -> str:  # fmt: skip
-    """``runtime``: run on that TrainingRuntime, the number of nodes left to it (no ``numNodes``)."""
+    """``runtime``: run on that TrainingRuntime, the number of nodes left to it (no ``numNodes``); ``env``:
+    more of the trainer's environment."""
     objects = kubernetes.client.CustomObjectsApi(api)
     trainjob = standin_trainjob(name, faults)
+    trainjob["spec"]["trainer"]["env"] += list(env)
     trainjob["spec"]["suspend"] = suspend
     trainjob["metadata"]["labels"] = labels or {}
     if runtime:
@@ -114,13 +116,16 @@ def create_trainjob(
     return created["metadata"]["uid"]
 
 
-def create_runtime_of_nodes(api, namespace: str, nodes: int) -> str:
-    """The Trainer's torch runtime as a TrainingRuntime whose ``mlPolicy.numNodes`` is ``nodes``; its name."""
+def create_runtime_of_nodes(api, namespace: str, nodes: int, failure_policy: dict[str, Any] | None = None) -> str:
+    """The Trainer's torch runtime as a TrainingRuntime whose ``mlPolicy.numNodes`` is ``nodes`` (and whose
+    JobSet has ``failure_policy``); its name."""
     from rankwatch.cluster.trainer import torch_runtime
 
     runtime = torch_runtime(namespace)
-    runtime["metadata"]["name"] = f"torch-{nodes}-nodes"
+    runtime["metadata"]["name"] = f"torch-{nodes}-nodes" + ("-restartable" if failure_policy else "")
     runtime["spec"]["mlPolicy"]["numNodes"] = nodes
+    if failure_policy:
+        runtime["spec"]["template"]["spec"]["failurePolicy"] = failure_policy
     kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
         "trainer.kubeflow.org", "v1alpha1", namespace, "trainingruntimes", runtime
     )
@@ -221,6 +226,7 @@ def test_a_rank_that_never_calls_hangs_a_trainjob_and_is_named_on_it(
         assert_hang_handled(api, namespace, read, "TrainJob", "stucktrain", uid, alert_sink, eventually)
         skipped = eventually(lambda: settled_restart(read), PATIENCE_S, what="the restart decided")
         assert skipped["restart"].startswith("not restarted: Kueue admits this TrainJob"), skipped
+        assert "nor through its JobSet: the JobSet has no spec.failurePolicy" in skipped["restart"]
         assert skipped["active"] is True, "the finding stands: nothing restarted the TrainJob"
         [event] = eventually(lambda: owner_events(api, namespace, uid, "RestartSkipped"), PATIENCE_S, what="Event")
         assert event.type == "Normal" and "kueue.x-k8s.io/queue-name" in event.message
@@ -272,6 +278,51 @@ def test_a_hang_in_a_trainjob_restarts_it_through_suspend_away_from_the_node(
         assert not read()["spec"].get("suspend")
         conditions = (read().get("status") or {}).get("conditions") or []
         assert not [c for c in conditions if c["type"] == "Failed" and c["status"] == "True"], "the suspend fails none"
+    assert_no_refused_call(tmp_path / "operator.log")
+
+
+def test_a_hang_in_a_trainjob_queued_for_kueue_restarts_through_its_jobsets_failure_policy(
+    watching, trainer_controller, api, unwatched_namespace, eventually, alert_sink, tmp_path
+):  # fmt: skip
+    """Kueue owns its spec.suspend; its runtime gives its JobSet a failurePolicy: that restarts the group."""
+    from rankwatch.operator.kinds.adapter import Group
+
+    namespace = unwatched_namespace
+    core = kubernetes.client.CoreV1Api(api)
+    runtime = create_runtime_of_nodes(api, namespace, 2, failure_policy={"maxRestarts": 2})
+    attempt = {"name": "RANKWATCH_ATTEMPT", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"}}}  # fmt: skip
+    with watching("kueue-train"):
+        uid = create_trainjob(api, namespace, "kueue-train", HANG_IN_FIRST_ATTEMPT, runtime=runtime,
+                              labels={"kueue.x-k8s.io/queue-name": "team"}, env=(attempt,))  # fmt: skip
+
+        def read() -> dict[str, Any]:
+            return read_trainjob(api, namespace, "kueue-train")
+
+        record = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the TrainJob's restart")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [node] = record["nodes"]
+        assert record["restart"].startswith("ended child Job kueue-train-node-0 (activeDeadlineSeconds)"), record
+        assert "restart 1 of at most 2" in record["restart"] and record["active"] is False
+        assert not read()["spec"].get("suspend"), "Kueue's spec.suspend untouched"
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "Restarting"), PATIENCE_S, what="Restarting")
+        assert event.involved_object.kind == "TrainJob" and node in event.message
+
+        # The JobSet controller recreated every child Job: the pods of restart-attempt 1 run, none on the node.
+        selector = "jobset.sigs.k8s.io/jobset-name=kueue-train,jobset.sigs.k8s.io/restart-attempt=1"
+
+        def new_pods() -> list[Any]:
+            pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+            return len(pods) == 2 and all(p.status.phase == "Running" for p in pods) and pods
+
+        restarted = eventually(new_pods, PATIENCE_S, what="the restarted TrainJob's 2 pods running")
+        assert node not in {pod.spec.node_name for pod in restarted}, "a restarted pod landed on the cordoned node"
+        assert all(injected(pod) for pod in restarted)
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted TrainJob watched again, healthy")  # fmt: skip
+        second_look(api, Group(*TRAINJOB_GROUP, namespace, "kueue-train", uid), read)
+        conditions = (read().get("status") or {}).get("conditions") or []
+        assert not [c for c in conditions if c["type"] == "Failed" and c["status"] == "True"]
     assert_no_refused_call(tmp_path / "operator.log")
 
 

@@ -90,7 +90,7 @@ def test_a_trainjob_pod_belongs_to_the_trainjob_not_to_its_jobset():
     assert (group.api_version, group.plural) == ("trainer.kubeflow.org/v1alpha1", "trainjobs")
     assert group.collector_name == "TrainJob:llama"
     assert group.event_target.kind == "TrainJob" and group.event_target.uid == TRAINJOB_UID, "Events on the TrainJob"
-    assert adapter.restart_lever == "spec.suspend toggle (not under Kueue)"
+    assert adapter.restart_lever == "spec.suspend toggle; under Kueue, its JobSet's failurePolicy"
     key, value = adapter.pod_selector(group).split("=")
     assert trainjob_pod()["metadata"]["labels"][key] == value
     assert adapter.token_secret_name("llama") == "llama-rankwatch-trainjob-token"
