@@ -101,6 +101,7 @@ def assert_no_refused_call(log: Path) -> None:
 def create_trainjob(
     api, namespace: str, name: str, faults: dict[str, str], suspend: bool = False, runtime: str = "",
     labels: dict[str, str] | None = None, env: tuple[dict[str, Any], ...] = (),
+    annotations: dict[str, str] | None = None,
 ) -> str:  # fmt: skip
     """``runtime``: run on that TrainingRuntime, the number of nodes left to it (no ``numNodes``); ``env``:
     more of the trainer's environment."""
@@ -108,7 +109,7 @@ def create_trainjob(
     trainjob = standin_trainjob(name, faults)
     trainjob["spec"]["trainer"]["env"] += list(env)
     trainjob["spec"]["suspend"] = suspend
-    trainjob["metadata"]["labels"] = labels or {}
+    trainjob["metadata"]["labels"], trainjob["metadata"]["annotations"] = labels or {}, annotations or {}
     if runtime:
         trainjob["spec"]["runtimeRef"]["name"] = runtime
         del trainjob["spec"]["trainer"]["numNodes"]
@@ -324,6 +325,26 @@ def test_a_hang_in_a_trainjob_queued_for_kueue_restarts_through_its_jobsets_fail
         conditions = (read().get("status") or {}).get("conditions") or []
         assert not [c for c in conditions if c["type"] == "Failed" and c["status"] == "True"]
     assert_no_refused_call(tmp_path / "operator.log")
+
+
+def test_a_trainjob_rankwatch_left_suspended_is_resumed_by_the_next_operator_and_no_other(
+    watching, trainer_controller, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    """An operator that stopped between suspending a TrainJob and resuming it: the next one resumes it (the
+    mark on the TrainJob, not memory, says so); a TrainJob its user suspended stays suspended."""
+    namespace = unwatched_namespace
+    mark = {"rankwatch.io/restart-suspended": "2026-11-28T18:00:00Z"}
+    create_trainjob(api, namespace, "left-train", {}, suspend=True, annotations=mark)
+    create_trainjob(api, namespace, "held-train", {}, suspend=True)
+    with watching("left-train"):
+
+        def resumed() -> bool:
+            trainjob = read_trainjob(api, namespace, "left-train")
+            marked = set(mark) & set(trainjob["metadata"].get("annotations") or {})
+            return not trainjob["spec"].get("suspend") and not marked
+
+        eventually(resumed, PATIENCE_S, what="the TrainJob rankwatch suspended resumed")
+        assert read_trainjob(api, namespace, "held-train")["spec"]["suspend"], "the user's suspend is the user's"
 
 
 def test_trainjob_pods_made_while_the_operator_is_down_start_and_are_reported_on_the_trainjob(
