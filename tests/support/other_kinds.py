@@ -569,6 +569,16 @@ def settled_restart(read_owner) -> dict[str, Any] | None:
     return record if outcome and not outcome.startswith("pending") else None
 
 
+def resumed_pods(read_owner, list_pods, first: set[str], count: int) -> list[Any]:
+    """Once the owner rankwatch suspended to restart it is resumed (no ``spec.suspend``, no mark): its
+    ``count`` new pods (uids not in ``first``) when all of them run, else an empty list."""
+    owner = read_owner()
+    if owner["spec"].get("suspend") or "rankwatch.io/restart-suspended" in owner["metadata"].get("annotations", {}):
+        return []
+    now = [p for p in list_pods() if p.metadata.uid not in first and not p.metadata.deletion_timestamp]
+    return now if len(now) == count and all(p.status.phase == "Running" for p in now) else []
+
+
 def second_look(api, group, read_owner) -> None:
     """The restart step run again on the diagnosis the owner carries: it pulls nothing."""
     from rankwatch.operator.kinds.group_record import GroupRecord

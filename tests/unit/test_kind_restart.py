@@ -13,6 +13,7 @@ from rankwatch.operator.kinds.registry import ADAPTERS
 from rankwatch.operator.kinds.restart import Action, lever_of, verdict
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER, failure_answer, restarts_counted
 from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
+from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER, suspend_owner
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER, restart_command
 from rankwatch.operator.spec import InvalidSpec, Recovery, Remediation, TrainingJobSpec
 
@@ -82,6 +83,25 @@ def test_the_suspend_toggle_is_refused_where_someone_else_owns_suspend():
     assert "suspended already" in SUSPEND_LEVER.refusal(None, job(spec={"suspend": True}), HANG, [], SPEC)
     used = job(metadata={"annotations": {"rankwatch.io/restarts": "3"}})
     assert "3 restart(s) of at most 3" in SUSPEND_LEVER.refusal(None, used, HANG, [], SPEC)
+
+
+def test_a_trainjobs_suspend_is_left_to_kueue_or_another_manager_that_owns_it():
+    mine = job(spec={"managedBy": "trainer.kubeflow.org/trainjob-controller"})
+    assert suspend_owner(job()) is None and suspend_owner(mine) is None
+    assert TRAINJOB_LEVER.refusal(None, job(), HANG, [], SPEC) is None
+    kueue = job(metadata={"labels": {"kueue.x-k8s.io/queue-name": "team"}})
+    assert "Kueue admits this TrainJob" in suspend_owner(kueue)
+    assert "managed by kueue.x-k8s.io/multikueue" in suspend_owner(job(spec={"managedBy": "kueue.x-k8s.io/multikueue"}))
+    owned = job(metadata={"ownerReferences": [{"kind": "Pipeline", "name": "p", "controller": True}]})
+    assert "Pipeline p" in suspend_owner(owned)
+
+
+def test_a_trainjobs_suspend_toggle_is_refused_when_suspended_or_past_its_limit():
+    assert "suspended already" in TRAINJOB_LEVER.refusal(None, job(spec={"suspend": True}), HANG, [], SPEC)
+    used = job(metadata={"annotations": {"rankwatch.io/restarts": "1"}})
+    one = TrainingJobSpec(template={}, recovery=Recovery(maxRestarts=1))
+    assert "1 restart(s) of at most 1" in TRAINJOB_LEVER.refusal(None, used, HANG, [], one)
+    assert TRAINJOB_LEVER.refusal(None, used, HANG, [], SPEC) is None
 
 
 def test_a_jobsets_answer_to_a_failed_child_job_is_read_as_its_controller_reads_it():
