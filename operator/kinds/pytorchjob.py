@@ -11,9 +11,8 @@ and labelled ``training.kubeflow.org/job-name``, ``replica-type`` (``master`` / 
   rendezvous numbers the nodes at run time and the index is the Worker's replica index. Known at
   admission (the labels are on the pod the controller creates), so it is given to the sidecar as a value;
   ranks come from torchrun's RANK / WORLD_SIZE in each process;
-- restart lever: none: rankwatch cordons and pages. The controller recreates a replica's pod in place
-  (``restartPolicy``, ``ExitCode``) and its peers stay in the old rendezvous; ``runPolicy.suspend``
-  would restart the group but is Kueue's where Kueue admits the job.
+- restart lever: the ``spec.runPolicy.suspend`` toggle (``restart_pytorchjob.py``); not where Kueue admits
+  the job (then cordon and page only).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ class PyTorchJobAdapter:
     key = "PyTorchJob"
     api_version = API_VERSION
     plural = "pytorchjobs"
-    restart_lever: str | None = None
+    restart_lever: str | None = "runPolicy.suspend toggle"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         metadata = pod.get("metadata", {})

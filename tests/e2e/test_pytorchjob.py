@@ -13,15 +13,16 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from other_kinds import (
     GROUP_ANNOTATIONS,
+    HANG_IN_FIRST_ATTEMPT,
     PATIENCE_S,
     STRAGGLER,
-    assert_hang_handled,
     assert_no_refused_call,
     assert_straggler_handled,
     describe_cli,
-    diagnosis_on,
     injected,
     owner_events,
+    second_look,
+    settled_restart,
     standin_trainer,
     start_operator,
     stop,
@@ -123,27 +124,66 @@ def test_a_straggler_in_a_pytorchjob_run_by_the_real_training_operator_is_diagno
     assert_no_refused_call(tmp_path / "operator.log")
 
 
-def test_a_rank_that_never_calls_hangs_a_pytorchjob_and_is_named_on_it_without_a_restart(
-    watching, training_operator, api, unwatched_namespace, eventually, alert_sink, tmp_path
+def test_a_hang_in_a_pytorchjob_is_named_on_it_and_restarts_it_through_suspend_away_from_the_node(
+    watching, training_operator, kubeconfig, api, unwatched_namespace, eventually, alert_sink, tmp_path
 ):  # fmt: skip
+    """Rank 2 (the Master's) never calls in the first attempt: the PyTorchJob carries the Hang, its node is
+    cordoned, and the real training-operator, suspended and resumed, makes every pod again elsewhere."""
+    from rankwatch.operator.kinds.adapter import Group
+
     namespace = unwatched_namespace
     core = kubernetes.client.CoreV1Api(api)
-    hang = {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}
     with watching("stucktorch"):
-        uid = create_pytorchjob(api, namespace, "stucktorch", hang)
+        uid = create_pytorchjob(api, namespace, "stucktorch", HANG_IN_FIRST_ATTEMPT)
 
         def read() -> dict[str, Any]:
             return read_pytorchjob(api, namespace, "stucktorch")
 
-        node = assert_hang_handled(api, namespace, read, "PyTorchJob", "stucktorch", uid, alert_sink, eventually)
-        assert core.read_namespaced_pod("stucktorch-master-0", namespace).spec.node_name == node, "rank 2: the Master"
-        outcome = eventually(
-            lambda: diagnosis_on(read()["metadata"].get("annotations")).get("restart"), PATIENCE_S,
-            what="the restart looked at",
+        def pods() -> list[Any]:
+            return core.list_namespaced_pod(namespace, label_selector="training.kubeflow.org/job-name=stucktorch").items
+
+        first = {pod.metadata.uid for pod in eventually(lambda: len(pods()) == 2 and pods(), PATIENCE_S, what="pods")}
+        record = eventually(lambda: settled_restart(read), PATIENCE_S, interval=1, what="the PyTorchJob's restart")
+        assert record["kind"] == "Hang" and record["ranks"] == [2], record
+        [node] = record["nodes"]
+        assert record["remediation"] == f"cordoned and tainted {node}" and record["alertedTime"]
+        assert record["restart"].startswith("suspended the PyTorchJob"), record
+        assert "restart 1 of at most 3" in record["restart"]
+        alerts = eventually(
+            lambda: alert_sink.alerts(jobkind="PyTorchJob", trainingjob="stucktorch", alertname="TrainingJobHang"),
+            PATIENCE_S,
+            what="the hang's alert",
         )  # fmt: skip
-        assert outcome == "not restarted: PyTorchJob has no restart lever rankwatch pulls; cordon and page only"
-        [skipped] = owner_events(api, namespace, uid, "RestartSkipped")
-        assert skipped.type == "Normal" and "no restart lever" in skipped.message
+        assert [a["labels"]["node"] for a in alerts if a["status"] == "firing"] == [node]
+        events = core.list_namespaced_event(namespace, field_selector="reason=Hang").items
+        assert [e.involved_object.kind for e in events if e.involved_object.uid == uid] == ["PyTorchJob"]
+
+        def resumed_pods() -> list[Any]:
+            job = read()
+            if (job["spec"].get("runPolicy") or {}).get("suspend") or "rankwatch.io/restart-suspended" in (
+                job["metadata"].get("annotations") or {}
+            ):
+                return []
+            now = [p for p in pods() if p.metadata.uid not in first and not p.metadata.deletion_timestamp]
+            return len(now) == 2 and all(p.status.phase == "Running" for p in now) and now
+
+        restarted = eventually(resumed_pods, PATIENCE_S, what="the PyTorchJob resumed, its 2 pods made again")
+        assert sorted(p.metadata.name for p in restarted) == ["stucktorch-master-0", "stucktorch-worker-0"]
+        assert node not in {pod.spec.node_name for pod in restarted}, "a restarted pod landed on the cordoned node"
+        assert not {pod.metadata.uid for pod in pods()} & first, "every pod of the hung attempt ended"
+        conditions = {c["type"]: c["status"] for c in read()["status"].get("conditions") or []}
+        assert conditions.get("Failed") != "True", conditions
+        [event] = eventually(lambda: owner_events(api, namespace, uid, "Restarting"), PATIENCE_S, what="Restarting")
+        assert event.involved_object.kind == "PyTorchJob"
+
+        eventually(lambda: read()["metadata"]["annotations"].get("rankwatch.io/health") == "Healthy", PATIENCE_S,
+                   what="the restarted PyTorchJob watched again, healthy")  # fmt: skip
+        described = describe_cli(kubeconfig, namespace, "pytorchjob/stucktorch")
+        assert f"  Restart:     {record['restart']}" in described and "  Active:      false" in described
+
+        second_look(api, Group("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", namespace, "stucktorch", uid), read)
+        assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"
+        assert not (read()["spec"].get("runPolicy") or {}).get("suspend")
     assert_no_refused_call(tmp_path / "operator.log")
 
 
@@ -178,3 +218,33 @@ def test_pytorchjob_pods_made_while_the_operator_is_down_start_and_are_reported_
     finally:
         stop(operator)
     assert_no_refused_call(tmp_path / "operator.log")
+
+
+def test_a_pytorchjob_rankwatch_left_suspended_is_resumed_by_the_next_operator_and_no_other(
+    watching, training_operator, api, unwatched_namespace, eventually, alert_sink
+):  # fmt: skip
+    """An operator that stopped between suspending a PyTorchJob and resuming it: the next one resumes it
+    (the mark on the job says so) and the training-operator makes its pods; one its user suspended stays."""
+    namespace = unwatched_namespace
+    objects = kubernetes.client.CustomObjectsApi(api)
+    for name, marks in (("left", {"rankwatch.io/restart-suspended": "2026-11-28T18:00:00Z"}), ("held", {})):
+        manifest = standin_pytorchjob(name, {})
+        manifest["metadata"]["annotations"] = marks
+        manifest["spec"]["runPolicy"] = {"suspend": True}
+        objects.create_namespaced_custom_object(*PYTORCHJOB_API[:2], namespace, PYTORCHJOB_API[2], manifest)
+    with watching("left"):
+
+        def resumed() -> bool:
+            job = read_pytorchjob(api, namespace, "left")
+            annotations = job["metadata"].get("annotations") or {}
+            return not job["spec"]["runPolicy"].get("suspend") and "rankwatch.io/restart-suspended" not in annotations
+
+        eventually(resumed, PATIENCE_S, what="the PyTorchJob rankwatch suspended resumed")
+        core = kubernetes.client.CoreV1Api(api)
+        eventually(
+            lambda: len(core.list_namespaced_pod(namespace, label_selector="training.kubeflow.org/job-name=left").items)
+            == 2,
+            PATIENCE_S,
+            what="its pods made by the training-operator",
+        )  # fmt: skip
+        assert read_pytorchjob(api, namespace, "held")["spec"]["runPolicy"]["suspend"], "the user's suspend"

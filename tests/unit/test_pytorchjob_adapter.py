@@ -151,8 +151,8 @@ def test_a_pytorchjob_pod_with_no_valid_index_is_left_uninjected_with_the_reason
     assert decision.reason.startswith("PyTorchJob team-a/llama: the pod says no valid index")
 
 
-def test_a_pytorchjob_is_cordoned_and_paged_never_restarted_by_rankwatch():
-    assert PYTORCHJOB.restart_lever is None and lever_of("PyTorchJob") is None
+def test_a_pytorchjob_is_restarted_with_its_suspend_toggle():
+    assert PYTORCHJOB.restart_lever == "runPolicy.suspend toggle" and lever_of("PyTorchJob") is not None
 
 
 def test_rankwatch_describe_takes_pytorchjob():
