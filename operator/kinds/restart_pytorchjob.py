@@ -12,8 +12,9 @@ new leader's start; registered only with the webhook on) resumes it once none of
 removes the mark.
 
 Refused (cordon and page only) when someone else owns ``runPolicy.suspend``: Kueue, when it admits the job
-(label ``kueue.x-k8s.io/queue-name``), or a job suspended already; a finished job (Succeeded or Failed: the
-training-operator does not restart it); past ``rankwatch.io/max-restarts`` (``rankwatch.io/restarts``).
+(label ``kueue.x-k8s.io/queue-name``), a controller that owns the job, or a job suspended already; a
+finished job (Succeeded or Failed: the training-operator does not restart it); past
+``rankwatch.io/max-restarts`` (``rankwatch.io/restarts``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class PyTorchJobSuspend:
         run_policy = (owner.get("spec") or {}).get("runPolicy") or {}
         if KUEUE_QUEUE in (metadata.get("labels") or {}) or KUEUE_QUEUE in (metadata.get("annotations") or {}):
             return f"Kueue admits this PyTorchJob ({KUEUE_QUEUE}): its runPolicy.suspend is Kueue's"
+        controller = next((o for o in metadata.get("ownerReferences") or [] if o.get("controller")), None)
+        if controller is not None:
+            owner = f"{controller.get('kind')} {controller.get('name')}"
+            return f"the PyTorchJob is controlled by {owner}, which owns its spec"
         if run_policy.get("suspend"):
             return "the PyTorchJob is suspended already"
         ended = finished(owner)
