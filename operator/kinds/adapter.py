@@ -75,8 +75,9 @@ class KindAdapter(Protocol):
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
         """The pod's index in its group (its node rank), None when it does not say."""
 
-    def index_field(self) -> pod_spec.FieldPath:
-        """Where the kubelet finds the pod's index, for the sidecar's env (known only once the pod exists)."""
+    def index_field(self) -> pod_spec.FieldPath | None:
+        """Where the kubelet finds the pod's index, for the sidecar's env (known only once the pod exists);
+        None where the index is known at admission (``index_of`` the pod as created)."""
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
         """How many pods the group should have, from the owning object."""

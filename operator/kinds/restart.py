@@ -37,6 +37,7 @@ from rankwatch.operator.kinds.adapter import read_owner
 from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.lever import LeverRefused, Pulled, RestartLever
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER
+from rankwatch.operator.kinds.restart_pytorchjob import PYTORCHJOB_LEVER
 from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
 from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER
@@ -107,6 +108,7 @@ LEVERS: dict[str, RestartLever] = {
     "JobSet": JOBSET_LEVER,
     "VolcanoJob": VOLCANO_LEVER,
     "TrainJob": TRAINJOB_LEVER,
+    "PyTorchJob": PYTORCHJOB_LEVER,
 }
 
 

@@ -6,7 +6,6 @@ ServiceAccount) diagnoses, cordons, alerts and writes on the TrainJob itself."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -17,6 +16,7 @@ from other_kinds import (
     PATIENCE_S,
     STRAGGLER,
     assert_hang_handled,
+    assert_no_refused_call,
     assert_straggler_handled,
     describe_cli,
     injected,
@@ -89,13 +89,6 @@ def standin_trainjob(name: str, faults: dict[str, str]) -> dict[str, Any]:
             ],
         },
     }
-
-
-def assert_no_refused_call(log: Path) -> None:
-    """The operator (as the chart's ServiceAccount) was refused nothing: the chart grants what it calls."""
-    refused = re.compile(r"\b(HTTP )?403\b(?!\])|[Ff]orbidden")  # not a timestamp that holds 403 ms
-    calls = [line for line in log.read_text().splitlines() if refused.search(line.split("] ", 1)[-1])]
-    assert not calls, calls[:5]
 
 
 def create_trainjob(

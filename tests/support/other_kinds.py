@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -380,6 +381,13 @@ def assert_straggler_handled(
     assert alert["labels"]["alertname"] == "TrainingJobStraggler" and alert["labels"]["node"] == node
     assert alert["status"] == "firing"
     return node
+
+
+def assert_no_refused_call(log: Path) -> None:
+    """The operator (as the chart's ServiceAccount) was refused nothing: the chart grants what it calls."""
+    refused = re.compile(r"\b(HTTP )?403\b(?!\])|[Ff]orbidden")  # not a timestamp that holds 403 ms
+    calls = [line for line in log.read_text().splitlines() if refused.search(line.split("] ", 1)[-1])]
+    assert not calls, calls[:5]
 
 
 def assert_hang_handled(api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually) -> str:

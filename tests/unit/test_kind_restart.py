@@ -155,3 +155,26 @@ def test_the_volcano_command_is_vcctls_and_is_refused_past_max_retry():
 def test_an_adapter_names_a_restart_lever_exactly_when_rankwatch_pulls_one():
     for adapter in ADAPTERS:
         assert (adapter.restart_lever is None) == (lever_of(adapter.key) is None), adapter.key
+
+
+def test_a_pytorchjobs_suspend_toggle_is_refused_where_kueue_owns_it_the_job_ended_or_restarts_are_used():
+    from rankwatch.operator.kinds.restart_pytorchjob import PYTORCHJOB_LEVER
+
+    def pytorchjob(**parts: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "llama", **parts.get("metadata", {})}, "spec": parts.get("spec", {}),
+                "status": parts.get("status", {})}  # fmt: skip
+
+    assert lever_of("PyTorchJob") is PYTORCHJOB_LEVER
+    running = pytorchjob(status={"conditions": [{"type": "Running", "status": "True"}]})
+    assert PYTORCHJOB_LEVER.refusal(None, running, HANG, [], SPEC) is None
+    kueue = pytorchjob(metadata={"labels": {"kueue.x-k8s.io/queue-name": "team"}})
+    assert "its runPolicy.suspend is Kueue's" in PYTORCHJOB_LEVER.refusal(None, kueue, HANG, [], SPEC)
+    owned = pytorchjob(metadata={"ownerReferences": [{"kind": "Pipeline", "name": "nightly", "controller": True}]})
+    assert "Pipeline nightly" in PYTORCHJOB_LEVER.refusal(None, owned, HANG, [], SPEC)
+    suspended = pytorchjob(spec={"runPolicy": {"suspend": True}})
+    assert "suspended already" in PYTORCHJOB_LEVER.refusal(None, suspended, HANG, [], SPEC)
+    failed = pytorchjob(status={"conditions": [{"type": "Running", "status": "False"},
+                                               {"type": "Failed", "status": "True"}]})  # fmt: skip
+    assert "has Failed" in PYTORCHJOB_LEVER.refusal(None, failed, HANG, [], SPEC)
+    used = pytorchjob(metadata={"annotations": {"rankwatch.io/restarts": "3"}})
+    assert "3 restart(s) of at most 3" in PYTORCHJOB_LEVER.refusal(None, used, HANG, [], SPEC)
