@@ -25,8 +25,9 @@ native: $(INSTALLED)
 cluster-binaries: $(INSTALLED)
 	$(BIN)/rankwatch cluster build
 
-# helm and promtool for the chart and rules tests (tests/deploy), the JobSet controller and Kubeflow
-# Trainer for the other kinds' e2e tests; cached like the cluster binaries.
+# helm and promtool for the chart and rules tests (tests/deploy), the JobSet controller, Kubeflow
+# Trainer and the training-operator (PyTorchJob) for the other kinds' e2e tests; cached like the
+# cluster binaries.
 tools: $(INSTALLED)
 	$(BIN)/rankwatch cluster build --tools
 

@@ -1,7 +1,7 @@
-"""A controller built from its Go module (JobSet, Kubeflow Trainer) run out of cluster against the local
-cluster: its CRDs applied until Established, the controller started with its configuration file and
-ready when ``/readyz`` answers, its admission webhooks (served on loopback) registered for one
-namespace; ``stop`` removes the registrations and ends the process."""
+"""A controller built from its Go module (JobSet, Kubeflow Trainer, the training-operator) run out of
+cluster against the local cluster: its CRDs applied until Established, the controller started with its
+configuration file (or flags) and ready when ``/readyz`` answers, its admission webhooks (served on
+loopback) registered for one namespace; ``stop`` removes the registrations and ends the process."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +54,19 @@ class LoopbackController:
                 time.sleep(2)
 
     def _run(
-        self, binary: Path, config: dict[str, Any], health_port: int, patience_s: float,
-        env: Mapping[str, str] | None = None,
+        self, binary: Path, config: dict[str, Any] | None, health_port: int, patience_s: float,
+        env: Mapping[str, str] | None = None, flags: Sequence[str] = (),
     ) -> None:  # fmt: skip
-        """Start ``binary`` with ``config`` as its configuration file; return once it is ready."""
-        (self.work_dir / "config.yaml").write_text(yaml.safe_dump(config))
+        """Start ``binary`` with ``config`` as its configuration file (None: a controller configured by
+        ``flags`` only, the training-operator); return once it is ready."""
+        argv = [str(binary), "--kubeconfig", self.kubeconfig, *flags]
+        if config is not None:
+            (self.work_dir / "config.yaml").write_text(yaml.safe_dump(config))
+            argv[1:1] = ["--config", str(self.work_dir / "config.yaml")]
         log_name = self.title.lower().replace(" ", "-") + ".log"
         log = open(self.work_dir / log_name, "ab")  # noqa: SIM115 (the child holds it)
         self.process = subprocess.Popen(
-            [str(binary), "--config", str(self.work_dir / "config.yaml"), "--kubeconfig", self.kubeconfig],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

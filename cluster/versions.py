@@ -31,9 +31,12 @@ KUEUE_VERSION = "v0.17.0"
 JOBSET_VERSION = "v0.12.0"
 # Kubeflow Trainer v2 (TrainJob -> JobSet), for the e2e tests of TrainJob groups. v2.3.0 is the newest tag
 # the module proxy serves (v2.4 and later: 403) and needs Go 1.26 and Kubernetes 0.36 libraries, as JobSet
-# v0.12 does (it imports that JobSet's API). The training-operator v1 (PyTorchJob) stops at v1.8.1 on the
-# proxy (Go 1.22, Kubernetes 0.29 libraries): Trainer v2 replaces it.
+# v0.12 does (it imports that JobSet's API).
 TRAINER_VERSION = "v2.3.0"
+# The Kubeflow training-operator v1 (PyTorchJob; Trainer v2 replaces it), for the e2e tests of PyTorchJob
+# groups: v1.8.1 is the newest tag the module proxy serves; it builds with Go 1.26 against its own Kubernetes
+# 0.29 libraries (4 min from an empty Go build cache on 2 busy cores, seconds once cached).
+TRAINING_OPERATOR_VERSION = "v1.8.1"
 # Volcano's Job CRD (from its module's manifests) for the tests of Volcano groups; its controller is not
 # run (it needs Volcano's scheduler, queues and PodGroups): the tests make the pods as it would. v1.10.0 is
 # the newest tag the module proxy serves (v1.11 and later: 403).
@@ -126,6 +129,12 @@ TRAINER = Component(
     packages={"trainer-controller-manager": "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"},
 )
 
+TRAINING_OPERATOR = Component(
+    name="training-operator",
+    version=TRAINING_OPERATOR_VERSION,
+    packages={"training-operator": "github.com/kubeflow/training-operator/cmd/training-operator.v1"},
+)
+
 KUEUE = Component(
     name="kueue",
     version=KUEUE_VERSION,
@@ -134,6 +143,7 @@ KUEUE = Component(
 )
 
 COMPONENTS = (ETCD, KUBERNETES, KWOK)  # the local cluster (`rankwatch cluster up` builds these)
-TOOLS = (HELM, PROMTOOL, MINIO, JOBSET, TRAINER)  # built by `rankwatch cluster build --tools` / `make tools`
+# built by `rankwatch cluster build --tools` / `make tools`
+TOOLS = (HELM, PROMTOOL, MINIO, JOBSET, TRAINER, TRAINING_OPERATOR)
 MONITORING = (PROMETHEUS, ALERTMANAGER)  # built by `rankwatch cluster build --monitoring` / `make monitoring`
 ADMISSION = (KUEUE,)  # built by `rankwatch cluster build --kueue` / `make kueue`

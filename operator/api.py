@@ -42,7 +42,13 @@ def group_collector_name(kind: str, name: str) -> str:
     return f"{kind}:{name}"
 
 
-GROUP_TOKEN_SUFFIXES = {"Job": "job", "JobSet": "jobset", "VolcanoJob": "vcjob", "TrainJob": "trainjob"}
+GROUP_TOKEN_SUFFIXES = {
+    "Job": "job",
+    "JobSet": "jobset",
+    "VolcanoJob": "vcjob",
+    "TrainJob": "trainjob",
+    "PyTorchJob": "pytorchjob",
+}
 """The kinds of groups rankwatch follows (as it names them) and their token Secrets' suffixes."""
 
 

@@ -30,7 +30,14 @@ from rankwatch.kube import api_client
 from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.kinds import group_watch, restart_suspend, unwatched, webhook
+from rankwatch.operator.kinds import (
+    group_watch,
+    restart_pytorchjob,
+    restart_suspend,
+    restart_trainjob,
+    unwatched,
+    webhook,
+)
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync
 from rankwatch.operator.operator_metrics import OperatorMetrics
@@ -70,6 +77,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.group_pods = group_watch.GroupPods(memo.kube)
     if memo.config.webhook.listen is not None:
         restart_suspend.watch_suspended_jobs()  # an Indexed Job suspended to restart it is resumed
+        restart_trainjob.watch_suspended_trainjobs()  # and a TrainJob
+        restart_pytorchjob.watch_suspended_pytorchjobs()  # and a PyTorchJob
     memo.groups_with_token = webhook.GroupsWithToken()
     memo.trainjob_of_jobset = webhook.TrainJobOfJobSet()
     memo.watch = Watch(memo.config, memo.kube, memo.leading, memo.metrics)

@@ -337,13 +337,25 @@ class PodRun:
     host_cost: HostCost = field(default_factory=HostCost)  # the C driver's; a Python rank's host cost is Python's
 
 
+def _torchrun_setting(environ: dict[str, str], name: str) -> str:
+    """``name`` (``NODE_RANK``), else torchrun's own variable for it (``PET_NODE_RANK``, which the Kubeflow
+    training-operator sets on a PyTorchJob's pods); KeyError naming ``name`` when neither is set."""
+    value = environ.get(name) or environ.get(f"PET_{name}")
+    if value is None:
+        raise KeyError(name)
+    return value
+
+
 def pod_rank_env(environ: dict[str, str], local_rank: int) -> dict[str, str]:
     """The environment of one rank of this pod: RANK / LOCAL_RANK, the stand-in on the library path,
     and the fault variables only on the rank ``RANKWATCH_STANDIN_FAULT_RANK`` names (all ranks when unset),
     so a job template (the same for every pod) can slow or hang exactly one rank of the job; with
     ``RANKWATCH_STANDIN_FAULT_ATTEMPT`` only in that attempt (``RANKWATCH_ATTEMPT``, after restarts)."""
     try:
-        node_rank, nproc = int(environ["NODE_RANK"]), int(environ["NPROC_PER_NODE"])
+        node_rank, nproc = (
+            int(_torchrun_setting(environ, "NODE_RANK")),
+            int(_torchrun_setting(environ, "NPROC_PER_NODE")),
+        )
         int(environ["WORLD_SIZE"])
     except (KeyError, ValueError) as error:
         raise SimulationError(
@@ -380,7 +392,7 @@ def run_pod(pod: PodRun, environ: dict[str, str] | None = None) -> int:
         environ[DEVICE_VARIABLE] = pod.device
     elif not environ.get(DEVICE_VARIABLE):
         environ[DEVICE_VARIABLE] = DEFAULT_DEVICE
-    nproc = int(environ.get("NPROC_PER_NODE", "0") or 0)
+    nproc = int(environ.get("NPROC_PER_NODE") or environ.get("PET_NPROC_PER_NODE") or 0)
     default_dir = f"/tmp/rankwatch-standin/{environ.get('MASTER_ADDR', 'local')}-{environ.get('MASTER_PORT', '0')}"
     rendezvous = Path(environ.get(RENDEZVOUS) or default_dir)
     rendezvous.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
@@ -75,8 +75,9 @@ class KindAdapter(Protocol):
     def index_of(self, pod: Mapping[str, Any]) -> int | None:
         """The pod's index in its group (its node rank), None when it does not say."""
 
-    def index_field(self) -> pod_spec.FieldPath:
-        """Where the kubelet finds the pod's index, for the sidecar's env (known only once the pod exists)."""
+    def index_field(self) -> pod_spec.FieldPath | None:
+        """Where the kubelet finds the pod's index, for the sidecar's env (known only once the pod exists);
+        None where the index is known at admission (``index_of`` the pod as created)."""
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
         """How many pods the group should have, from the owning object."""
@@ -90,6 +91,24 @@ class KindAdapter(Protocol):
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
         """The group's pods as the API server has them, only those its controller chain really puts in
         the group (a label or owner reference is whatever a pod's creator writes). Blocking."""
+
+
+@runtime_checkable
+class SizeFromReference(Protocol):
+    """An adapter of a kind whose owning object may leave its size to an object it refers to (a TrainJob
+    to its runtime)."""
+
+    def referred_size(self, kube: kubernetes.client.ApiClient, owner: Mapping[str, Any]) -> int | None:
+        """How many pods the object the owner refers to gives the group, None when unknown. Blocking."""
+
+
+def group_size(kube: kubernetes.client.ApiClient, adapter: KindAdapter, owner: Mapping[str, Any]) -> int | None:
+    """How many pods the group should have: what the owning object says, else what the object it refers to
+    says (a TrainJob without ``numNodes``: its runtime's). Blocking."""
+    size = adapter.expected_size(owner)
+    if size is None and isinstance(adapter, SizeFromReference):
+        size = adapter.referred_size(kube, owner)
+    return size
 
 
 def owned_by(pod: Mapping[str, Any], api_version: str, kind: str) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ import kubernetes
 
 from rankwatch.operator import api
 from rankwatch.operator.kinds import injection
-from rankwatch.operator.kinds.adapter import Group, read_owner
+from rankwatch.operator.kinds.adapter import Group, group_size, read_owner
 from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.group_settings import group_settings
 from rankwatch.operator.kinds.registry import adapter_for
@@ -82,7 +82,7 @@ class GroupPods:
                 owner = await asyncio.to_thread(read_owner, self.kube, group)
                 if owner is None:
                     return  # gone, or another object of its name: its pods are on their way out
-                size = adapter.expected_size(owner) or 1
+                size = await asyncio.to_thread(group_size, self.kube, adapter, owner) or 1
                 followed = self._groups[key] = _Followed(group)
                 record = GroupRecord(self.kube, adapter, group, settings.remediation)
                 spec, diagnosis = settings.spec(size), diagnosis_of(owner)

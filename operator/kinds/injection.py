@@ -79,11 +79,14 @@ def plan(pod: Mapping[str, Any]) -> Injection | NotInjected:
         settings = group_settings(pod, str(group))
     except InvalidSpec as error:
         return NotInjected(str(error), True)
+    index = adapter.index_field()
+    if index is None and (index := adapter.index_of(pod)) is None:
+        return NotInjected(f"{group}: the pod says no valid index (see docs/other-job-kinds.md)", True)
     target = PodTracing(
         owner=str(group),
         group=group.collector_name,
         namespace=group.namespace,
-        replica_index=adapter.index_field(),
+        replica_index=index,
         nproc_per_node=settings.nproc_per_node,
         tracing=settings.tracing,
         token_secret=adapter.token_secret_name(group.name),

@@ -9,10 +9,11 @@ from typing import Any
 from rankwatch.operator.kinds.adapter import Group, KindAdapter
 from rankwatch.operator.kinds.indexed_job import INDEXED_JOB
 from rankwatch.operator.kinds.jobset import JOBSET
+from rankwatch.operator.kinds.pytorchjob import PYTORCHJOB
 from rankwatch.operator.kinds.trainjob import TRAINJOB
 from rankwatch.operator.kinds.volcano_job import VOLCANO_JOB
 
-ADAPTERS: tuple[KindAdapter, ...] = (TRAINJOB, JOBSET, VOLCANO_JOB, INDEXED_JOB)
+ADAPTERS: tuple[KindAdapter, ...] = (TRAINJOB, JOBSET, VOLCANO_JOB, PYTORCHJOB, INDEXED_JOB)
 
 
 def adapter_for(pod: Mapping[str, Any]) -> tuple[KindAdapter, Group] | None:

@@ -37,7 +37,9 @@ from rankwatch.operator.kinds.adapter import read_owner
 from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.lever import LeverRefused, Pulled, RestartLever
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER
+from rankwatch.operator.kinds.restart_pytorchjob import PYTORCHJOB_LEVER
 from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
+from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER
 from rankwatch.operator.recovery.decision import counts
 from rankwatch.operator.spec import TrainingJobSpec
@@ -101,7 +103,13 @@ def unschedulable(kube: kubernetes.client.ApiClient, nodes: list[str]) -> dict[s
     return states
 
 
-LEVERS: dict[str, RestartLever] = {"Job": SUSPEND_LEVER, "JobSet": JOBSET_LEVER, "VolcanoJob": VOLCANO_LEVER}
+LEVERS: dict[str, RestartLever] = {
+    "Job": SUSPEND_LEVER,
+    "JobSet": JOBSET_LEVER,
+    "VolcanoJob": VOLCANO_LEVER,
+    "TrainJob": TRAINJOB_LEVER,
+    "PyTorchJob": PYTORCHJOB_LEVER,
+}
 
 
 def lever_of(kind_key: str) -> RestartLever | None:

@@ -10,19 +10,25 @@ TrainJob controls it, writes that TrainJob's uid on the pod (``rankwatch.io/trai
 - group: the TrainJob named by the JobSet labels and the annotation; members (``member_pods``) are only
   the pods of the training Jobs of the JobSet that TrainJob controls (labels are whatever a pod's
   creator writes; the initializer Jobs are not training nodes);
-- size: ``spec.trainer.numNodes`` (None when the TrainJob leaves it to its runtime);
+- size: ``spec.trainer.numNodes``; a TrainJob that leaves it out gets, as the Trainer counts it, its
+  runtime's ``mlPolicy.numNodes`` (1 when the mlPolicy leaves it out too), read from the runtime snapshot
+  the Trainer keeps for the TrainJob (v2.3: a ConfigMap ``<name>-runtime-snapshot`` it controls), else
+  from the (Cluster)TrainingRuntime its ``runtimeRef`` names (``referred_size``);
 - index: the Job's completion index, which the Trainer gives torchrun as ``PET_NODE_RANK``; ranks come
   from torchrun's RANK / WORLD_SIZE in each process (``PET_NPROC_PER_NODE`` per node);
-- restart lever: none pulled by rankwatch yet: rankwatch cordons and pages (the JobSet's own
-  ``failurePolicy``, set in the runtime, recreates the Jobs when a hung rank's NCCL timeout fails one).
+- restart lever: the TrainJob's ``spec.suspend`` toggle (``restart_trainjob.py``): the Trainer suspends its
+  JobSet, every pod ends; resumed once they are gone, new pods are scheduled away from the cordoned
+  suspects. Where Kueue owns ``spec.suspend``, its JobSet's ``failurePolicy`` when the runtime gives one.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kubernetes
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from rankwatch.operator import api
@@ -31,11 +37,17 @@ from rankwatch.operator.kinds.adapter import Group, annotation_field, annotation
 from rankwatch.operator.kinds.indexed_job import COMPLETION_INDEX
 from rankwatch.operator.lifecycle.pod_spec import FieldPath
 
+log = logging.getLogger(__name__)
+
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 TRAINJOB_UID_ANNOTATION = "rankwatch.io/trainjob-uid"
 """On a pod, written by the webhook only: the uid of the TrainJob controlling the pod's JobSet."""
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 TRAINER_ANCESTOR = "trainer"
+SNAPSHOT_SUFFIX, SNAPSHOT_KEY = "-runtime-snapshot", "runtime"
+"""Trainer v2.3 ``pkg/runtime/core/snapshot.go``: the runtime as the TrainJob was first built from it."""
+RUNTIME_PLURALS = {"TrainingRuntime": "trainingruntimes", "ClusterTrainingRuntime": "clustertrainingruntimes"}
+DEFAULT_RUNTIME_KIND = "ClusterTrainingRuntime"
 
 
 class TrainJobAdapter:
@@ -43,7 +55,7 @@ class TrainJobAdapter:
     key = "TrainJob"
     api_version = API_VERSION
     plural = "trainjobs"
-    restart_lever: str | None = None
+    restart_lever: str | None = "spec.suspend toggle; under Kueue, its JobSet's failurePolicy"
 
     def group_of(self, pod: Mapping[str, Any]) -> Group | None:
         metadata = pod.get("metadata", {})
@@ -61,8 +73,19 @@ class TrainJobAdapter:
         return annotation_field(COMPLETION_INDEX)
 
     def expected_size(self, owner: Mapping[str, Any]) -> int | None:
-        nodes = ((owner.get("spec") or {}).get("trainer") or {}).get("numNodes")
-        return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else None
+        return _positive(((owner.get("spec") or {}).get("trainer") or {}).get("numNodes"))
+
+    def referred_size(self, kube: kubernetes.client.ApiClient, owner: Mapping[str, Any]) -> int | None:
+        """The training nodes the TrainJob's runtime gives it (``runtime_nodes``), None when the runtime
+        cannot be read (said in the log). Blocking."""
+        metadata = owner.get("metadata") or {}
+        try:
+            runtime = read_runtime(kube, owner)
+        except ApiException as error:
+            log.warning("TrainJob %s/%s: its runtime is not readable (HTTP %s): its size is unknown",
+                        metadata.get("namespace"), metadata.get("name"), error.status)  # fmt: skip
+            return None
+        return runtime_nodes(runtime) if runtime is not None else None
 
     def pod_selector(self, group: Group) -> str:
         return f"{jobset.NAME_LABEL}={group.name}"
@@ -71,14 +94,77 @@ class TrainJobAdapter:
         return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
-        owned = _jobset_controlled_by(kube, group.namespace, group.name, group.uid)
-        if owned is None:
+        found = controlled_jobset(kube, group.namespace, group.name, group.uid)
+        if found is None:
             return []
+        owned = str(found["metadata"]["uid"])
         jobs = kubernetes.client.BatchV1Api(kube).list_namespaced_job(
             group.namespace, label_selector=f"{jobset.UID_LABEL}={owned}"
         )
         children = frozenset(job.metadata.uid for job in jobs.items if _training_job_of(job, owned))
         return pods_claimed(kube, self, group, children)
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def runtime_nodes(runtime: Mapping[str, Any]) -> int | None:
+    """The training nodes a (Cluster)TrainingRuntime gives a TrainJob that does not name its own, as the
+    Trainer counts them (``core/trainingruntime.go`` newRuntimeInfo): ``mlPolicy.numNodes``, 1 when the
+    mlPolicy leaves it out; None without an mlPolicy or with a value that is not a positive whole number."""
+    policy = (runtime.get("spec") or {}).get("mlPolicy") if isinstance(runtime, Mapping) else None
+    if not isinstance(policy, Mapping):
+        return None
+    return _positive(policy.get("numNodes", 1))
+
+
+def _runtime_ref(trainjob: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, name) of the runtime the TrainJob names, None when it is not one of the Trainer's."""
+    ref = (trainjob.get("spec") or {}).get("runtimeRef") or {}
+    kind, name, api_group = ref.get("kind") or DEFAULT_RUNTIME_KIND, ref.get("name"), API_VERSION.split("/")[0]
+    if ref.get("apiGroup", api_group) != api_group or kind not in RUNTIME_PLURALS:
+        return None
+    return (kind, name) if isinstance(name, str) and name else None
+
+
+def read_runtime(kube: kubernetes.client.ApiClient, trainjob: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The runtime the Trainer builds ``trainjob`` from: the snapshot it keeps for it (a ConfigMap the
+    TrainJob controls, its runtime of the kind and name ``runtimeRef`` says, as the Trainer checks it),
+    else, before Trainer v2.3 made snapshots, the runtime ``runtimeRef`` names. None when there is none
+    or the snapshot is not one. Blocking; raises ApiException when a read fails otherwise than 404."""
+    metadata = trainjob.get("metadata") or {}
+    namespace, name, uid = metadata.get("namespace", ""), metadata.get("name", ""), metadata.get("uid")
+    ref = _runtime_ref(trainjob)
+    if ref is None or not name:
+        return None
+    try:
+        snapshot = kubernetes.client.CoreV1Api(kube).read_namespaced_config_map(name + SNAPSHOT_SUFFIX, namespace)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        snapshot = None
+    if snapshot is not None:
+        controller = next((o for o in snapshot.metadata.owner_references or [] if o.controller), None)
+        if controller is None or controller.uid != uid:
+            return None  # the Trainer refuses it too
+        try:
+            runtime = yaml.safe_load((snapshot.data or {}).get(SNAPSHOT_KEY) or "")
+        except yaml.YAMLError:
+            return None
+        if not isinstance(runtime, dict) or (runtime.get("kind"), (runtime.get("metadata") or {}).get("name")) != ref:
+            return None
+        return runtime
+    kind, runtime_name = ref
+    objects, group, version = kubernetes.client.CustomObjectsApi(kube), *API_VERSION.split("/")
+    try:
+        if kind == DEFAULT_RUNTIME_KIND:
+            return objects.get_cluster_custom_object(group, version, RUNTIME_PLURALS[kind], runtime_name)
+        return objects.get_namespaced_custom_object(group, version, namespace, RUNTIME_PLURALS[kind], runtime_name)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
 
 
 def _training_job_of(job: kubernetes.client.V1Job, jobset_uid: str) -> bool:
@@ -89,16 +175,16 @@ def _training_job_of(job: kubernetes.client.V1Job, jobset_uid: str) -> bool:
     return (job.metadata.labels or {}).get(ANCESTOR_LABEL, TRAINER_ANCESTOR) == TRAINER_ANCESTOR
 
 
-def _jobset_controlled_by(
+def controlled_jobset(
     kube: kubernetes.client.ApiClient, namespace: str, name: str, trainjob_uid: str
-) -> str | None:
-    """The uid of JobSet ``namespace/name`` when the TrainJob of its name and uid ``trainjob_uid`` controls
-    it, else None."""
+) -> dict[str, Any] | None:
+    """JobSet ``namespace/name`` as stored when the TrainJob of its name and uid ``trainjob_uid`` controls
+    it, else None. Blocking."""
     found = _read_jobset(kube, namespace, name)
     owner = _controlling_trainjob(found)
     if found is None or owner is None or owner.get("uid") != trainjob_uid:
         return None
-    return str((found.get("metadata") or {}).get("uid") or "") or None
+    return found if (found.get("metadata") or {}).get("uid") else None
 
 
 def _read_jobset(kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from rankwatch.model import event_reasons
 from rankwatch.operator import api
 from rankwatch.operator.events import EventTarget, post_event
 from rankwatch.operator.kinds import injection, trainjob
-from rankwatch.operator.kinds.adapter import Group, KindAdapter, annotate_owner, read_owner
+from rankwatch.operator.kinds.adapter import Group, KindAdapter, annotate_owner, group_size, read_owner
 from rankwatch.operator.kinds.registry import adapter_for
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class UnwatchedPods:
             owner = read_owner(self.kube, report.group)
         except ApiException:
             return ""
-        size = report.adapter.expected_size(owner) if owner is not None else None
+        size = group_size(self.kube, report.adapter, owner) if owner is not None else None
         return f" of {size}" if size else ""
 
     async def _with_trainjob_uid(self, pod: dict[str, Any]) -> dict[str, Any]:

@@ -109,8 +109,8 @@ def test_webhook_rbac_reads_namespaces_and_annotates_jobs(render):
 
 
 def test_webhook_rbac_grants_the_restart_levers_exactly_what_they_call(render):
-    """kinds/restart_*.py: an Indexed Job suspended and resumed (patch; the resuming handler watches the
-    Jobs), a JobSet's child Job failed (patch), a Volcano Job's Command RestartJob (create only)."""
+    """kinds/restart_*.py: an Indexed Job or a TrainJob suspended and resumed (patch; the resuming handler
+    watches them), a JobSet's child Job failed (patch), a Volcano Job's Command RestartJob (create only)."""
 
     def verbs(objects: list[dict], group: str, resource: str) -> set[str]:
         rules = one(objects, "ClusterRole")["rules"]
@@ -121,4 +121,20 @@ def test_webhook_rbac_grants_the_restart_levers_exactly_what_they_call(render):
     assert verbs(on, "jobset.x-k8s.io", "jobsets") == {"get", "patch"}
     assert verbs(on, "batch.volcano.sh", "jobs") == {"get", "patch"}
     assert verbs(on, "bus.volcano.sh", "commands") == {"create"}
+    assert verbs(on, "trainer.kubeflow.org", "trainjobs") == {"get", "list", "watch", "patch"}
+    assert verbs(on, "trainer.kubeflow.org", "clustertrainingruntimes") == {"get"}, "a TrainJob's size, by name"
+    assert verbs(on, "trainer.kubeflow.org", "trainingruntimes") == {"get"}
     assert not verbs(render(), "batch", "jobs") and not verbs(render(), "bus.volcano.sh", "commands")
+    assert not verbs(render(), "trainer.kubeflow.org", "trainjobs")
+
+
+def test_webhook_rbac_reads_annotates_and_suspends_pytorchjobs_and_nothing_else_of_kubeflow(render):
+    """get (its size), patch (the diagnosis, the suspend toggle), list and watch (the handler resuming the
+    PyTorchJobs rankwatch suspended); no create or delete, no other kubeflow.org resource."""
+    rules = one(render(*ON), "ClusterRole")["rules"]
+    granted = {
+        (res, v) for r in rules if "kubeflow.org" in r["apiGroups"] for res in r["resources"] for v in r["verbs"]
+    }
+    assert granted == {("pytorchjobs", verb) for verb in ("get", "list", "watch", "patch")}
+    off = one(render(), "ClusterRole")["rules"]
+    assert not [r for r in off if "kubeflow.org" in r["apiGroups"]], "only with the webhook on"

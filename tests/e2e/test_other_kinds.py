@@ -24,6 +24,7 @@ from other_kinds import (
     injected,
     owner_events,
     probe_pod,
+    resumed_pods,
     second_look,
     secrets_made_while,
     settled_restart,
@@ -359,14 +360,8 @@ def test_a_hang_in_an_indexed_job_restarts_it_through_suspend_away_from_the_node
         assert "restart 1 of at most 3" in record["restart"]
         assert read()["metadata"]["annotations"]["rankwatch.io/restarts"] == "1"
 
-        def resumed_pods() -> list[Any]:
-            job = read()
-            if job["spec"].get("suspend") or "rankwatch.io/restart-suspended" in job["metadata"]["annotations"]:
-                return []
-            now = [p for p in pods() if p.metadata.uid not in first and not p.metadata.deletion_timestamp]
-            return len(now) == 2 and all(p.status.phase == "Running" for p in now) and now
-
-        restarted = eventually(resumed_pods, PATIENCE_S, what="the Job resumed, 2 new pods running")
+        restarted = eventually(lambda: resumed_pods(read, pods, first, 2), PATIENCE_S,
+                               what="the Job resumed, 2 new pods running")  # fmt: skip
         assert node not in {pod.spec.node_name for pod in restarted}, "a restarted pod landed on the cordoned node"
         assert not {pod.metadata.uid for pod in pods()} & first, "every pod of the hung attempt ended"
         assert (read().get("status") or {}).get("failed", 0) == 0, "the suspend counts no failure"

@@ -31,6 +31,9 @@ def run_ranks(artifacts: NativeArtifacts, tmp_path: Path) -> Callable[..., list[
             preload: bool = True, timeout: float = 60) -> list[dict[str, Any]]:  # fmt: skip
         rendezvous = tmp_path / f"rendezvous-{uuid.uuid4().hex[:6]}"
         rendezvous.mkdir()
+        if trace_dir is None and not {"RANKWATCH_TRACE_DIR", "NCCL_MEGATRACE_LOG_PATH"} & set(env or {}):
+            trace_dir = tmp_path / f"traces-{rendezvous.name}"  # never the library's shared default in /tmp
+            trace_dir.mkdir()
         session = uuid.uuid4().hex[:12]
         processes = []
         for rank in range(world):

@@ -334,3 +334,13 @@ def test_pod_ranks_inherit_the_device_model_while_faults_stay_on_their_rank():
     assert other["RANKWATCH_STANDIN_DEVICE"] == faulty["RANKWATCH_STANDIN_DEVICE"] == "async"
     assert "RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL" not in other
     assert faulty["RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL"] == "9"
+
+
+def test_a_pods_ranks_follow_torchruns_own_variables_as_the_training_operator_sets_them():
+    """A PyTorchJob's pod carries torchrun's PET_NODE_RANK / PET_NPROC_PER_NODE, not NODE_RANK."""
+    from rankwatch.standins.simulate import pod_rank_env
+
+    environ = {"PET_NODE_RANK": "2", "PET_NPROC_PER_NODE": "4", "WORLD_SIZE": "12"}
+    assert [pod_rank_env(environ, local)["RANK"] for local in range(4)] == ["8", "9", "10", "11"]
+    with pytest.raises(SimulationError, match="NODE_RANK"):
+        pod_rank_env({"PET_NPROC_PER_NODE": "4", "WORLD_SIZE": "12"}, 0)

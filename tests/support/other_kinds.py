@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -382,6 +383,13 @@ def assert_straggler_handled(
     return node
 
 
+def assert_no_refused_call(log: Path) -> None:
+    """The operator (as the chart's ServiceAccount) was refused nothing: the chart grants what it calls."""
+    refused = re.compile(r"\b(HTTP )?403\b(?!\])|[Ff]orbidden")  # not a timestamp that holds 403 ms
+    calls = [line for line in log.read_text().splitlines() if refused.search(line.split("] ", 1)[-1])]
+    assert not calls, calls[:5]
+
+
 def assert_hang_handled(api, namespace, read_owner, kind: str, name: str, uid: str, alert_sink, eventually) -> str:
     """Rank 2 never calls: the owner carries the Hang diagnosis, its cordon and its alert; the Hang Event
     is on the owner alone. Returns the node."""
@@ -567,6 +575,16 @@ def settled_restart(read_owner) -> dict[str, Any] | None:
     record = diagnosis_on(read_owner()["metadata"].get("annotations"))
     outcome = record.get("restart") or ""
     return record if outcome and not outcome.startswith("pending") else None
+
+
+def resumed_pods(read_owner, list_pods, first: set[str], count: int) -> list[Any]:
+    """Once the owner rankwatch suspended to restart it is resumed (no ``spec.suspend``, no mark): its
+    ``count`` new pods (uids not in ``first``) when all of them run, else an empty list."""
+    owner = read_owner()
+    if owner["spec"].get("suspend") or "rankwatch.io/restart-suspended" in owner["metadata"].get("annotations", {}):
+        return []
+    now = [p for p in list_pods() if p.metadata.uid not in first and not p.metadata.deletion_timestamp]
+    return now if len(now) == count and all(p.status.phase == "Running" for p in now) else []
 
 
 def second_look(api, group, read_owner) -> None:

@@ -83,7 +83,7 @@ def test_a_job_with_nothing_found_says_so():
     [
         (
             "deployment/x",
-            "unknown kind 'deployment'; rankwatch describes TrainingJob, TrainJob, JobSet, VolcanoJob, Job",
+            "unknown kind 'deployment'; rankwatch describes TrainingJob, TrainJob, JobSet, VolcanoJob, PyTorchJob, Job",
         ),
         ("jobset", "expected KIND/NAME"),
         ("jobset/a/b", "expected KIND/NAME"),

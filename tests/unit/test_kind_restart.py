@@ -13,6 +13,7 @@ from rankwatch.operator.kinds.registry import ADAPTERS
 from rankwatch.operator.kinds.restart import Action, lever_of, verdict
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER, failure_answer, restarts_counted
 from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
+from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER, suspend_owner
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER, restart_command
 from rankwatch.operator.spec import InvalidSpec, Recovery, Remediation, TrainingJobSpec
 
@@ -84,6 +85,25 @@ def test_the_suspend_toggle_is_refused_where_someone_else_owns_suspend():
     assert "3 restart(s) of at most 3" in SUSPEND_LEVER.refusal(None, used, HANG, [], SPEC)
 
 
+def test_a_trainjobs_suspend_is_left_to_kueue_or_another_manager_that_owns_it():
+    mine = job(spec={"managedBy": "trainer.kubeflow.org/trainjob-controller"})
+    assert suspend_owner(job()) is None and suspend_owner(mine) is None
+    assert TRAINJOB_LEVER.refusal(None, job(), HANG, [], SPEC) is None
+    kueue = job(metadata={"labels": {"kueue.x-k8s.io/queue-name": "team"}})
+    assert "Kueue admits this TrainJob" in suspend_owner(kueue)
+    assert "managed by kueue.x-k8s.io/multikueue" in suspend_owner(job(spec={"managedBy": "kueue.x-k8s.io/multikueue"}))
+    owned = job(metadata={"ownerReferences": [{"kind": "Pipeline", "name": "p", "controller": True}]})
+    assert "Pipeline p" in suspend_owner(owned)
+
+
+def test_a_trainjobs_suspend_toggle_is_refused_when_suspended_or_past_its_limit():
+    assert "suspended already" in TRAINJOB_LEVER.refusal(None, job(spec={"suspend": True}), HANG, [], SPEC)
+    used = job(metadata={"annotations": {"rankwatch.io/restarts": "1"}})
+    one = TrainingJobSpec(template={}, recovery=Recovery(maxRestarts=1))
+    assert "1 restart(s) of at most 1" in TRAINJOB_LEVER.refusal(None, used, HANG, [], one)
+    assert TRAINJOB_LEVER.refusal(None, used, HANG, [], SPEC) is None
+
+
 def test_a_jobsets_answer_to_a_failed_child_job_is_read_as_its_controller_reads_it():
     assert failure_answer({}, "workers") == ("RestartJobSet", "")
     rules = {"rules": [
@@ -135,3 +155,26 @@ def test_the_volcano_command_is_vcctls_and_is_refused_past_max_retry():
 def test_an_adapter_names_a_restart_lever_exactly_when_rankwatch_pulls_one():
     for adapter in ADAPTERS:
         assert (adapter.restart_lever is None) == (lever_of(adapter.key) is None), adapter.key
+
+
+def test_a_pytorchjobs_suspend_toggle_is_refused_where_kueue_owns_it_the_job_ended_or_restarts_are_used():
+    from rankwatch.operator.kinds.restart_pytorchjob import PYTORCHJOB_LEVER
+
+    def pytorchjob(**parts: Any) -> dict[str, Any]:
+        return {"metadata": {"name": "llama", **parts.get("metadata", {})}, "spec": parts.get("spec", {}),
+                "status": parts.get("status", {})}  # fmt: skip
+
+    assert lever_of("PyTorchJob") is PYTORCHJOB_LEVER
+    running = pytorchjob(status={"conditions": [{"type": "Running", "status": "True"}]})
+    assert PYTORCHJOB_LEVER.refusal(None, running, HANG, [], SPEC) is None
+    kueue = pytorchjob(metadata={"labels": {"kueue.x-k8s.io/queue-name": "team"}})
+    assert "its runPolicy.suspend is Kueue's" in PYTORCHJOB_LEVER.refusal(None, kueue, HANG, [], SPEC)
+    owned = pytorchjob(metadata={"ownerReferences": [{"kind": "Pipeline", "name": "nightly", "controller": True}]})
+    assert "Pipeline nightly" in PYTORCHJOB_LEVER.refusal(None, owned, HANG, [], SPEC)
+    suspended = pytorchjob(spec={"runPolicy": {"suspend": True}})
+    assert "suspended already" in PYTORCHJOB_LEVER.refusal(None, suspended, HANG, [], SPEC)
+    failed = pytorchjob(status={"conditions": [{"type": "Running", "status": "False"},
+                                               {"type": "Failed", "status": "True"}]})  # fmt: skip
+    assert "has Failed" in PYTORCHJOB_LEVER.refusal(None, failed, HANG, [], SPEC)
+    used = pytorchjob(metadata={"annotations": {"rankwatch.io/restarts": "3"}})
+    assert "3 restart(s) of at most 3" in PYTORCHJOB_LEVER.refusal(None, used, HANG, [], SPEC)

@@ -14,9 +14,10 @@ import kubernetes
 from rankwatch.describe import kind_named
 from rankwatch.operator.config import WorkerPodSettings
 from rankwatch.operator.kinds import webhook
+from rankwatch.operator.kinds.adapter import group_size
 from rankwatch.operator.kinds.jobset import JOBSET
 from rankwatch.operator.kinds.registry import adapter_for
-from rankwatch.operator.kinds.trainjob import TRAINJOB, TRAINJOB_UID_ANNOTATION
+from rankwatch.operator.kinds.trainjob import TRAINJOB, TRAINJOB_UID_ANNOTATION, runtime_nodes
 from rankwatch.operator.lifecycle import pod_spec
 
 CONFIG = WorkerPodSettings(image="registry.example/rankwatch:test", collector_url="http://collector:8080")
@@ -89,7 +90,7 @@ def test_a_trainjob_pod_belongs_to_the_trainjob_not_to_its_jobset():
     assert (group.api_version, group.plural) == ("trainer.kubeflow.org/v1alpha1", "trainjobs")
     assert group.collector_name == "TrainJob:llama"
     assert group.event_target.kind == "TrainJob" and group.event_target.uid == TRAINJOB_UID, "Events on the TrainJob"
-    assert adapter.restart_lever is None, "rankwatch cordons and pages"
+    assert adapter.restart_lever == "spec.suspend toggle; under Kueue, its JobSet's failurePolicy"
     key, value = adapter.pod_selector(group).split("=")
     assert trainjob_pod()["metadata"]["labels"][key] == value
     assert adapter.token_secret_name("llama") == "llama-rankwatch-trainjob-token"
@@ -109,6 +110,26 @@ def test_the_group_size_is_the_trainjobs_num_nodes_and_nothing_else():
                     {"spec": {"trainer": {"numNodes": True}}}, {"spec": {"trainer": {"numNodes": -2}}},
                     {"spec": {"trainer": {"numNodes": 0}}}, {"spec": {"trainer": {"numNodes": 2.5}}}):  # fmt: skip
         assert TRAINJOB.expected_size(hostile) is None, hostile
+
+
+def test_a_trainjob_without_num_nodes_takes_its_runtimes_as_the_trainer_does():
+    assert runtime_nodes({"spec": {"mlPolicy": {"numNodes": 4, "torch": {}}}}) == 4
+    assert runtime_nodes({"spec": {"mlPolicy": {"torch": {}}}}) == 1, "the mlPolicy's default"
+    for hostile in ({}, {"spec": None}, {"spec": {"mlPolicy": None}}, {"spec": {"mlPolicy": {"numNodes": "4"}}},
+                    {"spec": {"mlPolicy": {"numNodes": True}}}, {"spec": {"mlPolicy": {"numNodes": 0}}},
+                    [], "x"):  # fmt: skip
+        assert runtime_nodes(hostile) is None, hostile
+    assert group_size(None, TRAINJOB, {"spec": {"trainer": {"numNodes": 16}}}) == 16, "its own: no API call"
+    assert group_size(None, JOBSET, {"spec": {"replicatedJobs": [{"replicas": 2}]}}) == 2
+
+
+def test_a_runtime_ref_that_is_not_the_trainers_is_not_read():
+    for ref in ({"name": "r", "apiGroup": "example.com"}, {"name": "r", "kind": "ConfigMap"}, {"name": ""}, {}):
+        trainjob = {
+            "metadata": {"name": "llama", "namespace": "team-a", "uid": TRAINJOB_UID},
+            "spec": {"runtimeRef": ref},
+        }
+        assert group_size(None, TRAINJOB, trainjob) is None, ref  # kube=None: any API call would fail
 
 
 def test_bad_or_missing_labels_name_no_trainjob_and_never_crash():
