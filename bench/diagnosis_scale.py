@@ -35,10 +35,10 @@ from rankwatch import protocol
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import FindingKind
 from rankwatch.operator.config import DiagnosisLimits
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, pods_to_ask, records_limit
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
-from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse
+from rankwatch.operator.diagnosis.detect.detector import Suspicion
+from rankwatch.operator.diagnosis.diagnose.diagnose import DiagnosisBudget, pods_to_ask, records_limit
+from rankwatch.operator.diagnosis.diagnose.worker import AnalysisRequest, WorkerFailed, analyse
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail

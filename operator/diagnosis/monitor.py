@@ -28,16 +28,16 @@ from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.model.finding import HUNG, Finding, FindingKind
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.diagnosis import telemetry_watch, writer
-from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
-from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
-from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, diagnose
-from rankwatch.operator.diagnosis.job_metrics import JobMetrics
-from rankwatch.operator.diagnosis.job_record import JobRecord, TrainingJobRecord
-from rankwatch.operator.diagnosis.job_state import JobState, JobStore, StateLimits
+from rankwatch.operator.diagnosis.detect.detector import Suspicion, Thresholds, detect
+from rankwatch.operator.diagnosis.diagnose.diagnose import DiagnosisBudget, diagnose
+from rankwatch.operator.diagnosis.diagnose.slots import DiagnosisSlots
+from rankwatch.operator.diagnosis.diagnose.worker import WorkerFailed
+from rankwatch.operator.diagnosis.ingest.collector import SecretTokens, TokenUnavailable
+from rankwatch.operator.diagnosis.ingest.job_state import JobState, JobStore, StateLimits
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
-from rankwatch.operator.diagnosis.slots import DiagnosisSlots
-from rankwatch.operator.diagnosis.worker import WorkerFailed
+from rankwatch.operator.diagnosis.report import telemetry_watch, writer
+from rankwatch.operator.diagnosis.report.job_metrics import JobMetrics
+from rankwatch.operator.diagnosis.report.job_record import JobRecord, TrainingJobRecord
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.metrics import RemediationMetrics

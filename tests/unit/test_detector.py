@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from rankwatch.analysis.topology import Layout
-from rankwatch.operator.diagnosis.detector import (
+from rankwatch.operator.diagnosis.detect.detector import (
     EVIDENCE_WINDOWS,
     Thresholds,
     detect,
@@ -13,7 +13,7 @@ from rankwatch.operator.diagnosis.detector import (
     step_time_up,
     wait_outliers,
 )
-from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 from rankwatch.protocol import CommWindow, Quantiles, RankScheduling, RankWindow, StallReport, WindowSummary
 
 WINDOW = 5.0

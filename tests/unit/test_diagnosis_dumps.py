@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.diagnose import (
+from rankwatch.operator.diagnosis.detect.detector import Suspicion
+from rankwatch.operator.diagnosis.diagnose.diagnose import (
     EVERY_POD_UP_TO,
     MAX_PODS,
     MIN_RECORDS_PER_RING,
@@ -13,7 +13,7 @@ from rankwatch.operator.diagnosis.diagnose import (
     pods_to_ask,
     records_limit,
 )
-from rankwatch.operator.diagnosis.job_state import CommState, JobState, RankState
+from rankwatch.operator.diagnosis.ingest.job_state import CommState, JobState, RankState
 
 PODS, PER_POD = 64, 8
 LAYOUT = Layout(tp=8, pp=1, world_size=PODS * PER_POD)  # TP = one pod; DP groups across pods

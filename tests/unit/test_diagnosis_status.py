@@ -11,9 +11,9 @@ import yaml
 from rankwatch.analysis.findings import AnalysisReport
 from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp, key_of
 from rankwatch.model.finding import Cause, Finding, FindingKind
-from rankwatch.operator.diagnosis import writer
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.diagnose import Diagnosis, Examination
+from rankwatch.operator.diagnosis.detect.detector import Suspicion
+from rankwatch.operator.diagnosis.diagnose.diagnose import Diagnosis, Examination
+from rankwatch.operator.diagnosis.report import writer
 
 CRD = Path(__file__).parents[2] / "crds" / "trainingjobs.rankwatch.io.yaml"
 

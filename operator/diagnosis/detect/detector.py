@@ -17,7 +17,7 @@ from typing import Any
 from rankwatch.analysis.cause import starved
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.job_state import CommState, JobState
+from rankwatch.operator.diagnosis.ingest.job_state import CommState, JobState
 
 WAIT_WINDOWS = 3
 """Windows of wait quantiles a rank's score is taken over (median of their p50s)."""

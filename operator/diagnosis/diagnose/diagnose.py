@@ -33,12 +33,12 @@ from rankwatch.analysis.topology import Layout
 from rankwatch.model.evidence import HOST_STARVED, NODE_ALERTS, SOURCE, node_alert_lines
 from rankwatch.model.finding import Cause, Finding, FindingKind
 from rankwatch.operator.config import NodeAlertSources
-from rankwatch.operator.diagnosis import worker
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.differential_profile import with_differential_profile
-from rankwatch.operator.diagnosis.job_state import JobState
-from rankwatch.operator.diagnosis.node_alerts import firing_on
-from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.diagnosis.detect.detector import Suspicion
+from rankwatch.operator.diagnosis.diagnose import worker
+from rankwatch.operator.diagnosis.diagnose.differential_profile import with_differential_profile
+from rankwatch.operator.diagnosis.diagnose.node_alerts import firing_on
+from rankwatch.operator.diagnosis.diagnose.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 from rankwatch.operator.sidecar_client import CHUNK_BYTES, SidecarPod, fetch_dumps
 from rankwatch.timestamps import rfc3339_now as _now
 
