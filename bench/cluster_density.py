@@ -77,7 +77,7 @@ from rankwatch.cluster.nodes import CPUS_PER_NODE, GPUS_PER_NODE
 from rankwatch.cluster.operator_process import start_operator
 from rankwatch.cluster.ports import free_port
 from rankwatch.operator import api as rankwatch_api
-from rankwatch.operator.diagnosis.collector import secret_token
+from rankwatch.operator.diagnosis.ingest.collector import secret_token
 
 REPO = Path(__file__).resolve().parents[1]
 CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"

@@ -1,11 +1,11 @@
 """Memory of a diagnosis's analysis worker against the size of the dumps it analyses.
 
 Simulated 8-rank jobs (TP 4, a straggler) of growing length, their rings as the sidecars' /dump
-answers them, analysed by the operator's worker (``rankwatch.operator.diagnosis.worker``) with no
+answers them, analysed by the operator's worker (``rankwatch.operator.diagnosis.diagnose.worker``) with no
 budget to speak of. Prints, per dump size, the worker's peak address space (what its budget,
 RLIMIT_AS, is measured against) and peak RSS, the worker's floor (a dump of one tiny ring), and the
 ratio of the growth to the dump: the basis of ``DUMP_SHARE_OF_WORKER_MEMORY`` in
-operator/diagnosis/diagnose.py.
+operator/diagnosis/diagnose/diagnose.py.
 
     .venv/bin/python bench/diagnosis_memory.py
 """
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rankwatch.operator.diagnosis.diagnose import DUMP_SHARE_OF_WORKER_MEMORY
-from rankwatch.operator.diagnosis.worker import AnalysisRequest, analyse
+from rankwatch.operator.diagnosis.diagnose.diagnose import DUMP_SHARE_OF_WORKER_MEMORY
+from rankwatch.operator.diagnosis.diagnose.worker import AnalysisRequest, analyse
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
 from rankwatch.standins.simulate import Faults, Simulation, run

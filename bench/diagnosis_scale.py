@@ -35,10 +35,10 @@ from rankwatch import protocol
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import FindingKind
 from rankwatch.operator.config import DiagnosisLimits
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, pods_to_ask, records_limit
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
-from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse
+from rankwatch.operator.diagnosis.detect.detector import suspected
+from rankwatch.operator.diagnosis.diagnose.diagnose import DiagnosisBudget, pods_to_ask, records_limit
+from rankwatch.operator.diagnosis.diagnose.worker import AnalysisRequest, WorkerFailed, analyse
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.operator.sidecar_client import SidecarPod
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
@@ -100,8 +100,8 @@ def main() -> None:
         generated = time.perf_counter() - started
         pods = [SidecarPod(f"big-worker-{i}", f"gpu-node-{i}", "") for i in range(world // RANKS_PER_POD)]
         suspicions = [
-            Suspicion(FindingKind.STRAGGLER, [straggler], "rank waits far less than its peers"),
-            Suspicion(FindingKind.FAIL_SLOW, [], "step time up"),
+            suspected(FindingKind.STRAGGLER, [straggler], "rank waits far less than its peers"),
+            suspected(FindingKind.FAIL_SLOW, [], "step time up"),
         ]
         asked = {s.kind: pods_to_ask(state, s, layout, pods) for s in suspicions}
         wanted = sorted({int(pod.rsplit("-", 1)[1]) for names in asked.values() for pod in names})

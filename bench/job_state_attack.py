@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 
 RANKS, COMMS, SUMMARIES = 4096, 64, 20

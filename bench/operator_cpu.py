@@ -80,9 +80,9 @@ def summaries(
 def serve(port_queue: multiprocessing.Queue, world: int, window_s: float, detect_times: multiprocessing.Queue) -> None:
     from rankwatch.analysis.topology import Layout
     from rankwatch.operator.config import CollectorSettings
-    from rankwatch.operator.diagnosis.collector import Collector
-    from rankwatch.operator.diagnosis.detector import Thresholds, detect
-    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+    from rankwatch.operator.diagnosis.detect.detector import Thresholds, detect
+    from rankwatch.operator.diagnosis.ingest.collector import Collector
+    from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 
     async def tokens(namespace: str, name: str, stale: bool = False) -> str:
         return TOKEN

@@ -26,8 +26,8 @@ from operator_cpu import summaries
 from prometheus_client import REGISTRY, generate_latest
 
 from rankwatch import protocol
-from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
-from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore
+from rankwatch.operator.diagnosis.report.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.operator.operator_metrics import OperatorMetrics
 
 SCRAPE_INTERVAL_S = 30.0  # the chart's ServiceMonitor default

@@ -111,9 +111,9 @@ def serve(
     from rankwatch.analysis.topology import Layout
     from rankwatch.operator import garbage_collection
     from rankwatch.operator.config import CollectorSettings
-    from rankwatch.operator.diagnosis.collector import Collector
-    from rankwatch.operator.diagnosis.detector import Thresholds, detect
-    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+    from rankwatch.operator.diagnosis.detect.detector import Thresholds, detect
+    from rankwatch.operator.diagnosis.ingest.collector import Collector
+    from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 
     names = set(job_names(jobs))
     limits = StateLimits.for_job(world, world // RANKS_PER_POD)
@@ -321,7 +321,7 @@ def describe_senders(figures: dict[str, Any], senders: int, window_s: float) -> 
 def breakdown(bodies: list[tuple[str, int, bytes]], world: int) -> str:
     """The collector's per-summary work without HTTP, in this process: gunzip, parse and check, fold into
     the job's state (one job's bodies of one window)."""
-    from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+    from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 
     mine = [body for job, _, body in bodies if job == bodies[0][0]]
     protocol.parse_summary(protocol.decode_body(mine[0], protocol.CONTENT_ENCODING))  # the parser is built once

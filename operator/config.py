@@ -104,7 +104,7 @@ class AlertingSettings:
 
 @dataclass(frozen=True)
 class CollectorSettings:
-    """The collector's HTTP server (``diagnosis/collector.py``): where it listens and what it admits."""
+    """The collector's HTTP server (``diagnosis/ingest/collector.py``): where it listens and what it admits."""
 
     host: str = "0.0.0.0"
     port: int = 8080
@@ -128,7 +128,7 @@ class CollectorSettings:
 
 @dataclass(frozen=True)
 class NodeAlertSources:
-    """Where the diagnosis reads node alerts (``diagnosis/node_alerts.py``; ``RANKWATCH_PROMETHEUS_URL``,
+    """Where the diagnosis reads node alerts (``diagnosis/diagnose/node_alerts.py``; ``RANKWATCH_PROMETHEUS_URL``,
     ``RANKWATCH_ALERTMANAGER_URL``); neither set: it does not look."""
 
     prometheus_url: str | None = None
@@ -217,7 +217,7 @@ class OperatorConfig:
     (``rankwatch.operator.recovery.archive_endpoints``)."""
     no_telemetry_seconds: float = 120.0
     """A running job whose sidecars ship nothing this long (at least 3 of its windows) gets the
-    condition NoTelemetry (``diagnosis/telemetry_watch.py``)."""
+    condition NoTelemetry (``diagnosis/report/telemetry_watch.py``)."""
 
     @classmethod
     def from_env(

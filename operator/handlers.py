@@ -9,7 +9,7 @@ pod admission  -> the webhook injects opted-in pods of other kinds (``kinds/webh
                   start without it are reported on their group (``kinds/unwatched.py``); injected ones
                   enter the monitor's loop (``kinds/group_watch.py``)
 node events    -> the annotation-driven undo of a cordon (``remediation/node_handlers.py``); the
-                  per-job series of /metrics (``diagnosis/job_metrics.py``) follow the jobs' status,
+                  per-job series of /metrics (``diagnosis/report/job_metrics.py``) follow the jobs' status,
                   their pods and rankwatch's cordons; a deleted job's series go
 
 kopf runs only on the replica that holds the Lease (``main.py``); what it needs comes in ``memo``:

@@ -18,10 +18,10 @@ from prometheus_client import REGISTRY
 
 from rankwatch.operator.alerting_start import start_alerting
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.diagnosis.collector import Collector, SecretTokens
-from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.ingest.collector import Collector, SecretTokens
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.monitor import Monitor
+from rankwatch.operator.diagnosis.report.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.operator.metrics_server import MetricsServer
 from rankwatch.operator.operator_metrics import OperatorMetrics
 from rankwatch.operator.recovery.reconcile import Recovery

@@ -28,16 +28,16 @@ from rankwatch.analysis.topology import Layout, LayoutError
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.model.finding import HUNG, Finding, FindingKind
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.diagnosis import telemetry_watch, writer
-from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
-from rankwatch.operator.diagnosis.detector import Suspicion, Thresholds, detect
-from rankwatch.operator.diagnosis.diagnose import DiagnosisBudget, diagnose
-from rankwatch.operator.diagnosis.job_metrics import JobMetrics
-from rankwatch.operator.diagnosis.job_record import JobRecord, TrainingJobRecord
-from rankwatch.operator.diagnosis.job_state import JobState, JobStore, StateLimits
+from rankwatch.operator.diagnosis.detect.detector import Thresholds, detect
+from rankwatch.operator.diagnosis.diagnose.diagnose import DiagnosisBudget, diagnose
+from rankwatch.operator.diagnosis.diagnose.slots import DiagnosisSlots
+from rankwatch.operator.diagnosis.diagnose.worker import WorkerFailed
+from rankwatch.operator.diagnosis.ingest.collector import SecretTokens, TokenUnavailable
+from rankwatch.operator.diagnosis.ingest.job_state import JobState, JobStore, StateLimits
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
-from rankwatch.operator.diagnosis.slots import DiagnosisSlots
-from rankwatch.operator.diagnosis.worker import WorkerFailed
+from rankwatch.operator.diagnosis.report import telemetry_watch, writer
+from rankwatch.operator.diagnosis.report.job_metrics import JobMetrics
+from rankwatch.operator.diagnosis.report.job_record import JobRecord, TrainingJobRecord
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.metrics import RemediationMetrics
@@ -74,7 +74,7 @@ class WatchedJob:
     phase: str = job_status.PENDING
     status: dict[str, Any] = field(default_factory=dict)
     next_check: float = 0.0
-    wanted: Suspicion | None = None
+    wanted: Finding | None = None
     """The latest suspicion, taken by the diagnosis when its slot comes (not the one that queued it)."""
     retry_after: dict[FindingKind, float] = field(default_factory=dict)
     suspected_since: dict[FindingKind, float] = field(default_factory=dict)
@@ -334,7 +334,7 @@ class Monitor:
         job.clear_since = None
 
     @staticmethod
-    def _already_reported(job: WatchedJob, suspicion: Suspicion) -> bool:
+    def _already_reported(job: WatchedJob, suspicion: Finding) -> bool:
         ranks = set(job.diagnosis.ranks) if job.diagnosis else set()
         return not suspicion.ranks or set(suspicion.ranks) <= ranks or suspicion.kind is FindingKind.FAIL_SLOW
 

@@ -30,8 +30,8 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
 from rankwatch.model.finding import Finding
 from rankwatch.operator import api, events
 from rankwatch.operator.config import Safeguards
-from rankwatch.operator.diagnosis import writer
-from rankwatch.operator.diagnosis.diagnose import Diagnosis
+from rankwatch.operator.diagnosis.diagnose.diagnose import Diagnosis
+from rankwatch.operator.diagnosis.report import writer
 from rankwatch.operator.kinds.adapter import Group, KindAdapter, read_owner
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from rankwatch.model.diagnosis_status import DiagnosisStatus, key_of
 from rankwatch.model.finding import DEGRADED, HUNG
 from rankwatch.operator import api, ownership
-from rankwatch.operator.diagnosis.writer import SUSPECT_NODES_ANNOTATION, SUSPECT_RANKS_ANNOTATION
+from rankwatch.operator.diagnosis.report.writer import SUSPECT_NODES_ANNOTATION, SUSPECT_RANKS_ANNOTATION
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.children import current_attempt
 from rankwatch.operator.lifecycle.status_patch import update_status

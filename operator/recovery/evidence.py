@@ -14,7 +14,7 @@ A sidecar that does not answer is a problem listed in the manifest, not a failur
 Everything a job's sidecars send is untrusted and may be large (a 64-rank job comes to about 2 GiB):
 the operator only streams it to files, within one byte budget for the whole archive
 (:class:`EvidenceLimits`), and the parsing and rendering run in the diagnosis' bounded worker
-process (``rankwatch.operator.diagnosis.worker``: address-space and time limits). What does not fit
+process (``rankwatch.operator.diagnosis.diagnose.worker``: address-space and time limits). What does not fit
 is named in the manifest's problems (and so in ``status.archives``).
 """
 
@@ -31,7 +31,7 @@ import aiohttp
 
 from rankwatch import protocol
 from rankwatch.analysis.topology import Layout
-from rankwatch.operator.diagnosis.worker import WorkerFailed, render_evidence
+from rankwatch.operator.diagnosis.diagnose.worker import WorkerFailed, render_evidence
 from rankwatch.operator.sidecar_client import (
     FETCH_CONCURRENCY,
     ByteAllowance,

@@ -31,7 +31,7 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus, key_of
 from rankwatch.model.evidence import slowdown_of
 from rankwatch.operator import api, events
 from rankwatch.operator.config import OperatorConfig
-from rankwatch.operator.diagnosis.collector import SecretTokens, TokenUnavailable
+from rankwatch.operator.diagnosis.ingest.collector import SecretTokens, TokenUnavailable
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.recovery import archive, archive_endpoints, attempts, evidence
 from rankwatch.operator.recovery.decision import (

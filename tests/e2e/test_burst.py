@@ -20,7 +20,7 @@ JOBS = 20
 CONCURRENCY = 2
 MEMORY_MIB = 512
 CONTAINER_LIMIT = 1 << 30  # the chart's operator.resources.limits.memory
-WORKER = "rankwatch.operator.diagnosis.worker"
+WORKER = "rankwatch.operator.diagnosis.diagnose.worker"
 
 
 HANG = {"RANKWATCH_STANDIN_FAULT_RANK": "1", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "2000"}

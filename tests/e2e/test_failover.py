@@ -6,11 +6,8 @@ does not even listen for summaries."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +18,7 @@ import pytest
 import yaml
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
 from local_feishu import Feishu
-from operator_pods import Replicas, http, metric, refuses
+from operator_pods import Replicas, http, metric, refuses, start_pod_runner, tear_down_release
 from trainingjobs import JOB_API, diagnosis_in, standin_job
 
 pytestmark = pytest.mark.e2e
@@ -75,31 +72,12 @@ def installed(helm, api, crd, kubeconfig, tmp_path) -> Iterator[tuple[Replicas, 
     }
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
     helm("install", release, str(CHART), "--namespace", namespace, "--values", str(tmp_path / "values.yaml"))
-    with open(tmp_path / "pod-runner.log", "ab") as log:
-        runner = subprocess.Popen(
-            [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-service",
-             f"{namespace}/{release}-rankwatch-collector", "-n", namespace, "-n", jobs, "--work-dir",
-             str(tmp_path / "pods")],
-            env={**os.environ, "KUBECONFIG": kubeconfig}, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+    runner = start_pod_runner(kubeconfig, namespace, release, jobs, tmp_path)
     try:
         yield Replicas(api, namespace, release), jobs, feishu
     finally:
-        from rankwatch.operator.remediation.cordon import uncordon_job
-
-        for job in ("slow", "hang"):
-            uncordon_job(api, jobs, job, via="test")
-        runner.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            runner.wait(20)
-        if runner.poll() is None:
-            runner.kill()
-        helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
-        for name in (jobs, namespace):
-            core.delete_namespace(name)
+        tear_down_release(helm, api, release, namespace, jobs, runner, tmp_path, cordoned_by=("slow", "hang"))
         feishu.stop()
-        for log in sorted((tmp_path / "pods" / namespace).glob("*/operator.log")):
-            print(f"--- {log.parent.name}\n{log.read_text()[-4000:]}")
 
 
 def leader_and_standby(replicas: Replicas, eventually) -> tuple[str, str]:

@@ -5,10 +5,7 @@ straggler run them for real with the pod runner, as test_failover.py does."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from operator_pods import Replicas, http, metric
+from operator_pods import Replicas, http, metric, start_pod_runner, tear_down_release
 from trainingjobs import JOB_API, diagnosis_in, standin_job
 
 pytestmark = pytest.mark.e2e
@@ -89,32 +86,13 @@ def installed_without_secrets(helm, api, crd, kubeconfig, tmp_path) -> Iterator[
         (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
         helm("install", release, str(CHART), "--namespace", namespace, "--values", str(tmp_path / "values.yaml"),
              *args)  # fmt: skip
-        with open(tmp_path / "pod-runner.log", "ab") as log:
-            runner = subprocess.Popen(
-                [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-service",
-                 f"{namespace}/{release}-rankwatch-collector", "-n", namespace, "-n", jobs, "--work-dir",
-                 str(tmp_path / "pods")],
-                env={**os.environ, "KUBECONFIG": kubeconfig}, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        runner = start_pod_runner(kubeconfig, namespace, release, jobs, tmp_path)
         return Replicas(api, namespace, release), jobs
 
     try:
         yield install
     finally:
-        from rankwatch.operator.remediation.cordon import uncordon_job
-
-        uncordon_job(api, jobs, "slow", via="test")
-        if runner is not None:
-            runner.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                runner.wait(20)
-            if runner.poll() is None:
-                runner.kill()
-        helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
-        for name in (jobs, namespace):
-            core.delete_namespace(name)
-        for log in sorted((tmp_path / "pods" / namespace).glob("*/operator.log")):
-            print(f"--- {log.parent.name}\n{log.read_text()[-4000:]}")
+        tear_down_release(helm, api, release, namespace, jobs, runner, tmp_path, cordoned_by=("slow",))
 
 
 def diagnoses_a_straggler(replicas: Replicas, jobs: str, api, eventually) -> dict:

@@ -56,7 +56,7 @@ async def test_an_archive_that_fails_unforeseen_is_one_problem_on_the_job_not_a_
     """Whatever goes wrong while keeping a job's evidence (here: analysing what it left raises), the job
     gets a problem and an Event once, and recovery goes on: no retry every 10 s."""
     from rankwatch.operator.config import OperatorConfig
-    from rankwatch.operator.diagnosis.collector import SecretTokens
+    from rankwatch.operator.diagnosis.ingest.collector import SecretTokens
     from rankwatch.operator.recovery import archive, evidence
     from rankwatch.operator.recovery.reconcile import Recovery
 

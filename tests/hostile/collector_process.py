@@ -11,8 +11,8 @@ import os
 import sys
 
 from rankwatch.operator.config import CollectorSettings
-from rankwatch.operator.diagnosis.collector import Collector
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.ingest.collector import Collector
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.operator.operator_metrics import OperatorMetrics
 
 JOB = ("team-a", "llama")

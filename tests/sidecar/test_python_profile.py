@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rankwatch.operator.diagnosis.differential_profile import Profile, compare, sentence
+from rankwatch.operator.diagnosis.diagnose.differential_profile import Profile, compare, sentence
 from rankwatch.sidecar.python_profile import Profiler, ProfilerBusy, parse_raw, py_spy
 
 LOOP = textwrap.dedent(
@@ -56,7 +56,7 @@ def test_a_rank_that_runs_no_python_gets_no_profile_attempt_and_no_problem_line(
 
     from aiohttp import web
 
-    from rankwatch.operator.diagnosis.differential_profile import fetch_profiles
+    from rankwatch.operator.diagnosis.diagnose.differential_profile import fetch_profiles
 
     process = subprocess.Popen(["sleep", "30"])
     try:
@@ -115,7 +115,7 @@ def test_a_profile_answer_too_large_or_not_json_is_a_problem_not_read_whole():
 
     from aiohttp import web
 
-    from rankwatch.operator.diagnosis.differential_profile import PROFILE_ANSWER_MAX_BYTES, fetch_profiles
+    from rankwatch.operator.diagnosis.diagnose.differential_profile import PROFILE_ANSWER_MAX_BYTES, fetch_profiles
 
     async def scenario() -> tuple[dict, list[str]]:
         async def huge(_request: web.Request) -> web.Response:

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from rankwatch.model.finding import Finding
-from rankwatch.operator.diagnosis.job_state import JobState
-from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.diagnosis.diagnose.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 from rankwatch.sidecar.python_stacks import py_spy, runs_python, take_stack
 
 pytestmark = pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (pip install py-spy)")

@@ -3,10 +3,16 @@ what their ports answer (health, /metrics)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -82,3 +88,44 @@ def metric(pod: dict[str, Any], name: str) -> float:
     if status != 200:
         return 0.0
     return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(name))
+
+
+def start_pod_runner(kubeconfig: str, namespace: str, release: str, jobs: str, work: Path) -> subprocess.Popen:
+    """The pod runner for the release's pods and the jobs' pods, logging to ``work/pod-runner.log``."""
+    with open(work / "pod-runner.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "rankwatch", "cluster", "run-pods", "--collector-service",
+             f"{namespace}/{release}-rankwatch-collector", "-n", namespace, "-n", jobs, "--work-dir",
+             str(work / "pods")],
+            env={**os.environ, "KUBECONFIG": kubeconfig}, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def tear_down_release(
+    helm: Callable[..., Any],
+    api: kubernetes.client.ApiClient,
+    release: str,
+    namespace: str,
+    jobs: str,
+    runner: subprocess.Popen | None,
+    work: Path,
+    cordoned_by: Iterable[str] = (),
+) -> None:
+    """Undo what an installed release left: the nodes its jobs ``cordoned_by`` cordoned, the pod runner,
+    the release, both namespaces; then print the operator pods' log tails for a failed test to show."""
+    from rankwatch.operator.remediation.cordon import uncordon_job
+
+    for job in cordoned_by:
+        uncordon_job(api, jobs, job, via="test")
+    if runner is not None:
+        runner.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            runner.wait(20)
+        if runner.poll() is None:
+            runner.kill()
+    helm("uninstall", release, "--namespace", namespace, "--wait", "--timeout", "120s")
+    core = kubernetes.client.CoreV1Api(api)
+    for name in (jobs, namespace):
+        core.delete_namespace(name)
+    for log in sorted((work / "pods" / namespace).glob("*/operator.log")):
+        print(f"--- {log.parent.name}\n{log.read_text()[-4000:]}")

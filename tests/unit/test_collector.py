@@ -20,8 +20,8 @@ import pytest
 from rankwatch import protocol
 from rankwatch.operator import event_loop
 from rankwatch.operator.config import CollectorSettings
-from rankwatch.operator.diagnosis.collector import Collector, RateLimiter, TokenUnavailable
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.ingest.collector import Collector, RateLimiter, TokenUnavailable
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
 
 TOKEN = "job-token-0123456789"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from rankwatch.analysis.topology import Layout
-from rankwatch.operator.diagnosis.detector import (
+from rankwatch.operator.diagnosis.detect.detector import (
     EVIDENCE_WINDOWS,
     Thresholds,
     detect,
@@ -13,7 +13,7 @@ from rankwatch.operator.diagnosis.detector import (
     step_time_up,
     wait_outliers,
 )
-from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 from rankwatch.protocol import CommWindow, Quantiles, RankScheduling, RankWindow, StallReport, WindowSummary
 
 WINDOW = 5.0
@@ -197,9 +197,8 @@ def test_step_time_up_against_the_jobs_own_baseline():
     assert kinds == ["fail_slow"]
 
 
-def test_a_thousand_ranks_are_checked_in_milliseconds():
-    import time
-
+def test_a_thousand_calm_ranks_raise_no_suspicion():
+    """Its speed (milliseconds a window) is measured by ``bench/operator_cpu.py``, not by a wall clock here."""
     layout = Layout(tp=8, pp=1, world_size=1024)
     state = JobState("ns", "big")
     generator = random.Random(0)
@@ -219,9 +218,7 @@ def test_a_thousand_ranks_are_checked_in_milliseconds():
                 WindowSummary(1, "ns", "big", f"p{pod}", f"n{pod}", pod, 8, number, number, number + 1, 0, ranks),
                 now=number * WINDOW,
             )
-    started = time.perf_counter()
     assert detect(state, THRESHOLDS, layout, 3 * WINDOW) == []
-    assert time.perf_counter() - started < 0.5
 
 
 def starved_run(waits_of_group_1: float, delays: dict[int, float], seed: int = 1) -> tuple[JobState, float]:

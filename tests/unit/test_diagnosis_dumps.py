@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.diagnose import (
+from rankwatch.operator.diagnosis.detect.detector import suspected
+from rankwatch.operator.diagnosis.diagnose.diagnose import (
     EVERY_POD_UP_TO,
     MAX_PODS,
     MIN_RECORDS_PER_RING,
@@ -13,7 +13,7 @@ from rankwatch.operator.diagnosis.diagnose import (
     pods_to_ask,
     records_limit,
 )
-from rankwatch.operator.diagnosis.job_state import CommState, JobState, RankState
+from rankwatch.operator.diagnosis.ingest.job_state import CommState, JobState, RankState
 
 PODS, PER_POD = 64, 8
 LAYOUT = Layout(tp=8, pp=1, world_size=PODS * PER_POD)  # TP = one pod; DP groups across pods
@@ -43,27 +43,27 @@ PODS_LIST = [SidecarPod(f"big-worker-{index}", f"node-{index}", f"http://10.0.0.
 
 def test_a_small_job_asks_every_pod():
     pods = PODS_LIST[:EVERY_POD_UP_TO]
-    hang = Suspicion(FindingKind.HANG, [], "no progress")
+    hang = suspected(FindingKind.HANG, [], "no progress")
     assert pods_to_ask(job(), hang, LAYOUT, pods) == sorted(pod.name for pod in pods)
 
 
 def test_a_hang_in_a_large_job_asks_the_rank_behind_and_a_few_that_wait_for_it():
     behind = 300  # pod 37, never entered sequence 100 of its communicators
-    chosen = pods_to_ask(job(entered={behind: 99}), Suspicion(FindingKind.HANG, [], "stalled"), LAYOUT, PODS_LIST)
+    chosen = pods_to_ask(job(entered={behind: 99}), suspected(FindingKind.HANG, [], "stalled"), LAYOUT, PODS_LIST)
     assert pod_of(behind) in chosen and len(chosen) <= 4, chosen
 
 
 def test_a_collective_stuck_on_every_member_asks_its_members():
     stuck = {rank: 120.0 for rank in range(16, 24)}  # every member of TP group 2 inside it for two minutes
-    chosen = pods_to_ask(job(in_flight=stuck), Suspicion(FindingKind.HANG, [], "stuck"), LAYOUT, PODS_LIST)
+    chosen = pods_to_ask(job(in_flight=stuck), suspected(FindingKind.HANG, [], "stuck"), LAYOUT, PODS_LIST)
     assert pod_of(16) in chosen and len(chosen) <= 2 * 1 + 1, chosen
 
 
 def test_a_straggler_asks_its_tensor_parallel_peers_and_a_slowdown_a_spread_of_the_job():
-    assert pods_to_ask(job(), Suspicion(FindingKind.STRAGGLER, [77], "late"), LAYOUT, PODS_LIST) == [pod_of(77)]
+    assert pods_to_ask(job(), suspected(FindingKind.STRAGGLER, [77], "late"), LAYOUT, PODS_LIST) == [pod_of(77)]
     slowdown = job()
     slowdown.ranks[200].step_time_s = 0.05
-    chosen = pods_to_ask(slowdown, Suspicion(FindingKind.FAIL_SLOW, [], "slower"), LAYOUT, PODS_LIST)
+    chosen = pods_to_ask(slowdown, suspected(FindingKind.FAIL_SLOW, [], "slower"), LAYOUT, PODS_LIST)
     assert pod_of(200) in chosen and 8 <= len(chosen) <= MAX_PODS and len(chosen) < PODS
 
 
@@ -75,9 +75,9 @@ def test_a_straggler_without_tensor_parallel_peers_asks_the_members_of_its_commu
         comms = {"world": CommState(layout.world_size, last_entered=100, last_completed=99)}
         state.ranks[rank] = RankState(rank, pod_of(rank), f"node-{rank // PER_POD}", comms=comms)
     pods = PODS_LIST[:32]
-    chosen = pods_to_ask(state, Suspicion(FindingKind.STRAGGLER, [77], "late"), layout, pods)
+    chosen = pods_to_ask(state, suspected(FindingKind.STRAGGLER, [77], "late"), layout, pods)
     assert chosen == sorted(pod.name for pod in pods)
-    small = pods_to_ask(job(), Suspicion(FindingKind.STRAGGLER, [5], "late"), LAYOUT, PODS_LIST[:2])
+    small = pods_to_ask(job(), suspected(FindingKind.STRAGGLER, [5], "late"), LAYOUT, PODS_LIST[:2])
     assert small == [pod.name for pod in PODS_LIST[:2]]  # a small job: every pod, as for every suspicion
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.slots import DiagnosisSlots
+from rankwatch.operator.diagnosis.diagnose.slots import DiagnosisSlots
 
 
 async def test_at_most_the_limit_run_and_the_queue_serves_hangs_before_stragglers():

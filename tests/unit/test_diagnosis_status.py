@@ -11,9 +11,9 @@ import yaml
 from rankwatch.analysis.findings import AnalysisReport
 from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp, key_of
 from rankwatch.model.finding import Cause, Finding, FindingKind
-from rankwatch.operator.diagnosis import writer
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.diagnose import Diagnosis, Examination
+from rankwatch.operator.diagnosis.detect.detector import suspected
+from rankwatch.operator.diagnosis.diagnose.diagnose import Diagnosis, Examination
+from rankwatch.operator.diagnosis.report import writer
 
 CRD = Path(__file__).parents[2] / "crds" / "trainingjobs.rankwatch.io.yaml"
 
@@ -89,7 +89,7 @@ def test_a_new_diagnosis_is_written_as_before_with_its_follow_ups_pending():
         cause=Cause.COMMUNICATION,
         cause_evidence="waits 40x the peers' on the IB link",
     )
-    suspicion = Suspicion(FindingKind.HANG, [3], "no communicator advanced for 300 s")
+    suspicion = suspected(FindingKind.HANG, [3], "no communicator advanced for 300 s")
     report = AnalysisReport([finding], ["sidecar llama-worker-3 did not answer"])
     examination = Examination(report, "text", ["llama-worker-0"], 1, 500, suspicion)
     diagnosis = Diagnosis(finding, ["llama-worker-0", "llama-worker-1"], "2026-11-28T10:35:36Z", examination)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.worker import AnalysisRequest, WorkerFailed, analyse, render_evidence
+from rankwatch.operator.diagnosis.diagnose.worker import AnalysisRequest, WorkerFailed, analyse, render_evidence
 from rankwatch.sidecar.dump import ring_image, select
 from rankwatch.sidecar.ring_tail import RingTail
 from rankwatch.standins.simulate import Faults, Simulation, run

@@ -189,7 +189,7 @@ def test_dockerfile_steps_build_a_working_image_tree(tmp_path):
     (package,) = (runtime / "opt" / "rankwatch" / "venv" / "lib").glob("python3*/site-packages/rankwatch")
     installed = {path.relative_to(package).as_posix() for path in package.rglob("*.py")}
     assert not {p for p in installed if p.startswith(("cluster/", "standins/"))}
-    assert {"operator/main.py", "operator/diagnosis/worker.py", "alerting/cluster_store.py"} <= installed
+    assert {"operator/main.py", "operator/diagnosis/diagnose/worker.py", "alerting/cluster_store.py"} <= installed
     assert list(package.glob("analysis/_megatrace_tokenizer*.so")), "the C tokeniser is built into the image"
     result = subprocess.run([str(rankwatch), "cluster", "status"], capture_output=True, text=True)
     assert result.returncode == 2 and "rankwatch.cluster is a development tool" in result.stderr

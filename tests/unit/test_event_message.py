@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from rankwatch.operator.diagnosis.writer import event_message, report_configmap_name
+from rankwatch.operator.diagnosis.report.writer import event_message, report_configmap_name
 
 
 def test_the_report_hint_names_the_jobs_namespace():

@@ -191,3 +191,33 @@ def test_the_configuration_is_a_leaf_that_imports_no_implementation():
     assert not {
         name for name in config if name.startswith(("rankwatch.operator.diagnosis", "rankwatch.operator.remediation"))
     }
+
+
+DIAGNOSIS = "rankwatch.operator.diagnosis"
+ROOMS = ("ingest", "detect", "diagnose", "report")
+"""The diagnosis's rooms in the order a finding passes them; each imports only the rooms before it."""
+
+
+def test_the_diagnosis_rooms_depend_only_on_earlier_stages():
+    """Ingest knows nothing of detection, detection nothing of diagnosis, diagnosis nothing of the
+    report; none reaches the monitor, the hub that calls them all (``metrics``, counted by every stage,
+    imports nothing of ours)."""
+    imports = graph()
+    assert {f"{DIAGNOSIS}.{room}" for room in ROOMS} <= imports.keys()
+    backward = {}
+    for name, targets in imports.items():
+        if not name.startswith(f"{DIAGNOSIS}."):
+            continue
+        room = name.split(".")[3]
+        if room not in ROOMS:
+            continue
+        allowed = {f"{DIAGNOSIS}.{earlier}" for earlier in ROOMS[: ROOMS.index(room) + 1]} | {f"{DIAGNOSIS}.metrics"}
+        wrong = sorted(
+            target
+            for target in targets
+            if target.startswith(f"{DIAGNOSIS}.") and not any(target.startswith(ok) for ok in allowed)
+        )
+        if wrong:
+            backward[name] = wrong
+    assert backward == {}
+    assert imports[f"{DIAGNOSIS}.metrics"] == set()

@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rankwatch.operator.diagnosis.job_metrics import JobMetrics, JobMetricsSettings
-from rankwatch.operator.diagnosis.job_state import JobStore
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore
+from rankwatch.operator.diagnosis.report.job_metrics import JobMetrics, JobMetricsSettings
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 
 NOW = 1000.0

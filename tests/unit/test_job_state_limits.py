@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
 from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 

@@ -301,7 +301,7 @@ def test_a_jobset_pod_belongs_to_the_jobset_not_to_its_child_job():
 
 def test_collector_names_of_groups_never_meet_a_trainingjobs():
     from rankwatch.operator import api
-    from rankwatch.operator.diagnosis.collector import token_secret_of
+    from rankwatch.operator.diagnosis.ingest.collector import token_secret_of
 
     assert api.split_collector_name("llm") is None
     assert api.split_collector_name(api.group_collector_name("JobSet", "llm")) == ("JobSet", "llm")

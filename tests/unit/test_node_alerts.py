@@ -18,8 +18,8 @@ from rankwatch.alerting.messages import Notification
 from rankwatch.model.evidence import node_alert_lines
 from rankwatch.model.finding import Finding, FindingKind
 from rankwatch.operator.config import ConfigError, NodeAlertSources, OperatorConfig
-from rankwatch.operator.diagnosis.diagnose import with_node_alerts
-from rankwatch.operator.diagnosis.node_alerts import firing_on
+from rankwatch.operator.diagnosis.diagnose.diagnose import with_node_alerts
+from rankwatch.operator.diagnosis.diagnose.node_alerts import firing_on
 
 THROTTLED = {
     "labels": {"alertname": "GPUClocksThrottled", "severity": "P2", "component": "gpu", "node": "gpu-node-3",
@@ -183,7 +183,7 @@ def test_the_sources_are_configured_once_from_the_environment():
 
 
 async def test_an_answer_over_the_size_cap_is_not_read_and_says_so(source):
-    from rankwatch.operator.diagnosis.node_alerts import MAX_ANSWER_BYTES
+    from rankwatch.operator.diagnosis.diagnose.node_alerts import MAX_ANSWER_BYTES
 
     served, url = source
     padded = prometheus_alert("GPUFellOffTheBus", severity="P0", node="gpu-node-3")

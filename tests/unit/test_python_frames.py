@@ -4,7 +4,7 @@ in a collective is data/storage; anything else leaves the cause as the traces de
 from __future__ import annotations
 
 from rankwatch.model.finding import Cause, Finding
-from rankwatch.operator.diagnosis.python_frames import with_python_stacks
+from rankwatch.operator.diagnosis.diagnose.python_frames import with_python_stacks
 
 PEER = ["/opt/torch/distributed/distributed_c10d.py:2501 all_reduce", "/src/train.py:40 train_step"]
 

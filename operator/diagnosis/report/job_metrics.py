@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.job_state import JobState, JobStore
+from rankwatch.operator.diagnosis.ingest.job_state import JobState, JobStore
 from rankwatch.operator.lifecycle import job_status
 
 PHASES = (job_status.PENDING, job_status.SUSPENDED, job_status.RUNNING, job_status.SUCCEEDED, job_status.FAILED)

@@ -30,7 +30,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from rankwatch import protocol
-from rankwatch.operator.diagnosis.job_state import SummaryDigest
+from rankwatch.operator.diagnosis.ingest.job_state import SummaryDigest
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ import aiohttp
 
 from rankwatch import protocol
 from rankwatch.model.finding import Finding, FindingKind
-from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 
 PROFILE_SECONDS = 3
 PEERS = 2

@@ -33,8 +33,8 @@ from kubernetes.client.exceptions import ApiException
 from rankwatch import http_logging, protocol
 from rankwatch.operator import api, metrics_server
 from rankwatch.operator.config import CollectorSettings
-from rankwatch.operator.diagnosis.job_state import JobStore, StateLimits, SummaryDigest
-from rankwatch.operator.diagnosis.message_parser import MessageParser, Refusal
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits, SummaryDigest
+from rankwatch.operator.diagnosis.ingest.message_parser import MessageParser, Refusal
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
 
 log = logging.getLogger(__name__)

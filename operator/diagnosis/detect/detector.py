@@ -11,13 +11,13 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rankwatch.analysis.cause import starved
 from rankwatch.analysis.topology import Layout
-from rankwatch.model.finding import FindingKind
-from rankwatch.operator.diagnosis.job_state import CommState, JobState
+from rankwatch.model.finding import Finding, FindingKind
+from rankwatch.operator.diagnosis.ingest.job_state import CommState, JobState
 
 WAIT_WINDOWS = 3
 """Windows of wait quantiles a rank's score is taken over (median of their p50s)."""
@@ -44,25 +44,17 @@ class Thresholds:
     window_s: float
 
 
-@dataclass(frozen=True)
-class Suspicion:
-    """Why the detector wants a diagnosis: the kind of finding it expects (hang, straggler, or fail-slow
-    for a step time above the job's own baseline), the ranks it already suspects, what it saw."""
-
-    kind: FindingKind  # given as the enum or its value
-    ranks: list[int]
-    summary: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kind", FindingKind(self.kind))
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "kind": self.kind.value}
+def suspected(
+    kind: FindingKind | str, ranks: list[int], summary: str, evidence: dict[str, Any] | None = None
+) -> Finding:
+    """Why the detector wants a diagnosis, in the model's one shape: the kind of finding it expects (hang,
+    straggler, or fail-slow for a step time above the job's own baseline), the ranks it already
+    suspects, what it saw. No nodes and confidence 0: only the diagnosis names nodes and is sure."""
+    return Finding(kind, ranks, [], None, 0.0, summary, evidence or {})
 
 
-def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: float) -> list[Suspicion]:
-    """Suspicions, strongest first (a hang makes slowness moot). The hang checks run on every job every
+def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: float) -> list[Finding]:
+    """Findings, strongest first (a hang makes slowness moot). The hang checks run on every job every
     time (a job that went silent may be hung); the slowness checks only while the job has summaries
     within their horizon: without, they would find nothing (the same answer, without walking every
     rank of every silent job each window)."""
@@ -81,7 +73,7 @@ def detect(state: JobState, thresholds: Thresholds, layout: Layout | None, now: 
     return found
 
 
-def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | None:
+def stalled(state: JobState, thresholds: Thresholds, now: float) -> Finding | None:
     """A stall report not followed by progress, a call in flight longer than the sensitivity, or no
     communicator of the job advancing for the sensitivity while its sidecars keep reporting."""
     sensitivity = thresholds.sensitivity_s
@@ -94,7 +86,7 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | 
             if rank in state.ranks and any(c.advanced_at > received for c in state.ranks[rank].comms.values())
         ]
         if report.stalled_ranks and not moved:
-            return Suspicion(
+            return suspected(
                 "hang",
                 sorted(report.stalled_ranks),
                 f"sidecar of pod {report.pod} reported a stall: {report.summary}",
@@ -112,7 +104,7 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | 
                     oldest = (age, rank.rank, comm_id)
     if oldest is not None:
         age, rank_id, comm_id = oldest
-        return Suspicion(
+        return suspected(
             "hang",
             [],  # the oldest waiter is a victim more often than the culprit: the analysis decides
             f"rank {rank_id} has been inside a call on communicator {comm_id} for {age:.0f} s "
@@ -126,7 +118,7 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | 
         and quiet >= sensitivity
         and now - state.last_seen < 3 * (thresholds.window_s + 5)
     ):
-        return Suspicion(
+        return suspected(
             "hang",
             [],
             f"no communicator of the job completed a collective for {quiet:.0f} s (sensitivity {sensitivity:.0f} s)",
@@ -179,7 +171,7 @@ def _peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, 
     return chosen
 
 
-def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Suspicion | None:
+def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Finding | None:
     """The ranks that wait far less than their peers (a straggler arrives last and waits least)."""
     since = now - (WAIT_WINDOWS + 0.5) * thresholds.window_s
     flagged: dict[int, dict[str, Any]] = {}
@@ -217,12 +209,12 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
 
 def _straggler_suspicion(
     flagged: dict[int, dict[str, Any]], source: str, describe: Callable[[int, dict[str, Any]], str]
-) -> Suspicion | None:
+) -> Finding | None:
     """One straggler suspicion for the flagged ranks, described by the lowest of them."""
     if not flagged:
         return None
     first = min(flagged)
-    return Suspicion(
+    return suspected(
         "straggler",
         sorted(flagged),
         describe(first, flagged[first]),
@@ -230,7 +222,7 @@ def _straggler_suspicion(
     )
 
 
-def host_starved(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Suspicion | None:
+def host_starved(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Finding | None:
     """A rank whose process waits for a CPU far longer than the job's other ranks (the summaries'
     run-queue delays) while its peer group waits far longer in its collectives than the job's other
     groups of the same kind: its starved host holds the group back. Where the traces' waits cannot
@@ -283,7 +275,7 @@ def host_starved(state: JobState, layout: Layout | None, thresholds: Thresholds,
     )
 
 
-def step_time_up(state: JobState, thresholds: Thresholds, now: float) -> Suspicion | None:
+def step_time_up(state: JobState, thresholds: Thresholds, now: float) -> Finding | None:
     """The step time of the last windows against the job's own earlier steps (the first half of what
     is kept: a slow drift is measured against where the job started, not against itself)."""
     since = now - (STEP_CURRENT_WINDOWS + 0.5) * thresholds.window_s
@@ -297,7 +289,7 @@ def step_time_up(state: JobState, thresholds: Thresholds, now: float) -> Suspici
     now_step = statistics.median(current)
     if base <= 0 or now_step < base * (1 + STEP_RISE) or now_step - base <= STEP_SIGMAS * spread:
         return None
-    return Suspicion(
+    return suspected(
         FindingKind.FAIL_SLOW,
         [],
         f"step time {now_step * 1e3:.1f} ms, {100 * (now_step / base - 1):.0f}% above the job's baseline "

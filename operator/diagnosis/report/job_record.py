@@ -16,8 +16,8 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
 from rankwatch.model.finding import Finding
 from rankwatch.operator import api, ownership
 from rankwatch.operator.config import Safeguards
-from rankwatch.operator.diagnosis import telemetry_watch, writer
-from rankwatch.operator.diagnosis.diagnose import Diagnosis
+from rankwatch.operator.diagnosis.diagnose.diagnose import Diagnosis
+from rankwatch.operator.diagnosis.report import telemetry_watch, writer
 from rankwatch.operator.remediation import hook as remediation
 from rankwatch.operator.remediation.cordon import RemediationResult
 from rankwatch.operator.remediation.metrics import RemediationMetrics

@@ -28,7 +28,7 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus, FollowUp
 from rankwatch.model.evidence import node_alert_lines
 from rankwatch.model.finding import DEGRADED, HUNG, Finding
 from rankwatch.operator import api, events
-from rankwatch.operator.diagnosis.diagnose import Diagnosis
+from rankwatch.operator.diagnosis.diagnose.diagnose import Diagnosis
 from rankwatch.operator.lifecycle import job_status
 from rankwatch.operator.lifecycle.status_patch import update_status
 

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 
 from rankwatch.model.finding import Cause, Finding, FindingKind
-from rankwatch.operator.diagnosis.job_state import JobState
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 
 FRAMES_IN_EVIDENCE = 6
 DATA_FRAMES_LOOKED_AT = 4

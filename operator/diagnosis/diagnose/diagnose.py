@@ -33,12 +33,11 @@ from rankwatch.analysis.topology import Layout
 from rankwatch.model.evidence import HOST_STARVED, NODE_ALERTS, SOURCE, node_alert_lines
 from rankwatch.model.finding import Cause, Finding, FindingKind
 from rankwatch.operator.config import NodeAlertSources
-from rankwatch.operator.diagnosis import worker
-from rankwatch.operator.diagnosis.detector import Suspicion
-from rankwatch.operator.diagnosis.differential_profile import with_differential_profile
-from rankwatch.operator.diagnosis.job_state import JobState
-from rankwatch.operator.diagnosis.node_alerts import firing_on
-from rankwatch.operator.diagnosis.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.diagnosis.diagnose import worker
+from rankwatch.operator.diagnosis.diagnose.differential_profile import with_differential_profile
+from rankwatch.operator.diagnosis.diagnose.node_alerts import firing_on
+from rankwatch.operator.diagnosis.diagnose.python_frames import latest_stacks, with_python_stacks
+from rankwatch.operator.diagnosis.ingest.job_state import JobState
 from rankwatch.operator.sidecar_client import CHUNK_BYTES, SidecarPod, fetch_dumps
 from rankwatch.timestamps import rfc3339_now as _now
 
@@ -71,7 +70,7 @@ class Examination:
     pods_asked: list[str]
     pods_answered: int
     records_per_ring: int
-    suspicion: Suspicion
+    suspicion: Finding
     peak_rss_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -107,7 +106,7 @@ async def with_node_alerts(finding: Finding, sources: NodeAlertSources | None) -
     return dataclasses.replace(finding, evidence=evidence), problems
 
 
-def pods_to_ask(state: JobState, suspicion: Suspicion, layout: Layout | None, pods: Iterable[SidecarPod]) -> list[str]:
+def pods_to_ask(state: JobState, suspicion: Finding, layout: Layout | None, pods: Iterable[SidecarPod]) -> list[str]:
     """Names of the pods whose dumps the analysis needs (see the module docstring)."""
     every = sorted(pod.name for pod in pods)
     wanted: list[int] = []  # ranks, most telling first
@@ -142,7 +141,7 @@ def _straggler_peers(state: JobState, suspects: list[int], layout: Layout | None
     return [*suspects, *sorted(wanted - set(suspects))]
 
 
-def _hang_witnesses(state: JobState, suspicion: Suspicion) -> list[int]:
+def _hang_witnesses(state: JobState, suspicion: Finding) -> list[int]:
     """Ranks behind on a communicator first, then a few of the members waiting for them; when nobody
     is behind, the members of the communicators with the oldest calls in flight."""
     members: dict[str, dict[int, Any]] = {}
@@ -193,7 +192,7 @@ def records_limit(state: JobState, pod_names: list[str], window_s: float, dump_b
     return max(MIN_RECORDS_PER_RING, min(wanted, MAX_RECORDS_PER_RING, budget))
 
 
-def host_starved_finding(suspicion: Suspicion, node_of_rank: dict[int, str], layout: Layout | None) -> Finding:
+def host_starved_finding(suspicion: Finding, node_of_rank: dict[int, str], layout: Layout | None) -> Finding:
     """The finding behind a ``host_starved`` suspicion, when the traces cannot single the rank out: a
     rank whose collectives progress on its own starved host (the stand-in NCCL; a CPU-bound collective
     path) is late inside them too, so its waits do not stand out from its peers'. The summaries'
@@ -233,7 +232,7 @@ class DiagnosisBudget:
 
 async def diagnose(
     state: JobState,
-    suspicion: Suspicion,
+    suspicion: Finding,
     layout: Layout | None,
     pods: list[SidecarPod],
     token: str,
