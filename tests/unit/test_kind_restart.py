@@ -168,7 +168,7 @@ def test_a_pytorchjobs_suspend_toggle_is_refused_where_kueue_owns_it_the_job_end
     running = pytorchjob(status={"conditions": [{"type": "Running", "status": "True"}]})
     assert PYTORCHJOB_LEVER.refusal(None, running, HANG, [], SPEC) is None
     kueue = pytorchjob(metadata={"labels": {"kueue.x-k8s.io/queue-name": "team"}})
-    assert "its runPolicy.suspend is Kueue's" in PYTORCHJOB_LEVER.refusal(None, kueue, HANG, [], SPEC)
+    assert "its spec.runPolicy.suspend is Kueue's" in PYTORCHJOB_LEVER.refusal(None, kueue, HANG, [], SPEC)
     owned = pytorchjob(metadata={"ownerReferences": [{"kind": "Pipeline", "name": "nightly", "controller": True}]})
     assert "Pipeline nightly" in PYTORCHJOB_LEVER.refusal(None, owned, HANG, [], SPEC)
     suspended = pytorchjob(spec={"runPolicy": {"suspend": True}})
