@@ -519,9 +519,12 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             continue
         started = rows["gpu_start"] > 0
         inside = [r for r in rows["rank"].tolist() if (int(r), comm_id, seq) in trace.stuck_inside]
-        if inside and len(inside) < len(rows):
-            culprits, confidence = sorted(inside), 0.9
+        if len(inside) == 1 and len(rows) > 1:
+            culprits, confidence = inside, 0.9
             why = "its work there never ended, not even by timing out, while its peers' timed out"
+        elif inside:  # in a larger gloo group, work waiting on the stuck member's neighbours may outlive it too
+            culprits, confidence = [], 0.3
+            why = f"the work of ranks {', '.join(map(str, sorted(inside)))} never ended there: not localisable"
         elif started.any() and not started.all():
             culprits, confidence = sorted(rows["rank"][~started].tolist()), 0.9
             why = "its GPU work never started while its peers' did"
