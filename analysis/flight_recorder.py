@@ -416,9 +416,10 @@ def _layout_group(
     return fits[0]
 
 
-def _unfinished_by_members(dumps: list[_RankDump], members: dict[str, list[int]]) -> None:
+def _unfinished_by_members(dumps: list[_RankDump], members: dict[str, list[int]]) -> set[tuple[int, str, int]]:
     """A collective some member never entered cannot have completed (gloo retires timed-out work too):
-    judged only from members that left a dump reaching back to it."""
+    judged only from members that left a dump reaching back to it. Returns the (rank, group, seq) of
+    the ranks stuck inside a collective that timed out for its other members (``_stuck_inside``)."""
     by_rank = {d.rank: d for d in dumps}
     last_seq: dict[tuple[int, str], int] = {}
     first_time: dict[int, int] = {}
@@ -445,6 +446,7 @@ def _unfinished_by_members(dumps: list[_RankDump], members: dict[str, list[int]]
                 if last_seq.get((member, record.group), 0) < record.seq:
                     record.completed, record.t_completed, record.duration_ms = False, 0, None
                     break
+    stuck_inside = _stuck_inside(dumps, instances)
     timed_out = _timed_out(dumps, instances, members)
     # ... and one every member entered completed for all once any saw it complete (a dump can be
     # written between a collective's return and its retirement)
@@ -452,6 +454,29 @@ def _unfinished_by_members(dumps: list[_RankDump], members: dict[str, list[int]]
         if key not in timed_out and len(entered) == len(members.get(key[0], ())) and any(r.completed for r in entered):
             for record in entered:
                 record.completed = True
+    return {key for key in stuck_inside if (key[1], key[2]) in timed_out}
+
+
+def _stuck_inside(dumps: list[_RankDump], instances: dict[tuple[str, int], list[_Record]]) -> set[tuple[int, str, int]]:
+    """Members whose work in a collective never ended, not even by timing out, while another member's
+    did: gloo retires work when it ends, also by timing out, so work still unretired in a dump written a
+    whole timeout after the call did not wait in the collective (that would have timed out): it is stuck
+    inside it (its rank's worker never ran it, or hangs in it). Judged only where some member retired the
+    instance and made no later call (it timed out there, rather than completing it and going on)."""
+    last_call = {d.rank: max((r.t_call for r in d.records), default=0) for d in dumps}
+    written = {d.rank: d.written_ns for d in dumps}
+    rank_of = {id(r): d.rank for d in dumps for r in d.records}
+    stuck = set()
+    for (group, seq), entered in instances.items():
+        ended = [r for r in entered if r.retired and r.t_call >= last_call[rank_of[id(r)]]]
+        inside = [
+            r
+            for r in entered
+            if not r.retired and r.timeout_ns > 0 and written[rank_of[id(r)]] - r.t_call >= r.timeout_ns
+        ]
+        if ended and inside:
+            stuck |= {(rank_of[id(r)], group, seq) for r in inside}
+    return stuck
 
 
 def _timed_out(
@@ -578,7 +603,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
     progress.close()
 
     members, _ = _members(dumps, configs, layout, problems)
-    _unfinished_by_members(dumps, members)
+    stuck_inside = _unfinished_by_members(dumps, members)
     records = [r for d in dumps for r in d.records]
     timed = any(r.completed and r.t_completed for r in records)
     parts = [_rows(d, members, timed) for d in dumps]
@@ -596,6 +621,7 @@ def read_dumps(paths: list[Path], layout: Layout | None = None) -> Trace:
         calls[order], sources, comms, problems, skipped=skipped, has_returns=timed, pending_known=True, stacks=stacks
     )
     trace.observed_until_ns = _observed_until(dumps)
+    trace.stuck_inside = {(rank, _group_id(group), seq) for rank, group, seq in stuck_inside}
     if not timed and records:
         problems.append(
             "the dumps carry no completion times (gloo records only when each call was made): ranks are "

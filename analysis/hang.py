@@ -440,6 +440,9 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         # stopped and the other waits for it. The one others wait for in a recorded collective it never
         # entered is the stopped one when it is the only such rank; else the records cannot tell.
         awaited = {rank for missing in missing_in.values() for rank in missing} & in_unrecorded
+        # ... unless its guessed exchange leads to a collective its members are stuck inside: it waits there
+        inside = {int(rank) for rows in stuck.values() for rank in rows["rank"]}
+        awaited -= {rank for waiters in _roots_behind(waits_for, inside).values() for rank in waiters}
         if len(awaited) == 1:
             waits_for.pop(next(iter(awaited)))
             roots = _roots_behind(waits_for, stopped | awaited)
@@ -511,7 +514,14 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         if any(int(r) in roots for r in rows["rank"]):
             continue
         started = rows["gpu_start"] > 0
-        if started.any() and not started.all():
+        inside = [r for r in rows["rank"].tolist() if (int(r), comm_id, seq) in trace.stuck_inside]
+        if len(inside) == 1 and len(rows) > 1:
+            culprits, confidence = inside, 0.9
+            why = "its work there never ended, not even by timing out, while its peers' timed out"
+        elif inside:  # in a larger gloo group, work waiting on the stuck member's neighbours may outlive it too
+            culprits, confidence = [], 0.3
+            why = f"the work of ranks {', '.join(map(str, sorted(inside)))} never ended there: not localisable"
+        elif started.any() and not started.all():
             culprits, confidence = sorted(rows["rank"][~started].tolist()), 0.9
             why = "its GPU work never started while its peers' did"
         elif started.all():

@@ -123,6 +123,9 @@ class Trace:
     # out): a call older than that by the stall threshold waited that long. None: they were live until
     # the analysis (rings). Logs that simply end were watched only until their last call.
     observed_until_ns: int | None = None
+    # (rank, comm, seq): collectives a rank is stuck inside, where the source tells it apart from waiting
+    # there (gloo: its work outlived its timeout unretired while another member's timed out)
+    stuck_inside: set[tuple[int, int, int]] = field(default_factory=set)
     _bounds: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
     # the calls, the mask of those grouped and their instances (instances.instances_of): detectors share one
     _instances: tuple[np.ndarray, np.ndarray, Any] | None = field(default=None, repr=False, compare=False)

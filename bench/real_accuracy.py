@@ -15,11 +15,14 @@ TP peers all-reduce (K ``op``), twice their elements (``count``) or float64 (``d
 ``stop-D`` (at a random step one random rank stops outside any collective; its peers time out and dump;
 D ``dump``: it dumps too, as NCCL's dump-on-timeout makes every rank dump; ``nodump``: it writes none;
 ``partial``: it writes none and each other rank's dump is lost with probability 1/4, as when some pods
-die before their dump is collected).
+die before their dump is collected), ``stuck`` (at a random step one random rank gets stuck *inside* its
+first TP collective, DP with TP 1: its gloo workers there freeze; every rank dumps), ``slowlink`` (every
+transfer between one random rank and its next pipeline stage's peer arrives late by one microbatch's
+compute; layouts with PP > 1; either rank of the link counts as the culprit).
 
-Scored per run from the JSON document: *culprit first* (the first finding names the slowed rank,
-alone; for mismatches, as a ``mismatch`` of cause ``software``, which is never cordoned), *other named* (any
-finding names another rank: a healthy node cordoned), *not localisable*
+Scored per run from the JSON document: *culprit first* (the first finding names the faulty rank alone,
+or for ``slowlink`` ranks of the link; for mismatches, as a ``mismatch`` of cause ``software``, which is
+never cordoned), *other named* (any finding names another rank: a healthy node cordoned), *not localisable*
 (no finding names a rank and the problems say why), *false* (healthy cells: any finding). A run whose
 job fails (torchrun's exit) is counted as such, not scored. ``--results`` appends every run as a JSON
 line; the table is printed at the end with the machine's load average.
@@ -52,7 +55,7 @@ MISMATCHES = ("op", "count", "dtype")
 STOPS = ("dump", "nodump", "partial")
 CELLS = (
     "healthy", "noisy", *(f"slow-{p}" for p in SLOWDOWNS), "onset-50",
-    *(f"mismatch-{k}" for k in MISMATCHES), *(f"stop-{d}" for d in STOPS),
+    *(f"mismatch-{k}" for k in MISMATCHES), *(f"stop-{d}" for d in STOPS), "stuck", "slowlink",
 )  # fmt: skip
 TIMEOUT_S = 8  # the process groups' timeout: how long a hung group waits before it dumps
 LOST_DUMP = 0.25  # stop-partial: the chance that a surviving rank's dump is lost
@@ -80,6 +83,9 @@ class Run:
     mismatch_step: int = -1
     stop: str = ""
     stop_step: int = -1
+    stuck_step: int = -1
+    link: tuple[int, ...] = ()  # slowlink: the two ranks of the slow link
+    link_ms: float = 0.0
 
 
 def draw(cell: str, seed: int) -> Run:
@@ -89,6 +95,8 @@ def draw(cell: str, seed: int) -> Run:
     layouts = LAYOUTS[world]
     if cell.startswith("mismatch-"):  # the odd call is a TP collective: a TP group of one has nobody to disagree
         layouts = [(tp, pp) for tp, pp in layouts if tp > 1]
+    if cell == "slowlink":  # a pipeline link: PP > 1
+        layouts = [(tp, pp) for tp, pp in layouts if pp > 1]
     tp, pp = rng.choice(layouts)
     compute_ms = round(rng.uniform(1, 10), 1)
     kind = rng.choice(KINDS)
@@ -108,6 +116,11 @@ def draw(cell: str, seed: int) -> Run:
     if cell.startswith("stop-"):
         run.culprit, run.stop = rng.randrange(world), cell.split("-")[1]
         run.stop_step = rng.randrange(1, steps)
+    if cell == "stuck":
+        run.culprit, run.stuck_step = rng.randrange(world), rng.randrange(1, steps)
+    if cell == "slowlink":  # a rank of stages 0..PP-2 and its peer in the next stage
+        run.culprit = rng.randrange(world - world // pp)
+        run.link, run.link_ms = (run.culprit, run.culprit + world // pp), compute_ms
     return run
 
 
@@ -119,6 +132,10 @@ def execute(run: Run, python: Path, out: Path) -> Path:
     elif run.stop:
         args += ["--stop-rank", str(run.culprit), "--stop-step", str(run.stop_step), "--timeout-s", str(TIMEOUT_S)]
         args += ["--stop-dumps"] if run.stop == "dump" else []
+    elif run.stuck_step >= 0:
+        args += ["--stuck-rank", str(run.culprit), "--stuck-step", str(run.stuck_step), "--timeout-s", str(TIMEOUT_S)]
+    elif run.link:
+        args += ["--slow-link", *map(str, run.link), "--link-ms", str(run.link_ms)]
     elif run.culprit >= 0:
         args += ["--slow-rank", str(run.culprit), "--slow-pct", str(run.slow_pct)]
         args += ["--slow-from-step", str(run.onset_step)]
@@ -144,10 +161,11 @@ def score(run: Run, document: dict) -> dict:
     named = [set(f["ranks"]) for f in findings]
     if run.culprit < 0:
         return {"false": bool(findings)}
-    first = bool(named) and named[0] == {run.culprit}
+    culprits = set(run.link) or {run.culprit}  # a slow link: either of its ranks, or both
+    first = bool(named) and bool(named[0]) and named[0] <= culprits
     if run.mismatch:
         first = first and (findings[0]["kind"], findings[0]["cause"]) == ("mismatch", "software")
-    other = any(ranks - {run.culprit} for ranks in named)
+    other = any(ranks - culprits for ranks in named)
     # a hang found but pinned on nobody says why in its summary; a straggler too weak to name, in problems
     said = [*document["problems"], *(f["summary"] for f in findings)]
     unlocalised = not any(named) and any("not localisable" in text for text in said)

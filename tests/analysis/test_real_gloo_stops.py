@@ -60,3 +60,14 @@ def test_groups_completed_from_the_layout_with_tp_1(runs):
 def test_a_stopped_rank_that_dumped_is_named(runs):
     """A collective that completed before a rank stopped outside NCCL stays completed: its peers went on."""
     assert [f["ranks"] for f in findings(runs, "torch-2.15.0-stop-dump-4", 8, 4, 2)] == [[2]]
+
+
+def test_a_rank_stuck_inside_a_collective_is_named_alone(tmp_path):
+    """Rank 5's gloo workers of its TP group froze (megatron_job.py ``--stuck-rank 5 --stuck-step 2``): its
+    TP all-reduce was recorded and never ran; its TP peer 4 timed out there and retired it, rank 5's
+    stayed unretired a whole timeout later. Every rank dumped (was: ranks 4 and 5 both named "stuck",
+    then a stop "not localisable")."""
+    with tarfile.open(ARCHIVE.with_name("stuck.tar.xz")) as archive:
+        archive.extractall(tmp_path, filter="data")
+    [finding] = findings(tmp_path, "torch-2.15.0-stuck-tp", 8, 2, 2)
+    assert finding["kind"] == "hang" and finding["ranks"] == [5] and "stuck inside" in finding["summary"]

@@ -17,7 +17,12 @@ in the collective that waits for it, dump their flight recorders and exit; R wri
 rank's watchdog thread is alive while its main thread is not). ``--mismatch-rank R --mismatch-step S
 --mismatch op|count|dtype`` makes rank R call, at step S's first TP collective, a broadcast where its TP
 peers all-reduce, or the all-reduce with half the elements, or in float64: a code path taken on one
-rank only; the TP group hangs there until the timeout. Gloo aborts a rank that receives more bytes
+rank only; the TP group hangs there until the timeout. ``--stuck-rank R --stuck-step S``: rank R gets stuck
+*inside* a collective: its gloo worker threads of its TP group (its DP group with TP 1) are frozen
+(freeze_threads.py), so the all-reduce it calls at step S's first microbatch there is recorded and never
+runs; its peers time out and dump, and R dumps from another thread, as NCCL's watchdog would. ``--slow-link
+A B --link-ms X``: every transfer between pipeline neighbours A and B arrives X ms late (the receiver
+waits that much longer in its receive), as over a degraded link. Gloo aborts a rank that receives more bytes
 than it expects (the odd rank's neighbour, with another count or datatype): then torchrun's SIGTERM
 is ignored so that the other ranks still time out and dump.
 
@@ -29,10 +34,13 @@ Each surviving rank writes its flight-recorder dump to ``<out>/nccl_trace_rank_<
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -60,6 +68,10 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--mismatch-rank", type=int, default=-1)
     parser.add_argument("--mismatch-step", type=int, default=-1)
     parser.add_argument("--mismatch", choices=("op", "count", "dtype"), default="op")
+    parser.add_argument("--stuck-rank", type=int, default=-1)
+    parser.add_argument("--stuck-step", type=int, default=-1)
+    parser.add_argument("--slow-link", type=int, nargs=2, default=(-1, -1))
+    parser.add_argument("--link-ms", type=float, default=0.0)
     parser.add_argument("--timeout-s", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
     return parser.parse_args()
@@ -80,10 +92,11 @@ GROUP_KINDS = (("tp", 0, "tensor_parallel"), ("dp", 1, "data_parallel"), ("pp", 
 
 
 def make_groups(
-    layout: Layout, rank: int, timeout: timedelta, journal: Journal
+    layout: Layout, rank: int, timeout: timedelta, journal: Journal, threads: dict[str, set[int]] | None = None
 ) -> dict[str, tuple[dist.ProcessGroup, list[int]]]:
     """Every rank creates every group in the same order (new_group's rule); keeps its own. A group of
-    kind K holds the ranks that differ only in K's coordinate."""
+    kind K holds the ranks that differ only in K's coordinate. ``threads``: filled with the threads each
+    of this rank's groups started (its gloo workers)."""
     mine: dict[str, tuple[dist.ProcessGroup, list[int]]] = {}
     sizes = (layout.tp, layout.dp, layout.pp)
     for kind, axis, name in GROUP_KINDS:
@@ -94,11 +107,18 @@ def make_groups(
                 coords[others[0]], coords[others[1]] = inner, outer
                 ranks = [layout.rank(*coords[:axis], k, *coords[axis + 1 :]) for k in range(sizes[axis])]
                 desc = f"{name}_{inner}_{outer}"
+                before = _threads()
                 group = dist.new_group(ranks, group_desc=desc, timeout=timeout)
                 if rank in ranks:
+                    if threads is not None:
+                        threads[kind] = _threads() - before
                     mine[kind] = (group, ranks)
                     journal.group(group, desc, ranks)
     return mine
+
+
+def _threads() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
 
 
 class Journal:
@@ -158,15 +178,42 @@ class Compute:
             self._work(max(1, round(ms * self.units_per_ms)))
 
 
-def stop(args: argparse.Namespace, rank: int, world: int, journal: Journal) -> None:
+def stop(args: argparse.Namespace, rank: int, world: int, journal: Journal, dumps: bool = False) -> None:
     """Stopped outside any collective until the peers have timed out and dumped; then gone, with no
     dump unless ``--stop-dumps``."""
     deadline = time.monotonic() + args.timeout_s * 6
     while time.monotonic() < deadline and len(list(Path(args.out).glob("nccl_trace_rank_*"))) < world - 1:
         time.sleep(0.2)
-    if args.stop_dumps:
+    if args.stop_dumps or dumps:
         dump(args, rank, journal)
     os._exit(0)
+
+
+def get_stuck(args: argparse.Namespace, rank: int, world: int, journal: Journal, threads: set[int]) -> None:
+    """Freeze this rank's worker threads of the group it is about to call a collective in (not its
+    transport loop, which other groups may share), and dump from another thread once the peers have
+    timed out and dumped; the caller then enters the collective and never leaves it."""
+    ctypes.CDLL(None).prctl(0x59616D61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER_ANY (Yama)
+    workers = [t for t in sorted(threads) if _thread_name(t) != "gloo_tcp_loop"]
+    freezer = Path(__file__).with_name("freeze_threads.py")
+    command = [sys.executable, str(freezer), str(os.getpid()), str(args.timeout_s * 10), *map(str, workers)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    if process.stdout is None or process.stdout.readline().strip() != "frozen":
+        raise SystemExit(f"rank {rank}: could not freeze threads {workers}")
+    threading.Thread(target=stop, args=(args, rank, world, journal, True), daemon=True).start()
+
+
+def _thread_name(tid: int) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def late_link(args: argparse.Namespace, rank: int, peer: int) -> None:
+    """A receive over the slow link: the data arrives ``--link-ms`` late."""
+    if {rank, peer} == set(args.slow_link):
+        time.sleep(args.link_ms / 1e3)
 
 
 def mismatched_call(args: argparse.Namespace, activation: torch.Tensor, group: dist.ProcessGroup) -> None:
@@ -196,12 +243,14 @@ def dump(args: argparse.Namespace, rank: int, journal: Journal) -> None:
 
 
 def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal) -> None:
-    groups = make_groups(layout, rank, timedelta(seconds=args.timeout_s), journal)
+    threads: dict[str, set[int]] = {}
+    groups = make_groups(layout, rank, timedelta(seconds=args.timeout_s), journal, threads)
     journal.group(dist.group.WORLD, "default_pg", list(range(layout.world)))
     _, _, stage = layout.coords(rank)
     tp_group = groups["tp"][0]
     pp_group, pp_ranks = groups["pp"]
     dp_group = groups["dp"][0]
+    stuck_in = "tp" if layout.tp > 1 else "dp"  # where --stuck-rank gets stuck: its first collective of a step
     activation = torch.ones(256)
     compute = Compute(args, rank)
     for step in range(args.steps):
@@ -212,7 +261,10 @@ def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal)
             if stage > 0:
                 journal.exchange("recv", pp_group, pp_ranks[stage - 1], pp_ranks)
                 dist.recv(activation, src=pp_ranks[stage - 1], group=pp_group)
+                late_link(args, rank, pp_ranks[stage - 1])
             compute()
+            if rank == args.stuck_rank and step == args.stuck_step and micro == 0 and stuck_in == "tp":
+                get_stuck(args, rank, layout.world, journal, threads[stuck_in])
             if rank == args.mismatch_rank and step == args.mismatch_step and micro == 0:
                 mismatched_call(args, activation, tp_group)
             else:
@@ -225,12 +277,15 @@ def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal)
             if stage < layout.pp - 1:
                 journal.exchange("recv", pp_group, pp_ranks[stage + 1], pp_ranks)
                 dist.recv(activation, src=pp_ranks[stage + 1], group=pp_group)
+                late_link(args, rank, pp_ranks[stage + 1])
             compute()
             dist.all_reduce(activation, group=tp_group)
             activation /= layout.tp
             if stage > 0:
                 journal.exchange("send", pp_group, pp_ranks[stage - 1], pp_ranks)
                 dist.send(activation, dst=pp_ranks[stage - 1], group=pp_group)
+        if rank == args.stuck_rank and step == args.stuck_step and stuck_in == "dp":
+            get_stuck(args, rank, layout.world, journal, threads[stuck_in])
         gradients = torch.ones(1024)
         dist.all_reduce(gradients, group=dp_group)
         loss = torch.ones(1)
