@@ -36,6 +36,8 @@ k get nodes -L nvidia.com/gpu.product,rankwatch.io/node-pool
 
 echo "==> CRD"
 k apply --server-side --force-conflicts -f crds/trainingjobs.rankwatch.io.yaml
+# kubectl wait fails at once while the new CRD has no status.conditions yet: look again until it has.
+for _ in $(seq 30); do k get crd/trainingjobs.rankwatch.io -o jsonpath='{.status.conditions}' | grep -q . && break; sleep 1; done
 k wait --for=condition=Established --timeout=60s crd/trainingjobs.rankwatch.io
 
 free_port() { "$BIN/python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
