@@ -55,8 +55,12 @@ GROUP_TOKEN_SUFFIXES = {
 def group_token_secret_name(kind_key: str, name: str) -> str | None:
     """``<name>-rankwatch-<suffix>-token``: the token Secret of a group of another kind, never a
     TrainingJob's (``<name>-rankwatch-token``) nor another kind's; None for a kind rankwatch does not follow."""
-    suffix = GROUP_TOKEN_SUFFIXES.get(kind_key)
-    return f"{name}-rankwatch-{suffix}-token" if suffix else None
+    return kind_token_secret_name(kind_key, name) if kind_key in GROUP_TOKEN_SUFFIXES else None
+
+
+def kind_token_secret_name(kind_key: str, name: str) -> str:
+    """:func:`group_token_secret_name` of a kind rankwatch follows (an adapter's)."""
+    return f"{name}-rankwatch-{GROUP_TOKEN_SUFFIXES[kind_key]}-token"
 
 
 def split_collector_name(name: str) -> tuple[str, str] | None:

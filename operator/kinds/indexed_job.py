@@ -60,7 +60,7 @@ class IndexedJob:
         return f"{CONTROLLER_UID_LABEL}={group.uid}"
 
     def token_secret_name(self, name: str) -> str:
-        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
+        return api.kind_token_secret_name(self.key, name)
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
         # group_of names the pod's controlling Job: its uid is the group's.

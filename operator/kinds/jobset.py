@@ -65,7 +65,7 @@ class JobSetAdapter:
         return f"{UID_LABEL}={group.uid}"
 
     def token_secret_name(self, name: str) -> str:
-        return f"{name}-rankwatch-{api.GROUP_TOKEN_SUFFIXES[self.key]}-token"  # see api.group_token_secret_name
+        return api.kind_token_secret_name(self.key, name)
 
     def member_pods(self, kube: kubernetes.client.ApiClient, group: Group) -> list[dict[str, Any]]:
         jobs = kubernetes.client.BatchV1Api(kube).list_namespaced_job(
