@@ -11,7 +11,6 @@ CRD comes from (its module's manifests; its controller is not run here).
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 import os
@@ -22,7 +21,7 @@ from typing import Any
 import yaml
 
 from rankwatch.cluster import binaries, pki, ports
-from rankwatch.cluster.loopback_controller import LoopbackController
+from rankwatch.cluster.loopback_controller import LoopbackController, serve_on_loopback
 from rankwatch.cluster.versions import JOBSET, VOLCANO_MODULE_VERSION
 
 CRD = "config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml"
@@ -64,8 +63,7 @@ def webhook_configurations(namespace: str, url: str, ca_bundle: bytes) -> list[d
         configuration["metadata"] = {"name": f"jobset-{namespace}-{document['kind'].lower()}"}
         for webhook in configuration["webhooks"]:
             path = webhook["clientConfig"]["service"]["path"]
-            webhook["clientConfig"] = {"url": f"{url}{path}", "caBundle": base64.b64encode(ca_bundle).decode()}
-            webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            serve_on_loopback(webhook, f"{url}{path}", ca_bundle, namespace)
             if any("pods" in rule.get("resources", []) for rule in webhook.get("rules", [])):
                 webhook["objectSelector"] = POD_SELECTOR
         configurations.append(configuration)

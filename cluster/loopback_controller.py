@@ -5,6 +5,7 @@ loopback) registered for one namespace; ``stop`` removes the registrations and e
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import time
 import urllib.error
@@ -16,6 +17,13 @@ from typing import Any
 import yaml
 
 from rankwatch.cluster import binaries
+
+
+def serve_on_loopback(webhook: dict[str, Any], url: str, ca_bundle: bytes, namespace: str) -> None:
+    """Point a controller's webhook (as its manifests register it, on a Service) at ``url`` on loopback, for
+    ``namespace`` only, so a test's controller never answers for another namespace."""
+    webhook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()}
+    webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
 
 
 class LoopbackController:

@@ -12,7 +12,6 @@ directory: controller-runtime's default (``$TMPDIR/k8s-webhook-server/serving-ce
 
 from __future__ import annotations
 
-import base64
 import copy
 import os
 from pathlib import Path
@@ -22,7 +21,7 @@ import yaml
 
 from rankwatch.cluster import binaries, pki, ports
 from rankwatch.cluster.jobset import module_source
-from rankwatch.cluster.loopback_controller import LoopbackController
+from rankwatch.cluster.loopback_controller import LoopbackController, serve_on_loopback
 from rankwatch.cluster.versions import TRAINER
 
 CRDS = "manifests/base/crds"
@@ -57,8 +56,7 @@ def webhook_configurations(namespace: str, url: str, ca_bundle: bytes) -> list[d
             if any("clustertrainingruntimes" in rule.get("resources", []) for rule in webhook.get("rules", [])):
                 continue
             path = webhook["clientConfig"]["service"]["path"]
-            webhook["clientConfig"] = {"url": f"{url}{path}", "caBundle": base64.b64encode(ca_bundle).decode()}
-            webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            serve_on_loopback(webhook, f"{url}{path}", ca_bundle, namespace)
             webhooks.append(webhook)
         configuration["webhooks"] = webhooks
         configurations.append(configuration)

@@ -18,7 +18,6 @@ registration.
 
 from __future__ import annotations
 
-import base64
 import copy
 import os
 import shutil
@@ -29,7 +28,7 @@ import yaml
 
 from rankwatch.cluster import binaries, pki, ports
 from rankwatch.cluster.jobset import module_source
-from rankwatch.cluster.loopback_controller import LoopbackController
+from rankwatch.cluster.loopback_controller import LoopbackController, serve_on_loopback
 from rankwatch.cluster.versions import TRAINING_OPERATOR
 
 CRD = "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
@@ -52,8 +51,7 @@ def webhook_configuration(namespace: str, url: str, ca_bundle: bytes) -> dict[st
     configuration["metadata"] = {"name": f"training-operator-{namespace}-{document['kind'].lower()}"}
     webhooks = [w for w in configuration["webhooks"] if w["clientConfig"]["service"]["path"] == WEBHOOK_PATH]
     for webhook in webhooks:
-        webhook["clientConfig"] = {"url": f"{url}{WEBHOOK_PATH}", "caBundle": base64.b64encode(ca_bundle).decode()}
-        webhook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        serve_on_loopback(webhook, f"{url}{WEBHOOK_PATH}", ca_bundle, namespace)
     configuration["webhooks"] = webhooks
     return configuration
 
