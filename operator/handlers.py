@@ -32,8 +32,8 @@ from rankwatch.operator import api
 from rankwatch.operator.config import OperatorConfig
 from rankwatch.operator.kinds import (
     group_watch,
+    restart_indexed_job,
     restart_pytorchjob,
-    restart_suspend,
     restart_trainjob,
     unwatched,
     webhook,
@@ -76,7 +76,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.unwatched = unwatched.UnwatchedPods(memo.kube, memo.metrics.diagnosis.unwatched_pods)
     memo.group_pods = group_watch.GroupPods(memo.kube)
     if memo.config.webhook.listen is not None:
-        restart_suspend.watch_suspended_jobs()  # an Indexed Job suspended to restart it is resumed
+        restart_indexed_job.watch_suspended_jobs()  # an Indexed Job suspended to restart it is resumed
         restart_trainjob.watch_suspended_trainjobs()  # and a TrainJob
         restart_pytorchjob.watch_suspended_pytorchjobs()  # and a PyTorchJob
     memo.groups_with_token = webhook.GroupsWithToken()

@@ -4,7 +4,7 @@
   claimed here;
 - size: ``spec.completions`` (an Indexed Job has one pod per index; a training job runs them all at once);
 - index: the annotation ``batch.kubernetes.io/job-completion-index`` (also ``JOB_COMPLETION_INDEX``);
-- restart lever: the ``spec.suspend`` toggle (``restart_suspend.py``): every pod ended, then new ones
+- restart lever: the ``spec.suspend`` toggle (``restart_indexed_job.py``): every pod ended, then new ones
   away from the cordoned suspects. Not where Kueue admits the Job (``spec.suspend`` is Kueue's) or a
   controller owns it: cordon and page only. Deleting a pod would restart that index only, its peers
   waiting in the old rendezvous.

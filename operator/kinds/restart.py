@@ -36,9 +36,9 @@ from rankwatch.operator import events
 from rankwatch.operator.kinds.adapter import read_owner
 from rankwatch.operator.kinds.group_record import GroupRecord, diagnosis_of
 from rankwatch.operator.kinds.lever import LeverRefused, Pulled, RestartLever
+from rankwatch.operator.kinds.restart_indexed_job import INDEXED_JOB_LEVER
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER
 from rankwatch.operator.kinds.restart_pytorchjob import PYTORCHJOB_LEVER
-from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
 from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER
 from rankwatch.operator.recovery.decision import counts
@@ -104,7 +104,7 @@ def unschedulable(kube: kubernetes.client.ApiClient, nodes: list[str]) -> dict[s
 
 
 LEVERS: dict[str, RestartLever] = {
-    "Job": SUSPEND_LEVER,
+    "Job": INDEXED_JOB_LEVER,
     "JobSet": JOBSET_LEVER,
     "VolcanoJob": VOLCANO_LEVER,
     "TrainJob": TRAINJOB_LEVER,

@@ -1,4 +1,4 @@
-"""A PyTorchJob's restart lever: its ``spec.runPolicy.suspend`` toggle, as an Indexed Job's (``restart_suspend.py``).
+"""A PyTorchJob's restart lever: its ``spec.runPolicy.suspend`` toggle, as an Indexed Job's.
 Suspended, the training-operator deletes every pod and Service of the job before it looks at any pod's
 failure (so the ended attempt fails nothing); resumed, it makes every replica's pod again, scheduled anew,
 so away from the cordoned suspects. Its other ways are not safe: it restarts one replica's pod in place
@@ -24,7 +24,7 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.kinds.lever import Pulled
 from rankwatch.operator.kinds.pytorchjob import API_VERSION, JOB_NAME_LABEL
-from rankwatch.operator.kinds.suspend_toggle import SuspendToggle
+from rankwatch.operator.kinds.suspend_toggle import CustomObjects, SuspendToggle
 from rankwatch.operator.spec import TrainingJobSpec
 
 
@@ -47,7 +47,7 @@ def _drained(kube: kubernetes.client.ApiClient, job: Mapping[str, Any]) -> bool:
     )
 
 
-TOGGLE = SuspendToggle("PyTorchJob", API_VERSION, "pytorchjobs", ("runPolicy", "suspend"), _drained,
+TOGGLE = SuspendToggle("PyTorchJob", CustomObjects(API_VERSION, "pytorchjobs"), ("runPolicy", "suspend"), _drained,
                        "rankwatch-resume-suspended-pytorchjob")  # fmt: skip
 
 

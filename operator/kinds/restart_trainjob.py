@@ -35,7 +35,7 @@ from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.kinds.jobset import JOBSET
 from rankwatch.operator.kinds.lever import LeverRefused, Pulled
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER
-from rankwatch.operator.kinds.suspend_toggle import SuspendToggle
+from rankwatch.operator.kinds.suspend_toggle import CustomObjects, SuspendToggle
 from rankwatch.operator.spec import TrainingJobSpec
 
 TRAINER_MANAGER = "trainer.kubeflow.org/trainjob-controller"
@@ -55,8 +55,8 @@ def _drained(kube: kubernetes.client.ApiClient, job: Mapping[str, Any]) -> bool:
     return not pods.items
 
 
-TOGGLE = SuspendToggle("TrainJob", trainjob.API_VERSION, trainjob.TRAINJOB.plural, ("suspend",), _drained,
-                       "rankwatch-resume-suspended-trainjob")  # fmt: skip
+TRAINJOBS = CustomObjects(trainjob.API_VERSION, trainjob.TRAINJOB.plural)
+TOGGLE = SuspendToggle("TrainJob", TRAINJOBS, ("suspend",), _drained, "rankwatch-resume-suspended-trainjob")
 
 
 def suspend_owner(trainjob_: Mapping[str, Any]) -> str | None:

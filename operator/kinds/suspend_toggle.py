@@ -1,7 +1,7 @@
-"""The suspend toggle of a custom resource whose controller ends every pod of the group while the object
-is suspended and makes them again, scheduled anew, once it is resumed: a whole-group restart away from
-the cordoned suspects (a TrainJob's ``spec.suspend``, a PyTorchJob's ``spec.runPolicy.suspend``; an
-Indexed Job's, through the batch API, is ``restart_suspend.py``, whose marks it shares).
+"""The suspend toggle of an object whose controller ends every pod of the group while the object is
+suspended and makes them again, scheduled anew, once it is resumed: a whole-group restart away from the
+cordoned suspects (an Indexed Job's ``spec.suspend`` through the batch API; a TrainJob's ``spec.suspend``
+and a PyTorchJob's ``spec.runPolicy.suspend`` as custom objects).
 
 Two steps, each level-triggered so that an operator that dies between them never leaves a training job
 suspended: ``suspend`` suspends the object and marks it (``rankwatch.io/restart-suspended``) in one
@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import kopf
 import kubernetes
@@ -27,10 +27,15 @@ from kubernetes.client.exceptions import ApiException
 from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.operator.kinds.adapter import Group
 from rankwatch.operator.kinds.lever import LeverRefused
-from rankwatch.operator.kinds.restart_suspend import KUEUE_QUEUE, RESTARTS_ANNOTATION, SUSPENDED_ANNOTATION, restarts_of
 from rankwatch.operator.spec import TrainingJobSpec
 
 log = logging.getLogger(__name__)
+
+SUSPENDED_ANNOTATION = "rankwatch.io/restart-suspended"
+"""On an object rankwatch suspended to restart it: the diagnosis's time; removed when it is resumed."""
+RESTARTS_ANNOTATION = "rankwatch.io/restarts"
+"""On an object: how many times rankwatch restarted it."""
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 
 LOOK_AGAIN_S = 2.0
 DRAIN_PATIENCE_S = 900.0
@@ -39,21 +44,63 @@ looks again."""
 _registered: set[str] = set()
 
 
-@dataclass(frozen=True)
-class SuspendToggle:
-    kind: str
+def restarts_of(job: Mapping[str, Any]) -> int:
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(RESTARTS_ANNOTATION, "0")
+    return int(value) if value.isdigit() else 0
+
+
+class ObjectApi(Protocol):
+    """Reads and patches one kind's objects (raising the client's ``ApiException``)."""
+
     api_version: str
     plural: str
-    field: tuple[str, ...]
-    """Where the suspend flag sits under ``spec``."""
-    drained: Callable[[kubernetes.client.ApiClient, Mapping[str, Any]], bool]
-    """True once none of the object's pods is left (its controller has ended them all)."""
-    handler_id: str
+
+    def get(self, kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def patch(self, kube: kubernetes.client.ApiClient, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class CustomObjects:
+    api_version: str
+    plural: str
 
     @property
     def _group_version(self) -> tuple[str, str]:
         group, _, version = self.api_version.rpartition("/")
         return group, version
+
+    def get(self, kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+        api = kubernetes.client.CustomObjectsApi(kube)
+        return dict(api.get_namespaced_custom_object(*self._group_version, namespace, self.plural, name))
+
+    def patch(self, kube: kubernetes.client.ApiClient, namespace: str, name: str, body: dict[str, Any]) -> None:
+        api = kubernetes.client.CustomObjectsApi(kube)
+        api.patch_namespaced_custom_object(*self._group_version, namespace, self.plural, name, body)
+
+
+@dataclass(frozen=True)
+class BatchJobs:
+    api_version: str = "batch/v1"
+    plural: str = "jobs"
+
+    def get(self, kube: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+        job = kubernetes.client.BatchV1Api(kube).read_namespaced_job(name, namespace)
+        return dict(kube.sanitize_for_serialization(job))  # the API's own field names, as in a watch event
+
+    def patch(self, kube: kubernetes.client.ApiClient, namespace: str, name: str, body: dict[str, Any]) -> None:
+        kubernetes.client.BatchV1Api(kube).patch_namespaced_job(name, namespace, body)
+
+
+@dataclass(frozen=True)
+class SuspendToggle:
+    kind: str
+    objects: ObjectApi
+    field: tuple[str, ...]
+    """Where the suspend flag sits under ``spec``."""
+    drained: Callable[[kubernetes.client.ApiClient, Mapping[str, Any]], bool]
+    """True once none of the object's pods is left (its controller has ended them all)."""
+    handler_id: str
 
     def suspended(self, job: Mapping[str, Any]) -> bool:
         value: Any = job.get("spec") or {}
@@ -100,9 +147,7 @@ class SuspendToggle:
             "spec": self._spec_patch(True),
         }
         try:
-            kubernetes.client.CustomObjectsApi(kube).patch_namespaced_custom_object(
-                *self._group_version, group.namespace, self.plural, group.name, patch
-            )
+            self.objects.patch(kube, group.namespace, group.name, patch)
         except ApiException as error:
             if error.status == 409:
                 raise LeverRefused(f"the {self.kind} changed while rankwatch suspended it") from None
@@ -120,9 +165,7 @@ class SuspendToggle:
             "spec": self._spec_patch(False),
         }
         try:
-            kubernetes.client.CustomObjectsApi(kube).patch_namespaced_custom_object(
-                *self._group_version, metadata["namespace"], self.plural, metadata["name"], patch
-            )
+            self.objects.patch(kube, metadata["namespace"], metadata["name"], patch)
         except ApiException as error:
             if error.status in (404, 409):
                 return False  # gone, or changed: looked at again
@@ -134,9 +177,7 @@ class SuspendToggle:
     def _marked(self, kube: kubernetes.client.ApiClient, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
         """The object as stored while it is the same one and still carries the mark, else None."""
         try:
-            found = kubernetes.client.CustomObjectsApi(kube).get_namespaced_custom_object(
-                *self._group_version, namespace, self.plural, name
-            )
+            found = self.objects.get(kube, namespace, name)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -164,6 +205,7 @@ class SuspendToggle:
         installed, kopf serves it once it is."""
         if self.handler_id in _registered:
             return  # a second start in one process: kopf's registry keeps the first
-        kopf.on.event(*self._group_version, self.plural, id=self.handler_id,
+        group, _, version = self.objects.api_version.rpartition("/")
+        kopf.on.event(group, version, self.objects.plural, id=self.handler_id,
                       annotations={SUSPENDED_ANNOTATION: kopf.PRESENT})(self.on_marked)  # fmt: skip
         _registered.add(self.handler_id)

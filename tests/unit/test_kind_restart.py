@@ -11,8 +11,8 @@ from rankwatch.model.diagnosis_status import DiagnosisStatus
 from rankwatch.operator.kinds.group_settings import group_settings
 from rankwatch.operator.kinds.registry import ADAPTERS
 from rankwatch.operator.kinds.restart import Action, lever_of, verdict
+from rankwatch.operator.kinds.restart_indexed_job import INDEXED_JOB_LEVER
 from rankwatch.operator.kinds.restart_jobset import JOBSET_LEVER, failure_answer, restarts_counted
-from rankwatch.operator.kinds.restart_suspend import SUSPEND_LEVER
 from rankwatch.operator.kinds.restart_trainjob import TRAINJOB_LEVER, suspend_owner
 from rankwatch.operator.kinds.restart_volcano import VOLCANO_LEVER, restart_command
 from rankwatch.operator.spec import InvalidSpec, Recovery, Remediation, TrainingJobSpec
@@ -75,14 +75,14 @@ def job(**changes: Any) -> dict[str, Any]:
 
 
 def test_the_suspend_toggle_is_refused_where_someone_else_owns_suspend():
-    assert SUSPEND_LEVER.refusal(None, job(), HANG, [], SPEC) is None
+    assert INDEXED_JOB_LEVER.refusal(None, job(), HANG, [], SPEC) is None
     kueue = job(metadata={"labels": {"kueue.x-k8s.io/queue-name": "team"}})
-    assert "Kueue" in SUSPEND_LEVER.refusal(None, kueue, HANG, [], SPEC)
+    assert "Kueue" in INDEXED_JOB_LEVER.refusal(None, kueue, HANG, [], SPEC)
     owned = job(metadata={"ownerReferences": [{"kind": "CronJob", "name": "nightly", "controller": True}]})
-    assert "CronJob nightly" in SUSPEND_LEVER.refusal(None, owned, HANG, [], SPEC)
-    assert "suspended already" in SUSPEND_LEVER.refusal(None, job(spec={"suspend": True}), HANG, [], SPEC)
+    assert "CronJob nightly" in INDEXED_JOB_LEVER.refusal(None, owned, HANG, [], SPEC)
+    assert "suspended already" in INDEXED_JOB_LEVER.refusal(None, job(spec={"suspend": True}), HANG, [], SPEC)
     used = job(metadata={"annotations": {"rankwatch.io/restarts": "3"}})
-    assert "3 restart(s) of at most 3" in SUSPEND_LEVER.refusal(None, used, HANG, [], SPEC)
+    assert "3 restart(s) of at most 3" in INDEXED_JOB_LEVER.refusal(None, used, HANG, [], SPEC)
 
 
 def test_a_trainjobs_suspend_is_left_to_kueue_or_another_manager_that_owns_it():
