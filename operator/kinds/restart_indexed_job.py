@@ -56,11 +56,7 @@ class IndexedJobSuspend:
         self, kube: kubernetes.client.ApiClient, group: Group, owner: Mapping[str, Any],
         diagnosis: DiagnosisStatus, pods: list[dict[str, Any]], spec: TrainingJobSpec,
     ) -> Pulled:  # fmt: skip
-        restarts = TOGGLE.suspend(kube, group, owner, diagnosis)
-        done = (
-            f"suspended the Job to end every pod, resumed once they are gone (restart {restarts} of at most "
-            f"{spec.recovery.maxRestarts})"
-        )
+        done = TOGGLE.suspend(kube, group, owner, diagnosis, spec)
         return Pulled(done, frozenset(pod["metadata"]["name"] for pod in pods))
 
 

@@ -70,11 +70,7 @@ class PyTorchJobSuspend:
         self, kube: kubernetes.client.ApiClient, group: Group, owner: Mapping[str, Any],
         diagnosis: DiagnosisStatus, pods: list[dict[str, Any]], spec: TrainingJobSpec,
     ) -> Pulled:  # fmt: skip
-        restarts = TOGGLE.suspend(kube, group, owner, diagnosis)
-        done = (
-            f"suspended the PyTorchJob to end every pod, resumed once they are gone (restart {restarts} of at "
-            f"most {spec.recovery.maxRestarts})"
-        )
+        done = TOGGLE.suspend(kube, group, owner, diagnosis, spec)
         return Pulled(done, frozenset())  # its pods come back under the same names
 
 

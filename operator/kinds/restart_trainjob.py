@@ -105,11 +105,7 @@ class TrainJobLever:
             if found is None:
                 raise LeverRefused("the TrainJob's JobSet is gone")
             return JOBSET_LEVER.pull(kube, found[0], found[1], diagnosis, pods, spec)
-        restarts = TOGGLE.suspend(kube, group, owner, diagnosis)
-        done = (
-            f"suspended the TrainJob to end every pod of its JobSet, resumed once they are gone (restart "
-            f"{restarts} of at most {spec.recovery.maxRestarts})"
-        )
+        done = TOGGLE.suspend(kube, group, owner, diagnosis, spec)
         return Pulled(done, frozenset(pod["metadata"]["name"] for pod in pods))
 
 

@@ -135,9 +135,10 @@ class SuspendToggle:
         return None
 
     def suspend(
-        self, kube: kubernetes.client.ApiClient, group: Group, owner: Mapping[str, Any], diagnosis: DiagnosisStatus
-    ) -> int:
-        """Suspend and mark in one conditional patch; the restart's number."""
+        self, kube: kubernetes.client.ApiClient, group: Group, owner: Mapping[str, Any], diagnosis: DiagnosisStatus,
+        spec: TrainingJobSpec,
+    ) -> str:  # fmt: skip
+        """Suspend and mark in one conditional patch; what was done, for the job's record."""
         restarts = restarts_of(owner) + 1
         patch = {
             "metadata": {
@@ -152,7 +153,10 @@ class SuspendToggle:
             if error.status == 409:
                 raise LeverRefused(f"the {self.kind} changed while rankwatch suspended it") from None
             raise
-        return restarts
+        return (
+            f"suspended the {self.kind} to end every pod, resumed once they are gone (restart {restarts} of at most "
+            f"{spec.recovery.maxRestarts})"
+        )
 
     def resume_when_drained(self, kube: kubernetes.client.ApiClient, job: Mapping[str, Any]) -> bool:
         """Resume an object rankwatch suspended once its pods are gone (and drop the mark); True when it
