@@ -316,8 +316,9 @@ def test_slow_link_shows_in_the_gpu_time_of_that_pair(tmp_path):
         recvs = recvs[recvs["state"] == State.GPU_DONE]
         return float(np.median(recvs["gpu_end_ns"] - recvs["gpu_start_ns"])) / 1e6
 
-    assert median_recv_gpu_ms(4, 2) > 15, "rank 4 receives from rank 2 over the slow link"
-    assert median_recv_gpu_ms(5, 3) < 10, "the neighbouring pair (3 -> 5) is not slowed"
+    # a loaded machine stretches every pair's receive alike: compare the pairs, not absolute times
+    slow_link_ms, neighbour_ms = median_recv_gpu_ms(4, 2), median_recv_gpu_ms(5, 3)
+    assert slow_link_ms - neighbour_ms > 20 / 2, f"only 2 -> 4 is slow: {slow_link_ms} ms, 3 -> 5 {neighbour_ms} ms"
 
 
 def test_bad_device_model_is_refused_clearly(tmp_path):
