@@ -126,13 +126,18 @@ def _map(value: str, root: Path) -> str:
     return value
 
 
+BUILD_HOME = Path.home() / ".cache" / "rankwatch" / "dockerfile-build-home"
+
+
 @pytest.mark.timeout(900)
 def test_dockerfile_steps_build_a_working_image_tree(tmp_path):
     roots = {stage.name or "runtime": tmp_path / (stage.name or "runtime") for stage in STAGES}
     for stage in STAGES:
         root = roots[stage.name or "runtime"]
         root.mkdir()
-        env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "LANG": "C.UTF-8"}
+        # HOME is a build home of its own, kept between runs as a builder's layer cache would be: pip's
+        # downloads and zig's compiled C runtime are not rebuilt every run (no user configuration in it).
+        env = {"PATH": os.environ["PATH"], "HOME": str(BUILD_HOME), "LANG": "C.UTF-8"}
         # A clean interpreter of the same minor version the base image pins, not the test venv's.
         env["PATH"] = f"{Path(sys.base_prefix) / 'bin'}:{env['PATH']}"
         workdir = root
