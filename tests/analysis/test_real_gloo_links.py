@@ -1,0 +1,53 @@
+"""Slow pipeline links in dumps real PyTorch wrote (gloo; tests/analysis/gloo/README.md): gloo's flight
+recorder keeps no send or receive, so the link shows only in when its two ends call their collectives.
+Kept as files, so the decision is checked on the same bytes every time."""
+
+from __future__ import annotations
+
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rankwatch.analysis.analyze import analyze
+from rankwatch.analysis.load import load_path
+from rankwatch.analysis.topology import Layout
+
+ARCHIVE = Path(__file__).parent / "gloo" / "slowlink.tar.xz"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("gloo-links")
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(directory, filter="data")
+    return directory
+
+
+def report(runs: Path, run: str, world: int, tp: int, pp: int) -> dict:
+    layout = Layout(tp, pp, world)
+    trace = load_path(runs / run, layout=layout)
+    trace.layout = layout
+    return analyze(trace)
+
+
+@pytest.mark.parametrize(
+    ("run", "world", "tp", "pp", "link"),
+    [("torch-2.15.0-slowlink-1", 8, 4, 2, [1, 5]), ("torch-2.15.0-slowlink-5", 8, 2, 2, [2, 6])],
+)
+def test_a_late_pipeline_link_is_named_by_its_two_ends_alone(runs, run, world, tp, pp, link):
+    """Every transfer between the two ranks arrived one microbatch's compute late. Each end is late at
+    its next collectives where it receives over the link (the downstream end in the forward pass, the
+    upstream end in the backward pass) while the other end is on time there. Was: "2 ranks stand out
+    of the job, none alone: not localisable"; with TP 2 DP 2 the ends' TP peers, whose sends block on
+    the late ends, showed the same pattern against the other replica's ranks."""
+    document = report(runs, run, world, tp, pp)
+    [finding] = document["findings"]
+    assert finding["kind"] == "slow_link" and finding["ranks"] == link, document["findings"]
+    evidence = finding["evidence"]
+    for end in ("upstream_positions", "downstream_positions"):
+        assert evidence[end], evidence
+        for numbers in evidence[end].values():  # the job's own noise decided, the numbers say how far
+            assert numbers["z"] >= evidence["z_needed"]
+            assert numbers["z_against_neighbour"] >= evidence["z_needed"]
+    assert set(evidence["upstream_positions"]).isdisjoint(evidence["downstream_positions"])
