@@ -51,3 +51,12 @@ def test_a_late_pipeline_link_is_named_by_its_two_ends_alone(runs, run, world, t
             assert numbers["z"] >= evidence["z_needed"]
             assert numbers["z_against_neighbour"] >= evidence["z_needed"]
     assert set(evidence["upstream_positions"]).isdisjoint(evidence["downstream_positions"])
+
+
+def test_a_job_whose_dumps_came_late_after_its_last_collective_did_not_hang_there(runs):
+    """16 ranks wrote their dumps (pickle, with stack traces, on a busy machine) 17-20 s after the job's
+    last world all-reduce, whose 20 s timeout they all entered; rank 6's dump came before its work was
+    retired. That is no timeout: a timeout fires a whole timeout after the call (was: a hang of all 16
+    ranks in that all-reduce, and the link's pipeline compared no further)."""
+    document = report(runs, "torch-2.8.0-slowlink-2", 16, 2, 4)
+    assert [(f["kind"], f["ranks"]) for f in document["findings"]] == [("slow_link", [2, 6])], document["findings"]
