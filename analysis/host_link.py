@@ -19,10 +19,12 @@ replicas, whose ranks' sends do not block on the link. A rank is late *alone* at
 - its neighbour computes there (its peers' gap is at least half their typical one: being on time
   between two back-to-back collectives clears nothing) and is not late there (below the same bar);
 - the difference between the two ends, step by step, passes that bar too.
-A link is named when each end is late alone somewhere; the evidence holds each end's positions, its
-lateness there and the z values. A pair where only one end is (a slow rank, and the lateness it passes
-on through sends that block on it) is not a link. Pairs come from the layout (trace.unrecorded_partners):
-without it nobody is named.
+A link is named when each end is late alone somewhere: one beyond the job's bar, the other then beyond
+the tail for that pair's positions alone (the pair is already singled out; what keeps a slow rank and
+its passed-on neighbour out is the neighbour computing on time, not the bar). The evidence holds each
+end's positions, its lateness there, the z values and the bar each end passed. A pair where only one
+end is (a slow rank, and the lateness it passes on through sends that block on it) is not a link.
+Pairs come from the layout (trace.unrecorded_partners): without it nobody is named.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class Alone:
     positions: list[int]
     lateness: list[Lateness]
     against_neighbour: list[float]
+    bar: float  # the z each of them passed
 
     @property
     def late_ms(self) -> float:
@@ -127,7 +130,7 @@ def _alone(measured: PositionLateness, rank: int, other: int, bar: float) -> Alo
     """The positions where ``rank`` is late and ``other`` computes on time (see the module)."""
     own, theirs = measured.late[rank], measured.late[other]
     computes = measured.peer_gap[other] >= 0.5 * float(np.nanmedian(measured.peer_gap[other]))
-    alone = Alone([], [], [])
+    alone = Alone([], [], [], bar)
     for position in np.flatnonzero(computes).tolist():
         mine = _lateness(own[:, position])
         floor = max(measured.tick_ns, RELATIVE_DELAY * float(measured.peer_gap[rank][position]))
@@ -167,21 +170,27 @@ def detect_host_links(trace: Trace, problems: list[str]) -> list[Finding]:
         return []
     steps, positions = measured.late[pairs[0][0]].shape
     bar = student_tail(1 - FALSE_RANK_CHANCE / (len(pairs) * positions), steps - 1)
+    # once one end stands out beyond the job's bar, the other is looked for in this pair's positions only
+    pair_bar = student_tail(1 - FALSE_RANK_CHANCE / positions, steps - 1)
     findings = []
     for upstream, downstream in pairs:
         up, down = _alone(measured, upstream, downstream, bar), _alone(measured, downstream, upstream, bar)
+        if up.positions and not down.positions:
+            down = _alone(measured, downstream, upstream, pair_bar)
+        elif down.positions and not up.positions:
+            up = _alone(measured, upstream, downstream, pair_bar)
         if up.positions and down.positions:
-            findings.append(_finding(trace, upstream, downstream, up, down, bar, steps))
+            findings.append(_finding(trace, upstream, downstream, up, down, steps))
         elif up.positions or down.positions:
             (late_rank, late), on_time = (
                 ((upstream, up), downstream) if up.positions else ((downstream, down), upstream)
             )
-            near = _alone(measured, on_time, late_rank, NEAR_SHARE * bar)
+            near = _alone(measured, on_time, late_rank, NEAR_SHARE * pair_bar)
             if near.positions:
                 problems.append(
                     f"{trace.label(late_rank)} is late behind its peers where its pipeline neighbour rank {on_time} "
                     f"computes on time ({_where(late)}), and rank {on_time} only nearly so where rank {late_rank} "
-                    f"is ({_where(near)}; a link's end needs z >= {bar:.1f}): a slow link between them is not "
+                    f"is ({_where(near)}; the other end needs z >= {pair_bar:.1f}): a slow link between them is not "
                     "localisable"
                 )
     return findings
@@ -194,27 +203,28 @@ def _where(alone: Alone) -> str:
     )
 
 
-def _finding(trace: Trace, upstream: int, downstream: int, up: Alone, down: Alone, bar: float, steps: int) -> Finding:
+def _finding(trace: Trace, upstream: int, downstream: int, up: Alone, down: Alone, steps: int) -> Finding:
     weakest = min(late.z for late in (*up.lateness, *down.lateness))
     return Finding(
         kind="slow_link",
         ranks=[upstream, downstream],
         nodes=sorted({trace.node_of(upstream), trace.node_of(downstream)}),
         communicator=None,
-        confidence=round(float(min(1.0, weakest / (2 * bar))), 3),
+        confidence=round(float(min(1.0, weakest / (2 * max(up.bar, down.bar)))), 3),
         summary=(
             f"{trace.label(downstream)} waits {down.late_ms:.2f} ms a step longer than its peers before "
             f"{len(down.positions)} of its collectives where {trace.label(upstream)} computes on time, and rank "
             f"{upstream} {up.late_ms:.2f} ms before {len(up.positions)} where rank {downstream} does (median over "
-            f"{steps} steps, each position z >= {bar:.1f}; from call times: gloo records no send or receive): the "
-            "pipeline link between them delivers late"
+            f"{steps} steps; from call times: gloo records no send or receive): the pipeline link between them "
+            "delivers late"
         ),
         evidence={
             "upstream_late_ms": round(up.late_ms, 4),
             "downstream_late_ms": round(down.late_ms, 4),
             "upstream_positions": _positions(up),
             "downstream_positions": _positions(down),
-            "z_needed": round(bar, 2),
+            "upstream_z_needed": round(up.bar, 2),
+            "downstream_z_needed": round(down.bar, 2),
             "steps": steps,
             "from_call_times": True,
         },

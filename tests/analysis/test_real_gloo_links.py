@@ -45,11 +45,11 @@ def test_a_late_pipeline_link_is_named_by_its_two_ends_alone(runs, run, world, t
     [finding] = document["findings"]
     assert finding["kind"] == "slow_link" and finding["ranks"] == link, document["findings"]
     evidence = finding["evidence"]
-    for end in ("upstream_positions", "downstream_positions"):
-        assert evidence[end], evidence
-        for numbers in evidence[end].values():  # the job's own noise decided, the numbers say how far
-            assert numbers["z"] >= evidence["z_needed"]
-            assert numbers["z_against_neighbour"] >= evidence["z_needed"]
+    for end in ("upstream", "downstream"):
+        assert evidence[f"{end}_positions"], evidence
+        for numbers in evidence[f"{end}_positions"].values():  # the job's own noise decided, by this much
+            assert numbers["z"] >= evidence[f"{end}_z_needed"] > 3
+            assert numbers["z_against_neighbour"] >= evidence[f"{end}_z_needed"]
     assert set(evidence["upstream_positions"]).isdisjoint(evidence["downstream_positions"])
 
 
