@@ -23,7 +23,9 @@ A link is named when each end is late alone somewhere: one beyond the job's bar,
 the tail for that pair's positions alone (the pair is already singled out; what keeps a slow rank and
 its passed-on neighbour out is the neighbour computing on time, not the bar). The evidence holds each
 end's positions, its lateness there, the z values and the bar each end passed. A pair where only one
-end is (a slow rank, and the lateness it passes on through sends that block on it) is not a link.
+end is (a slow rank, and the lateness it passes on through sends that block on it) is not a link, nor
+one where both ends are late somewhere by amounts the noise cannot tell apart (a slow rank's whole
+pipeline replica runs late beside the other replicas: shared lateness, not one end's receive).
 Pairs come from the layout (trace.unrecorded_partners): without it nobody is named.
 """
 
@@ -145,6 +147,20 @@ def _alone(measured: PositionLateness, rank: int, other: int, bar: float) -> Alo
     return alone
 
 
+def _shared(measured: PositionLateness, rank: int, other: int, bar: float) -> list[int]:
+    """Positions where both ends are late by amounts the noise cannot tell apart: lateness they share
+    (a slow rank's replica, or what it passes on), which a link, delaying one end at a time, does not make."""
+    own, theirs = measured.late[rank], measured.late[other]
+    shared = []
+    for position in range(own.shape[1]):
+        both = np.isfinite(own[:, position]) & np.isfinite(theirs[:, position])
+        if min(_lateness(own[:, position]).z, _lateness(theirs[:, position]).z) < bar:
+            continue
+        if abs(_lateness(own[both, position] - theirs[both, position]).z) < bar:
+            shared.append(position)
+    return shared
+
+
 def _pairs(trace: Trace, measured: PositionLateness) -> list[tuple[int, int]]:
     """Pipeline neighbours (upstream, downstream) by the layout the trace was read with, whose steps
     have the same positions."""
@@ -179,7 +195,7 @@ def detect_host_links(trace: Trace, problems: list[str]) -> list[Finding]:
             down = _alone(measured, downstream, upstream, pair_bar)
         elif down.positions and not up.positions:
             up = _alone(measured, upstream, downstream, pair_bar)
-        if up.positions and down.positions:
+        if up.positions and down.positions and not _shared(measured, upstream, downstream, pair_bar):
             findings.append(_finding(trace, upstream, downstream, up, down, steps))
         elif up.positions or down.positions:
             (late_rank, late), on_time = (
