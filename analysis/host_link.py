@@ -195,8 +195,9 @@ def detect_host_links(trace: Trace, problems: list[str]) -> list[Finding]:
             down = _alone(measured, downstream, upstream, pair_bar)
         elif down.positions and not up.positions:
             up = _alone(measured, upstream, downstream, pair_bar)
-        if up.positions and down.positions and not _shared(measured, upstream, downstream, pair_bar):
-            findings.append(_finding(trace, upstream, downstream, up, down, steps))
+        if up.positions and down.positions:
+            if not _shared(measured, upstream, downstream, pair_bar):
+                findings.append(_finding(trace, upstream, downstream, up, down, steps))
         elif up.positions or down.positions:
             (late_rank, late), on_time = (
                 ((upstream, up), downstream) if up.positions else ((downstream, down), upstream)
