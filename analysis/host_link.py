@@ -17,15 +17,14 @@ replicas, whose ranks' sends do not block on the link. A rank is late *alone* at
   reach by chance once in 500 jobs (job_noise.py), and is at least 3% of its peers' gap there
   (straggler.py's floor) and one tick of the timestamps' resolution;
 - its neighbour computes there (its peers' gap is at least half their typical one: being on time
-  between two back-to-back collectives clears nothing) and is not late there (below the same bar);
+  between two back-to-back collectives clears nothing) and is on time there (its median lateness below
+  that 3% floor: not merely short of the bar, as a slow rank is where its peers wait long);
 - the difference between the two ends, step by step, passes that bar too.
 A link is named when each end is late alone somewhere: one beyond the job's bar, the other then beyond
 the tail for that pair's positions alone (the pair is already singled out; what keeps a slow rank and
 its passed-on neighbour out is the neighbour computing on time, not the bar). The evidence holds each
 end's positions, its lateness there, the z values and the bar each end passed. A pair where only one
-end is (a slow rank, and the lateness it passes on through sends that block on it) is not a link, nor
-one where both ends are late somewhere by amounts the noise cannot tell apart (a slow rank's whole
-pipeline replica runs late beside the other replicas: shared lateness, not one end's receive).
+end is (a slow rank, and the lateness it passes on through sends that block on it) is not a link.
 Pairs come from the layout (trace.unrecorded_partners): without it nobody is named.
 """
 
@@ -136,7 +135,7 @@ def _alone(measured: PositionLateness, rank: int, other: int, bar: float) -> Alo
     for position in np.flatnonzero(computes).tolist():
         mine = _lateness(own[:, position])
         floor = max(measured.tick_ns, RELATIVE_DELAY * float(measured.peer_gap[rank][position]))
-        if mine.z < bar or mine.ns < floor or _lateness(theirs[:, position]).z >= bar:
+        if mine.z < bar or mine.ns < floor or not _on_time(measured, other, position):
             continue
         both = np.isfinite(own[:, position]) & np.isfinite(theirs[:, position])
         difference = _lateness(own[both, position] - theirs[both, position]).z
@@ -147,18 +146,12 @@ def _alone(measured: PositionLateness, rank: int, other: int, bar: float) -> Alo
     return alone
 
 
-def _shared(measured: PositionLateness, rank: int, other: int, bar: float) -> list[int]:
-    """Positions where both ends are late by amounts the noise cannot tell apart: lateness they share
-    (a slow rank's replica, or what it passes on), which a link, delaying one end at a time, does not make."""
-    own, theirs = measured.late[rank], measured.late[other]
-    shared = []
-    for position in range(own.shape[1]):
-        both = np.isfinite(own[:, position]) & np.isfinite(theirs[:, position])
-        if min(_lateness(own[:, position]).z, _lateness(theirs[:, position]).z) < bar:
-            continue
-        if abs(_lateness(own[both, position] - theirs[both, position]).z) < bar:
-            shared.append(position)
-    return shared
+def _on_time(measured: PositionLateness, rank: int, position: int) -> bool:
+    """``rank``'s lateness at ``position``, median over the steps, is below what counts as late there (3% of
+    its peers' gap, one tick): on time, not merely not late enough to be sure of (a slow rank is late at
+    every position where it computes, by less where its peers' waits are long)."""
+    floor = max(measured.tick_ns, RELATIVE_DELAY * float(measured.peer_gap[rank][position]))
+    return _lateness(measured.late[rank][:, position]).ns < floor
 
 
 def _pairs(trace: Trace, measured: PositionLateness) -> list[tuple[int, int]]:
@@ -196,8 +189,7 @@ def detect_host_links(trace: Trace, problems: list[str]) -> list[Finding]:
         elif down.positions and not up.positions:
             up = _alone(measured, upstream, downstream, pair_bar)
         if up.positions and down.positions:
-            if not _shared(measured, upstream, downstream, pair_bar):
-                findings.append(_finding(trace, upstream, downstream, up, down, steps))
+            findings.append(_finding(trace, upstream, downstream, up, down, steps))
         elif up.positions or down.positions:
             (late_rank, late), on_time = (
                 ((upstream, up), downstream) if up.positions else ((downstream, down), upstream)
