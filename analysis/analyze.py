@@ -20,6 +20,7 @@ from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked, utc_text
 from rankwatch.analysis.hang import detect_hangs, short_ends
 from rankwatch.analysis.host_compute import detect_host_stragglers
+from rankwatch.analysis.host_link import detect_host_links
 from rankwatch.analysis.html_report import html_report
 from rankwatch.analysis.late_windows import windowed_stragglers
 from rankwatch.analysis.load import load_path
@@ -108,7 +109,10 @@ def analyze_trace(
         if trace.has_returns:
             links = detect_slow_links(trace, since_ns=since)
         else:
-            problems.append("these logs carry only call times: slow links need return times (rankwatch rings)")
+            if host_call_times_only(trace):  # gloo: a late receive holds its receiver before its next collective
+                links = detect_host_links(trace, problems)
+            else:
+                problems.append("these logs carry only call times: slow links need return times (rankwatch rings)")
             if trace.ranks_per_node is None and all(source.node == "unknown" for source in trace.ranks.values()):
                 problems.append("host clocks taken as aligned across nodes; --ranks-per-node lets rankwatch remove "
                                 "each node's clock offset")  # fmt: skip
@@ -116,7 +120,7 @@ def analyze_trace(
             problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
         if host_call_times_only(trace):  # gloo: call times are when compute ended; the job's own spread decides
-            stragglers = detect_host_stragglers(trace, problems, since_ns=since)
+            stragglers = detect_host_stragglers(trace, problems, since_ns=since, explained=endpoints)
         else:
             stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since, problems=problems)
         if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
@@ -145,7 +149,8 @@ def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Fin
     def stragglers_after(onset_ns: int) -> list[int]:
         if host_call_times_only(trace):
             since = max(onset_ns, recent_since(trace) or 0)
-            return sorted({rank for finding in detect_host_stragglers(trace, [], since) for rank in finding.ranks})
+            later = detect_host_stragglers(trace, [], since, explained=explained)
+            return sorted({rank for finding in later for rank in finding.ranks})
         later = detect_stragglers(trace, explained_by_links=explained, since_ns=max(onset_ns, recent_since(trace) or 0))
         # call times alone name a rank only where run-ahead cannot explain its lateness (as for stragglers)
         later = windowed_stragglers(trace, later, [])

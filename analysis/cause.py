@@ -72,6 +72,12 @@ def _decide(finding: Finding, host: HostLoads | None) -> tuple[Cause, str]:
         return Cause.SOFTWARE, finding.cause_evidence or "ranks disagree on one collective: a code path, not a node"
     if not finding.ranks:
         return Cause.UNKNOWN, "no rank is named, so there is no host, GPU or link to attribute it to"
+    if finding.kind is FindingKind.SLOW_LINK and evidence.get("from_call_times"):  # gloo: host_link.py
+        return Cause.COMMUNICATION, (
+            f"ranks {' and '.join(map(str, finding.ranks))} each wait longer than their peers where they receive from "
+            f"the other ({evidence.get('upstream_late_ms', '?')} and {evidence.get('downstream_late_ms', '?')} ms a "
+            "step) while the other is on time there: transfers between them arrive late"
+        )
     if finding.kind is FindingKind.SLOW_LINK:
         return Cause.COMMUNICATION, (
             f"transfers between ranks {' and '.join(map(str, finding.ranks))} take "

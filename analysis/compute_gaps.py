@@ -21,7 +21,7 @@ comes from the run: three times the spread of the ranks' excess (more with many 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
@@ -51,11 +51,13 @@ def _timed_calls(trace: Trace) -> dict[int, np.ndarray]:
 @dataclass(frozen=True)
 class QuietCompute:
     """One rank's GPU compute of one step (each gap at its least over the steps, summed), the steps
-    it was read from, and each step's own compute (NaN where the step had another number of gaps)."""
+    it was read from, each step's own compute (NaN where the step had another number of gaps), and
+    each gap of each step (``[step, position]``, NaN rows where the step had another number)."""
 
     total: float
     steps: int
     per_step: np.ndarray
+    gaps: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
 
 def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> QuietCompute:
@@ -79,7 +81,9 @@ def _quiet_step_compute(own: np.ndarray, edges: np.ndarray) -> QuietCompute:
         return QuietCompute(0.0, len(alike), per_step)
     stacked = np.stack([gaps_of[k] for k in alike])
     per_step[alike] = stacked.sum(axis=1)
-    return QuietCompute(float(stacked.min(axis=0).sum()), len(alike), per_step)
+    gaps = np.full((len(per_step), usual), np.nan)
+    gaps[alike] = stacked
+    return QuietCompute(float(stacked.min(axis=0).sum()), len(alike), per_step, gaps)
 
 
 def _step_comms(trace: Trace) -> list[tuple[float, int, int, frozenset[int]]]:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from rankwatch.analysis.job_noise import clock_tick_ns
 from rankwatch.analysis.progress import Progress
 from rankwatch.analysis.ring import MAX_GLOBAL_RANK, Op
 from rankwatch.analysis.topology import Layout
@@ -485,13 +486,15 @@ def _timed_out(
     """Collectives gloo retired because they timed out: every member that entered one made no call
     after it until its dump, written at least half the collective's timeout later (a collective that
     returned is followed by the rank's next call within a step; a dump written as the timeout fires can
-    carry a file time rounded down by a copy, hence half), and not every member left a record of it retired
+    carry a file time rounded down by a copy, hence half; where every member entered, the whole timeout
+    less the file times' resolution), and not every member left a record of it retired
     (one did not retire it, or some member left no dump to show it entered). Their records are made
     pending again: the members wait there. A rank that stopped outside NCCL after a collective that
     completed keeps it: its peers went on to later calls."""
     last_call = {d.rank: max((r.t_call for r in d.records), default=0) for d in dumps}
     written = {d.rank: d.written_ns for d in dumps}
     rank_of = {id(r): d.rank for d in dumps for r in d.records}
+    file_tick = clock_tick_ns(np.array(list(written.values()), np.int64))  # a copy may round file times
     timed_out = set()
     for key, entered in instances.items():
         if not any(r.completed for r in entered):
@@ -499,10 +502,15 @@ def _timed_out(
         everyone_retired = len(entered) == len(members.get(key[0], ())) and all(r.completed for r in entered)
         if everyone_retired:
             continue
+        # Where every member entered, a member's work still unretired may only have ended after its dump
+        # began (a job's last collective, its dumps slow to write): only dumps written a whole timeout
+        # after the calls, less one tick of the file times' resolution, say it timed out.
+        whole = len(entered) == len(members.get(key[0], ()))
+        share = 1 if whole else 2
         silent = all(
             r.timeout_ns > 0
             and r.t_call >= last_call[rank_of[id(r)]]
-            and 2 * (written[rank_of[id(r)]] - r.t_call) >= r.timeout_ns
+            and share * (written[rank_of[id(r)]] - r.t_call) + (file_tick if whole else 0) >= r.timeout_ns
             for r in entered
         )
         if silent:

@@ -68,17 +68,20 @@ def host_timed(trace: Trace, since_ns: int | None = None) -> Trace:
     return dataclasses.replace(trace, calls=calls, _bounds=None)
 
 
-def detect_host_stragglers(trace: Trace, problems: list[str], since_ns: int | None = None) -> list[Finding]:
+def detect_host_stragglers(
+    trace: Trace, problems: list[str], since_ns: int | None = None, explained: frozenset[int] = frozenset()
+) -> list[Finding]:
     """The one rank of a synchronous backend's job that computes longer than its peers (see the
-    module); ``problems`` gets the numbers when no rank can be named."""
+    module); ``problems`` gets the numbers when no rank can be named. ``explained``: the ends of slow
+    links (host_link.py): their lateness, and what they pass on down their pipeline, is no straggler."""
     measured = step_excess(host_timed(trace, since_ns), min_stage=2)
-    findings, notes = _judge(trace, measured, "")
+    findings, notes = _judge(trace, measured, "", explained)
     if not findings and measured is not None:
         times = trace.calls["t_call"][trace.calls["t_call"] > 0]
         middle = int(np.median(times)) if len(times) else None
         if middle is not None:
             later = step_excess(host_timed(trace, max(middle, since_ns or 0)), min_stage=2)
-            findings, later_notes = _judge(trace, later, " in the second half of the run")
+            findings, later_notes = _judge(trace, later, " in the second half of the run", explained)
             notes = notes or later_notes  # the whole run's numbers first: more steps
     if not findings:
         problems.extend(notes)
@@ -113,15 +116,28 @@ def _standing(measured: StepExcess) -> _Standing:
     return _Standing(order, median, spread, tail, p_values)
 
 
-def _judge(trace: Trace, measured: StepExcess | None, when: str) -> tuple[list[Finding], list[str]]:
+def _judge(
+    trace: Trace, measured: StepExcess | None, when: str, explained: frozenset[int] = frozenset()
+) -> tuple[list[Finding], list[str]]:
     """Name the rank that stands out of the whole job (z beyond what this many ranks reach by chance,
     longer than its peers in more steps than chance allows, and at least MIN_HOST_SLOWDOWN) when every
-    other rank that stands out is its lateness passed on; else say why nobody is named."""
+    other rank that stands out is its lateness passed on; else say why nobody is named. Ranks that
+    ``explained`` (slow links' ends) or their lateness passed on account for are left out."""
     if measured is None:
         return [], []
     stand = _standing(measured)
     excess, ranks = measured.excess, measured.ranks
     significance = SIGN_P / len(stand.order)
+    if explained:
+        ends = [i for i, rank in enumerate(ranks) if rank in explained]
+        left = [
+            i
+            for i in stand.order
+            if ranks[i] not in explained and not any(_passed_on(trace, measured, end, i, stand) for end in ends)
+        ]
+        if not [i for i in left if stand.z(excess[i]) >= stand.tail]:
+            return [], []  # the links account for every rank that stands out
+        stand = dataclasses.replace(stand, order=left)
 
     def numbers(i: int) -> str:
         return (

@@ -58,6 +58,10 @@ CELLS = (
     *(f"mismatch-{k}" for k in MISMATCHES), *(f"stop-{d}" for d in STOPS), "stuck", "slowlink",
 )  # fmt: skip
 TIMEOUT_S = 8  # the process groups' timeout: how long a hung group waits before it dumps
+# ... and in runs that do not hang, a job's usual one (PyTorch's default is 10 minutes or more): every rank
+# dumps as the job ends, and pickle dumps with stack traces took 12-24 s to write at load 20, longer than the
+# job's own 20 s, with some rank's last collective not yet retired: no timeout could have fired there
+RUNNING_TIMEOUT_S = 600
 LOST_DUMP = 0.25  # stop-partial: the chance that a surviving rank's dump is lost
 LAYOUTS = {8: [(2, 2), (1, 2), (2, 1), (4, 2), (1, 1), (1, 4)], 16: [(2, 2), (4, 2), (1, 4), (2, 4), (4, 1)]}
 KINDS = ("sleep", "sleep", "spin", "tensor")  # sleep twice as often: 16 CPU-bound ranks on 2 shared cores crawl
@@ -139,6 +143,8 @@ def execute(run: Run, python: Path, out: Path) -> Path:
     elif run.culprit >= 0:
         args += ["--slow-rank", str(run.culprit), "--slow-pct", str(run.slow_pct)]
         args += ["--slow-from-step", str(run.onset_step)]
+    if not (run.mismatch or run.stop or run.stuck_step >= 0):
+        args += ["--timeout-s", str(RUNNING_TIMEOUT_S)]
     if run.dump == "json":
         args.append("--json")
     neighbour = None

@@ -2,8 +2,9 @@
 
 Real torch.distributed jobs on gloo (tests/realtorch/megatron_job.py under torchrun): a rank that
 computes longer is named first and no other rank is named, in layouts with and without tensor
-parallelism, from pickle and JSON dumps and from a flight recorder whose ring wrapped; a healthy job
-with a CPU-bound process beside it has no finding.
+parallelism, from pickle and JSON dumps and from a flight recorder whose ring wrapped; a rank stuck
+inside a collective is named first and alone; a healthy job with a CPU-bound process beside it has no
+finding.
 """
 
 from __future__ import annotations
@@ -58,3 +59,16 @@ def test_healthy_job_beside_a_cpu_bound_neighbour_has_no_finding(torch_python, r
         neighbour.wait()
     document = findings_of(out, Layout(2, 2, 8))
     assert document["healthy"], document["findings"]
+
+
+def test_rank_stuck_inside_a_collective_is_named_first_and_alone(torch_python, runs_dir):
+    """Rank 3's gloo workers of its TP group freeze at step 2: its all-reduce is recorded and never runs,
+    its TP peer times out there, and every rank dumps (the stuck one from another thread, as NCCL's
+    watchdog would)."""
+    stuck = ("--stuck-rank", "3", "--stuck-step", "2", "--timeout-s", "8", "--steps", "4", "--compute-ms", "2")
+    out = torchrun.run_job(torch_python, runs_dir / "stuck", *stuck, "--json", world=8, tp=2, pp=2)
+    document = findings_of(out, Layout(2, 2, 8))
+    named = [finding["ranks"] for finding in document["findings"]]
+    assert named and named[0] == [3], (named, document["problems"])
+    assert all(set(ranks) <= {3} for ranks in named), named
+    assert document["findings"][0]["kind"] == "hang" and "stuck inside" in document["findings"][0]["summary"]
