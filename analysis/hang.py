@@ -221,6 +221,30 @@ def _stuck_pair_culprits(
     return culprits, undecided
 
 
+def _held_up_together(trace: Trace, ranks: set[int], waiting: set[int], members_of: dict[int, set[int]]) -> set[int]:
+    """Of ``ranks``, those in a communicator whose members all stopped at the same collective: every member
+    left records, each one's last call there is the same instance, over for all of them, and none waits
+    in any call. A rank that stops on its own leaves the other members of its communicators to go on to
+    the next collective they share with it and wait there for it; members that all stopped together at
+    one call are held up from outside (in a send/receive the source does not record), not each stopped."""
+    calls = trace.calls
+    together: set[int] = set()
+    for comm_id, members in members_of.items():
+        if len(members) < 2 or not members & ranks or members & waiting or not members <= set(trace.ranks):
+            continue
+        last = set()
+        for member in members:
+            own = calls[trace.rows_of(member)]
+            own = own[(own["comm"] == comm_id) & ~np.isin(own["op"], P2P_OPS)]
+            if not len(own) or own[-1]["t_return"] == 0:
+                break
+            last.add(int(own["seq"].max()))
+        else:
+            if len(last) == 1:
+                together |= members & ranks
+    return together
+
+
 def _stuck_pair_finding(trace: Trace, pair: frozenset[int], stalled: np.ndarray) -> Finding:
     """One finding for a send/receive whose two sides both started on their GPUs and never ended."""
     ranks = sorted(pair)
@@ -443,6 +467,10 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         # ... unless its guessed exchange leads to a collective its members are stuck inside: it waits there
         inside = {int(rank) for rows in stuck.values() for rank in rows["rank"]}
         awaited -= {rank for waiters in _roots_behind(waits_for, inside).values() for rank in waiters}
+        # ... and unless it stopped together with every member of one of its communicators: held up from outside
+        alone = awaited - _held_up_together(trace, awaited, waiting, members_of)
+        if len(alone) == 1:
+            awaited = alone
         if len(awaited) == 1:
             waits_for.pop(next(iter(awaited)))
             roots = _roots_behind(waits_for, stopped | awaited)

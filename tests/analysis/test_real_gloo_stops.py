@@ -71,3 +71,34 @@ def test_a_rank_stuck_inside_a_collective_is_named_alone(tmp_path):
         archive.extractall(tmp_path, filter="data")
     [finding] = findings(tmp_path, "torch-2.15.0-stuck-tp", 8, 2, 2)
     assert finding["kind"] == "hang" and finding["ranks"] == [5] and "stuck inside" in finding["summary"]
+
+
+@pytest.fixture(scope="module")
+def dumped_runs(tmp_path_factory) -> Path:
+    """Stops where every rank dumped, the stopped one too (stop-dump.tar.xz)."""
+    directory = tmp_path_factory.mktemp("gloo-stop-dump")
+    with tarfile.open(ARCHIVE.with_name("stop-dump.tar.xz")) as archive:
+        archive.extractall(directory, filter="data")
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("run", "world", "tp", "pp", "stopped"),
+    [("torch-2.15.0-stop-dump-0", 16, 4, 2, 4), ("torch-2.8.0-stop-dump-2", 8, 2, 2, 1)],
+)
+def test_a_stopped_rank_is_told_from_a_tp_group_held_up_by_it(dumped_runs, run, world, tp, pp, stopped):
+    """The stopped stage-0 rank's TP peers wait for it in their next all-reduce; the stage-1 TP group that
+    waits (unrecorded) for its activations stopped all together at one completed all-reduce, nobody waiting:
+    held up from outside, not stopped. Both are awaited by their DP peers (was: "not localisable", candidates
+    4 and 12-15, and 1, 4 and 5)."""
+    [finding] = findings(dumped_runs, run, world, tp, pp)
+    assert finding["ranks"] == [stopped] and "stopped" in finding["summary"]
+
+
+def test_a_stop_and_a_blocked_send_that_look_alike_name_nobody(dumped_runs):
+    """Rank 13 (stage 1) stopped; rank 5 (stage 0) waits in its send to 13, which gloo does not record. Each
+    is one all-reduce behind its own TP peers, who wait for it: a rank 5 that stopped after its all-reduce
+    would leave the same dumps. Nobody is named."""
+    [finding] = findings(dumped_runs, "torch-2.15.0-stop-dump-1", 16, 4, 2)
+    assert finding["ranks"] == [] and "not localisable" in finding["summary"]
+    assert finding["evidence"]["candidates"] == [5, 13]
