@@ -557,6 +557,13 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             why = "every member's GPU work started and none ended; the traces cannot tell which one is stuck"
             if not culprits:
                 why += ": not localisable, nobody named (its members span several nodes)"
+        elif trace.calls_block_on_host and trace.pending_known:
+            # gloo's recorder: every member's work still in flight, none retired, says nothing of which is stuck
+            culprits, confidence = [], 0.3
+            why = (
+                "all members entered and no member's work had ended when it dumped; gloo's recorder does not tell "
+                "which one is stuck: not localisable"
+            )
         else:
             culprits, confidence = sorted(rows["rank"].tolist()), 0.4
             how = "none returned" if completion_known else "none logged a call after it"

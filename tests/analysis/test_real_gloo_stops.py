@@ -102,3 +102,14 @@ def test_a_stop_and_a_blocked_send_that_look_alike_name_nobody(dumped_runs):
     [finding] = findings(dumped_runs, "torch-2.15.0-stop-dump-1", 16, 4, 2)
     assert finding["ranks"] == [] and "not localisable" in finding["summary"]
     assert finding["evidence"]["candidates"] == [5, 13]
+
+
+def test_a_collective_nobody_left_names_nobody_when_no_work_ended(tmp_path):
+    """Rank 2's gloo workers of its DP group of two froze inside the all-reduce (``--stuck-rank 2``, TP 1 PP 4);
+    rank 3 dumped as its own wait timed out, before its worker retired the work. Both members' work was still
+    in flight in the dumps: nothing tells which one is stuck (was: ranks 2 and 3 both named stuck)."""
+    with tarfile.open(ARCHIVE.with_name("stuck-unretired.tar.xz")) as archive:
+        archive.extractall(tmp_path, filter="data")
+    [finding] = findings(tmp_path, "torch-2.15.0-stuck-dp2", 8, 1, 4)
+    assert finding["ranks"] == [] and "not localisable" in finding["summary"]
+    assert finding["evidence"]["members_inside"] == [2, 3]
