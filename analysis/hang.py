@@ -288,6 +288,39 @@ def _without_records(trace: Trace, members_of: dict[int, set[int]]) -> set[int]:
     return known - set(trace.ranks)
 
 
+def _stopped_between_calls(
+    trace: Trace,
+    undumped: set[int],
+    stalled: np.ndarray,
+    entered: dict[tuple[int, int], set[int]],
+    members_of: dict[int, set[int]],
+) -> set[int]:
+    """Of the ranks without records, those the others' records show stopped outside any collective: every
+    other member of a communicator entered a collective there and waits for the rank alone, and such a
+    member's call just before it was a collective the rank shares that was over (so the rank entered and
+    left it too). Running the same program, the rank's next call was the awaited one, which it never
+    made: it stopped between the two. Only where no send/receive can hold a rank unseen (none recorded,
+    none the source leaves out)."""
+    calls = trace.calls
+    if trace.unrecorded_partners or np.isin(calls["op"], P2P_OPS).any():
+        return set()
+    proven = set()
+    for row in stalled:
+        rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
+        members = members_of.get(comm_id, set())
+        missing = members - entered.get((comm_id, seq), set())
+        if len(missing) != 1 or not missing <= undumped or not members - missing <= set(trace.ranks):
+            continue
+        own = calls[trace.rows_of(rank)]
+        at = np.flatnonzero((own["comm"] == comm_id) & (own["seq"] == seq))
+        if not len(at) or at[0] == 0:
+            continue
+        before = own[at[0] - 1]
+        if before["t_return"] != 0 and next(iter(missing)) in members_of.get(int(before["comm"]), set()):
+            proven |= missing
+    return proven
+
+
 def _undecided_stop_finding(candidates: set[int], waits_for: dict[int, set[int]], undumped: set[int]) -> Finding:
     """A stop the records cannot pin on one rank: several ranks are awaited in collectives they never
     entered, and each may be inside a send/receive the source does not record with another of them, or
@@ -482,9 +515,11 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     undumped = _without_records(trace, members_of)
     if len(undumped) > 1 and undumped & set(roots):
         # Several ranks left no records: a stopped rank and a healthy one whose dump was lost look the
-        # same, and every rank that waited for either is a root. Nobody can be named from these records.
-        undecided_stop |= set(roots) | undumped
-        roots = {}
+        # same, and every rank that waited for either is a root. Nobody can be named from these records,
+        # but for a rank they place between two collectives of its own program.
+        proven = _stopped_between_calls(trace, undumped & set(roots), stalled, entered, members_of)
+        undecided_stop |= (set(roots) | undumped) if not proven else set()
+        roots = {culprit: waiters for culprit, waiters in roots.items() if culprit in proven}
 
     findings = []
     for culprit, waiters in sorted(roots.items()):

@@ -113,3 +113,29 @@ def test_a_collective_nobody_left_names_nobody_when_no_work_ended(tmp_path):
     [finding] = findings(tmp_path, "torch-2.15.0-stuck-dp2", 8, 1, 4)
     assert finding["ranks"] == [] and "not localisable" in finding["summary"]
     assert finding["evidence"]["members_inside"] == [2, 3]
+
+
+@pytest.fixture(scope="module")
+def partial_runs(tmp_path_factory) -> Path:
+    """Stops where the stopped rank wrote no dump and other ranks' dumps were lost (stop-partial.tar.xz)."""
+    directory = tmp_path_factory.mktemp("gloo-stop-partial")
+    with tarfile.open(ARCHIVE.with_name("stop-partial.tar.xz")) as archive:
+        archive.extractall(directory, filter="data")
+    return directory
+
+
+def test_a_stopped_rank_without_a_dump_is_placed_between_two_calls_by_its_peers(partial_runs):
+    """Rank 3 stopped, 1's and 4's dumps were lost (TP 2, no pipeline). Rank 2, its only TP peer, waits in
+    TP all-reduce #57 for it alone, and 2's call just before was world all-reduce #7, which every rank left:
+    rank 3 left it too and never made the next call, with no send/receive to hold it. The lost ranks 1 and
+    4 are awaited too, each beside another rank without a dump, and are not named (was: not localisable)."""
+    [finding] = findings(partial_runs, "torch-2.8.0-stop-partial-21", 8, 2, 1)
+    assert finding["ranks"] == [3] and "stopped" in finding["summary"]
+
+
+def test_ranks_without_dumps_awaited_together_name_nobody(partial_runs):
+    """Rank 2 stopped, 3's and 4's dumps were lost (TP 1, no pipeline): the five others wait in one DP
+    all-reduce of eight for all three. Any of them may have stopped."""
+    [finding] = findings(partial_runs, "torch-2.8.0-stop-partial-20", 8, 1, 1)
+    assert finding["ranks"] == [] and "not localisable" in finding["summary"]
+    assert finding["evidence"]["without_records"] == [2, 3, 4]
