@@ -1,6 +1,7 @@
-"""Stopped ranks in dumps real PyTorch wrote (gloo; tests/analysis/gloo/README.md): runs the real-run
-bench once got wrong, each a healthy rank named. Kept as files, so the decision is checked on the same
-bytes every time rather than on whatever timing a new run happens to get."""
+"""Stopped and stuck ranks in dumps real PyTorch wrote (gloo; tests/analysis/gloo/README.md): runs the
+real-run bench once got wrong (a healthy rank named, or a culprit the dumps prove left unnamed). Kept as
+files, so the decision is checked on the same bytes every time rather than on whatever timing a new run
+happens to get."""
 
 from __future__ import annotations
 
