@@ -221,6 +221,30 @@ def _stuck_pair_culprits(
     return culprits, undecided
 
 
+def _held_up_together(trace: Trace, ranks: set[int], waiting: set[int], members_of: dict[int, set[int]]) -> set[int]:
+    """Of ``ranks``, those in a communicator whose members all stopped at the same collective: every member
+    left records, each one's last call there is the same instance, over for all of them, and none waits
+    in any call. A rank that stops on its own leaves the other members of its communicators to go on to
+    the next collective they share with it and wait there for it; members that all stopped together at
+    one call are held up from outside (in a send/receive the source does not record), not each stopped."""
+    calls = trace.calls
+    together: set[int] = set()
+    for comm_id, members in members_of.items():
+        if len(members) < 2 or not members & ranks or members & waiting or not members <= set(trace.ranks):
+            continue
+        last = set()
+        for member in members:
+            own = calls[trace.rows_of(member)]
+            own = own[(own["comm"] == comm_id) & ~np.isin(own["op"], P2P_OPS)]
+            if not len(own) or own[-1]["t_return"] == 0:
+                break
+            last.add(int(own["seq"].max()))
+        else:
+            if len(last) == 1:
+                together |= members & ranks
+    return together
+
+
 def _stuck_pair_finding(trace: Trace, pair: frozenset[int], stalled: np.ndarray) -> Finding:
     """One finding for a send/receive whose two sides both started on their GPUs and never ended."""
     ranks = sorted(pair)
@@ -262,6 +286,39 @@ def _without_records(trace: Trace, members_of: dict[int, set[int]]) -> set[int]:
     if trace.layout is not None:
         known |= set(range(trace.layout.world_size))
     return known - set(trace.ranks)
+
+
+def _stopped_between_calls(
+    trace: Trace,
+    undumped: set[int],
+    stalled: np.ndarray,
+    entered: dict[tuple[int, int], set[int]],
+    members_of: dict[int, set[int]],
+) -> set[int]:
+    """Of the ranks without records, those the others' records show stopped outside any collective: every
+    other member of a communicator entered a collective there and waits for the rank alone, and such a
+    member's call just before it was a collective the rank shares that was over (so the rank entered and
+    left it too). Running the same program, the rank's next call was the awaited one, which it never
+    made: it stopped between the two. Only where no send/receive can hold a rank unseen (none recorded,
+    none the source leaves out)."""
+    calls = trace.calls
+    if trace.unrecorded_partners or np.isin(calls["op"], P2P_OPS).any():
+        return set()
+    proven = set()
+    for row in stalled:
+        rank, comm_id, seq = int(row["rank"]), int(row["comm"]), int(row["seq"])
+        members = members_of.get(comm_id, set())
+        missing = members - entered.get((comm_id, seq), set())
+        if len(missing) != 1 or not missing <= undumped or not members - missing <= set(trace.ranks):
+            continue
+        own = calls[trace.rows_of(rank)]
+        at = np.flatnonzero((own["comm"] == comm_id) & (own["seq"] == seq))
+        if not len(at) or at[0] == 0:
+            continue
+        before = own[at[0] - 1]
+        if before["t_return"] != 0 and next(iter(missing)) in members_of.get(int(before["comm"]), set()):
+            proven |= missing
+    return proven
 
 
 def _undecided_stop_finding(candidates: set[int], waits_for: dict[int, set[int]], undumped: set[int]) -> Finding:
@@ -443,6 +500,10 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
         # ... unless its guessed exchange leads to a collective its members are stuck inside: it waits there
         inside = {int(rank) for rows in stuck.values() for rank in rows["rank"]}
         awaited -= {rank for waiters in _roots_behind(waits_for, inside).values() for rank in waiters}
+        # ... and unless it stopped together with every member of one of its communicators: held up from outside
+        alone = awaited - _held_up_together(trace, awaited, waiting, members_of)
+        if len(alone) == 1:
+            awaited = alone
         if len(awaited) == 1:
             waits_for.pop(next(iter(awaited)))
             roots = _roots_behind(waits_for, stopped | awaited)
@@ -454,9 +515,11 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     undumped = _without_records(trace, members_of)
     if len(undumped) > 1 and undumped & set(roots):
         # Several ranks left no records: a stopped rank and a healthy one whose dump was lost look the
-        # same, and every rank that waited for either is a root. Nobody can be named from these records.
-        undecided_stop |= set(roots) | undumped
-        roots = {}
+        # same, and every rank that waited for either is a root. Nobody can be named from these records,
+        # but for a rank they place between two collectives of its own program.
+        proven = _stopped_between_calls(trace, undumped & set(roots), stalled, entered, members_of)
+        undecided_stop |= (set(roots) | undumped) if not proven else set()
+        roots = {culprit: waiters for culprit, waiters in roots.items() if culprit in proven}
 
     findings = []
     for culprit, waiters in sorted(roots.items()):
@@ -529,6 +592,13 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
             why = "every member's GPU work started and none ended; the traces cannot tell which one is stuck"
             if not culprits:
                 why += ": not localisable, nobody named (its members span several nodes)"
+        elif trace.calls_block_on_host and trace.pending_known:
+            # gloo's recorder: every member's work still in flight, none retired, says nothing of which is stuck
+            culprits, confidence = [], 0.3
+            why = (
+                "all members entered and no member's work had ended when it dumped; gloo's recorder does not tell "
+                "which one is stuck: not localisable"
+            )
         else:
             culprits, confidence = sorted(rows["rank"].tolist()), 0.4
             how = "none returned" if completion_known else "none logged a call after it"
