@@ -357,8 +357,10 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     if completion_known:
         pending = calls["t_return"] == 0
     else:  # only call times: a rank's last call is where it stopped (or finished)
-        pending = np.zeros(len(calls), bool)
-        pending[np.flatnonzero(np.diff(calls["rank"], append=np.int64(2**40)))] = True
+        ranks = calls["rank"]
+        pending = np.empty(len(calls), bool)
+        np.not_equal(ranks[1:], ranks[:-1], out=pending[:-1])
+        pending[-1:] = True
     # GPU-timed calls queued behind their rank's own earlier call are not where it waits
     queued = _queued(calls, pending) if completion_known else np.zeros(len(calls), bool)
     stalled = calls[pending & ~queued & (end - calls["t_call"] >= stall_seconds * 1e9)]
