@@ -73,7 +73,7 @@ def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Inst
         return Instances(empty, np.zeros(1, np.int64), empty.astype(np.uint64), empty.astype(np.uint64), empty,
                          empty.astype(np.uint64))  # fmt: skip
     comm_ids, comm_index = _factorize(comm)
-    seq = seq.astype(np.int64)
+    seq = seq.view(np.int64) if seq.dtype == np.uint64 else seq.astype(np.int64)  # as astype wraps, without a copy
     seq_low = int(seq.min())
     n = len(rows)
     comm_bits, seq_bits, row_bits = _bits(len(comm_ids)), _bits(int(seq.max()) - seq_low), _bits(n)
@@ -105,18 +105,32 @@ def _sorted_groups(
     values: np.ndarray, groups: np.ndarray, count: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``values`` sorted within groups 0..count-1, an all-NaN result, the non-empty groups and each one's
-    first and last index into the sorted values. Integer values whose range fits beside the group in
-    63 bits are sorted as one packed key (several times faster than a sort by two keys)."""
-    low = int(values.min()) if len(values) and values.dtype.kind in "iu" else 0
-    span_bits = _bits(int(values.max()) - low) if len(values) and values.dtype.kind in "iu" else 64
-    if span_bits + _bits(count) <= 63:
-        packed = groups.astype(np.int64) << span_bits
+    first and last index into the sorted values. Sorted as one 64-bit key of group and value (integers
+    whose range fits), else of group and the value's rank among all: plain sorts of integers, several
+    times faster than a sort by two keys (millions of values at 16k ranks)."""
+    n, group_bits = len(values), _bits(count)
+    integers = n and values.dtype.kind in "iu" and int(values.min()) > -(1 << 62) and int(values.max()) < 1 << 62
+    low = int(values.min()) if integers else 0
+    if integers and _bits(int(values.max()) - low) + group_bits <= 63:
+        value_bits = _bits(int(values.max()) - low)
+        packed = groups.astype(np.int64) << value_bits
         packed |= values.astype(np.int64) - low
         packed.sort()
-        groups = packed >> span_bits
-        packed &= (1 << span_bits) - 1
+        groups = packed >> value_bits
+        packed &= (1 << value_bits) - 1
         packed += low
-        values = packed
+        values = packed.astype(values.dtype)
+    elif n and _bits(n) + group_bits <= 63:
+        order = np.argsort(values)
+        ranked = np.empty(n, np.int64)
+        ranked[order] = np.arange(n)
+        packed = groups.astype(np.int64) << _bits(n)
+        packed |= ranked
+        del ranked
+        packed.sort()
+        groups = packed >> _bits(n)
+        packed &= (1 << _bits(n)) - 1
+        values = values[order][packed]
     else:
         order = np.lexsort((values, groups))
         groups, values = groups[order], values[order]

@@ -7,6 +7,7 @@ cannot be read are listed in ``Trace.problems`` with the reason; the other ranks
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,10 @@ class Calls:
             out[name] = column
         return out
 
+    def tobytes(self) -> bytes:
+        """The calls' bytes as a ``CALL_DTYPE`` structured array holds them (comparing two readers)."""
+        return self.records().tobytes()
+
     def __len__(self) -> int:
         return len(self._columns["rank"])
 
@@ -96,6 +101,10 @@ class Calls:
         if isinstance(key, (int, np.integer)):
             return self[np.array([key])].records()[0]
         return Calls({name: column[key] for name, column in self._columns.items()})
+
+    def __iter__(self) -> Iterator[np.void]:
+        """One call at a time, as records (a few thousand stalled calls: one conversion, not one each)."""
+        return iter(self.records())
 
     def __setitem__(self, key: str, value: Any) -> None:
         self._columns[key][...] = value
@@ -268,3 +277,14 @@ def durations(calls: Calls) -> np.ndarray:
     if timed.any():
         np.subtract(gpu_end, gpu_start, out=inside, where=timed)
     return inside
+
+
+def is_collective(op: np.ndarray) -> np.ndarray:
+    """``np.isin(op, COLLECTIVE_OPS)`` as two comparisons (the collectives' codes are consecutive): a
+    pass over millions of calls, not a sort."""
+    return (op >= Op.ALLREDUCE) & (op <= Op.SCATTER)
+
+
+def is_p2p(op: np.ndarray) -> np.ndarray:
+    """``np.isin(op, P2P_OPS)`` as two comparisons."""
+    return (op == Op.SEND) | (op == Op.RECV)
