@@ -57,17 +57,9 @@ class Calls:
         return cls({name: np.empty(n, CALL_DTYPE[name]) for name in CALL_DTYPE.names})
 
     @classmethod
-    def zeros(cls, n: int) -> Calls:
-        return cls({name: np.zeros(n, CALL_DTYPE[name]) for name in CALL_DTYPE.names})
-
-    @classmethod
     def from_records(cls, records: np.ndarray) -> Calls:
         """Columns of a ``CALL_DTYPE`` structured array (the readers of small sources build those)."""
         return cls({name: np.ascontiguousarray(records[name]) for name in CALL_DTYPE.names})
-
-    @classmethod
-    def concatenate(cls, parts: list[Calls]) -> Calls:
-        return cls({name: np.concatenate([part[name] for part in parts]) for name in CALL_DTYPE.names})
 
     def records(self) -> np.ndarray:
         """The calls as a ``CALL_DTYPE`` structured array (a copy)."""
