@@ -28,7 +28,7 @@ from rankwatch.analysis.mismatch import detect_mismatches
 from rankwatch.analysis.slow_link import detect_slow_links
 from rankwatch.analysis.stacks import add_frames
 from rankwatch.analysis.straggler import detect_stragglers
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_collective
 
 TEST_TYPES = ("all", "hang", "slow", "parallel")
 # Ranks are compared over at most this many of the most recent calls; None: every call (32 M calls of a
@@ -58,10 +58,19 @@ def returned_at_once(trace: Trace) -> bool:
     calls = trace.calls
     if not len(calls) or (calls["gpu_start"] > 0).any():
         return False
-    collective = np.isin(calls["op"], COLLECTIVE_OPS) & (calls["t_return"] > 0)
+    collective = is_collective(calls["op"]) & (calls["t_return"] > 0)
     if collective.sum() < 8:
         return False
-    return float(np.median(calls["t_return"][collective] - calls["t_call"][collective])) < RUN_AHEAD_WAIT_NS
+    return _median_below(calls["t_return"][collective] - calls["t_call"][collective], RUN_AHEAD_WAIT_NS)
+
+
+def _median_below(values: np.ndarray, threshold: int) -> bool:
+    """``np.median(values) < threshold`` for integers, by counting: no partition of millions of values."""
+    n, below = len(values), int(np.count_nonzero(values < threshold))
+    if n % 2 or below != n // 2:  # the middle value(s) on one side of the threshold
+        return below > n // 2
+    middle = np.array([values[values < threshold].max(), values[values >= threshold].min()])
+    return float(np.mean(middle)) < threshold  # the two middle values straddle it: their mean decides
 
 
 def host_call_times_only(trace: Trace) -> bool:

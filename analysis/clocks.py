@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from rankwatch.analysis.instances import grouped_median
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_collective
 
 
 def node_offsets(trace: Trace) -> dict[str, float]:
@@ -22,7 +22,7 @@ def node_offsets(trace: Trace) -> dict[str, float]:
     largest = max(trace.comms.values(), key=lambda comm: comm.size)
     calls = trace.calls
     rows = np.flatnonzero((calls["comm"] == largest.id) & (calls["t_return"] > 0))
-    rows = rows[np.isin(calls["op"][rows], COLLECTIVE_OPS)]
+    rows = rows[is_collective(calls["op"][rows])]
     if not len(rows):
         return {}
     # a collective ends together on every GPU; an asynchronous GPU's host returns long before

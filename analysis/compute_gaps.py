@@ -27,7 +27,7 @@ from statistics import NormalDist
 import numpy as np
 
 from rankwatch.analysis.findings import Finding
-from rankwatch.analysis.trace import P2P_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_p2p
 
 MIN_EXCESS = 0.025  # a GPU computing less than 2.5% more than its peers is not reported ...
 NOISE_FACTOR = 3.0  # ... nor one within this many times the run's own spread
@@ -91,7 +91,7 @@ def _step_comms(trace: Trace) -> list[tuple[float, int, int, frozenset[int]]]:
     a world AllReduce once a step (the grad norm) ends at about the same time on each member, so the
     windows between its ends hold the same whole steps for all."""
     calls = trace.calls
-    comm_ids, counts = np.unique(calls["comm"][~np.isin(calls["op"], P2P_OPS)], return_counts=True)
+    comm_ids, counts = np.unique(calls["comm"][~is_p2p(calls["op"])], return_counts=True)
     return sorted(
         (int(count) / comm.size, comm.size, comm.id, frozenset(comm.members.values()))
         for comm_id, count in zip(comm_ids.tolist(), counts.tolist(), strict=True)
@@ -140,7 +140,7 @@ def stage_peers(trace: Trace) -> dict[int, set[int]]:
     tensor- and data-parallel peers: one pipeline stage), itself included."""
     world = len(trace.ranks)
     calls = trace.calls
-    collective_comms = set(np.unique(calls["comm"][~np.isin(calls["op"], P2P_OPS)]).tolist())
+    collective_comms = set(np.unique(calls["comm"][~is_p2p(calls["op"])]).tolist())
     peers: dict[int, set[int]] = {rank: {rank} for rank in trace.ranks}
     for comm_id in collective_comms:
         comm = trace.comms.get(comm_id)

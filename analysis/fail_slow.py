@@ -19,7 +19,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.late_windows import NOT_LOCALISABLE_FROM_CALLS
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_collective
 
 MIN_STEPS = 12
 RUN = 3
@@ -30,7 +30,7 @@ MIN_RISE = 0.20  # a slowdown worth acting on; a shared or busy machine drifts 1
 def _marker_times(calls: np.ndarray) -> np.ndarray | None:
     """Call times of one rank's step marker: of the collective signatures (communicator, op, count)
     it repeats at least MIN_STEPS times, the one with the longest typical gap between its calls."""
-    calls = calls[np.isin(calls["op"], COLLECTIVE_OPS)]
+    calls = calls[is_collective(calls["op"])]
     if len(calls) < MIN_STEPS:
         return None
     signature = (calls["comm"] * np.uint64(0x9E3779B97F4A7C15)) ^ (calls["op"].astype(np.uint64) << np.uint64(56))

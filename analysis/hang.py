@@ -18,7 +18,7 @@ import numpy as np
 from rankwatch.analysis.findings import Finding, comm_label, utc_text
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.sync_points import not_culprits
-from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Communicator, Trace
+from rankwatch.analysis.trace import Communicator, Trace, is_collective, is_p2p
 
 
 def _describe_call(row: np.void) -> str:
@@ -27,6 +27,17 @@ def _describe_call(row: np.void) -> str:
 
 def _instance_keys(comm: np.ndarray, seq: np.ndarray) -> np.ndarray:
     return (comm.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ seq.astype(np.uint64)
+
+
+def _among(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """``np.isin(values, wanted)`` for a few thousand wanted among millions: a binary search each
+    rather than a sort of them all."""
+    ordered = np.unique(wanted)
+    if not len(ordered):
+        return np.zeros(len(values), bool)
+    at = np.searchsorted(ordered, values)
+    at[at == len(ordered)] = 0
+    return ordered[at] == values
 
 
 def _queued(calls: np.ndarray, pending: np.ndarray) -> np.ndarray:
@@ -63,11 +74,11 @@ def _entered(
     order): its record of the instance may be gone from a wrapped ring or a dump that kept only its
     latest calls, or it may have left the instance long ago."""
     calls = trace.calls
-    collective = ~np.isin(calls["op"], P2P_OPS)
+    collective = ~is_p2p(calls["op"])
     candidates = np.flatnonzero(collective & (calls["t_return"] == 0) if completion_known else collective)
     wanted = _instance_keys(stalled["comm"], stalled["seq"])
     keys = _instance_keys(calls["comm"][candidates], calls["seq"][candidates])
-    rows = candidates[np.isin(keys, wanted)]
+    rows = candidates[_among(keys, wanted)]
     entered: dict[tuple[int, int], set[int]] = {
         (int(c), int(q)): set() for c, q in zip(stalled["comm"].tolist(), stalled["seq"].tolist(), strict=True)
     }
@@ -85,7 +96,7 @@ def _entered(
         for member in set(comm.members.values()) - found if comm else ():
             if (comm_id, member) not in own_calls:
                 own = calls[trace.rows_of(member)]
-                own = own[(own["comm"] == comm_id) & ~np.isin(own["op"], P2P_OPS)]
+                own = own[(own["comm"] == comm_id) & ~is_p2p(own["op"])]
                 own_calls[(comm_id, member)] = own["seq"], own["t_return"]
             numbers, returns = own_calls[(comm_id, member)]
             if len(numbers) and int(numbers.max()) >= seq:
@@ -248,7 +259,7 @@ def _held_up_together(trace: Trace, ranks: set[int], waiting: set[int], members_
 def _stuck_pair_finding(trace: Trace, pair: frozenset[int], stalled: np.ndarray) -> Finding:
     """One finding for a send/receive whose two sides both started on their GPUs and never ended."""
     ranks = sorted(pair)
-    rows = stalled[np.isin(stalled["rank"], ranks) & np.isin(stalled["op"], P2P_OPS)]
+    rows = stalled[np.isin(stalled["rank"], ranks) & is_p2p(stalled["op"])]
     comm_id = int(rows[0]["comm"]) if len(rows) else 0
     return Finding(
         kind="hang",
@@ -414,8 +425,10 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
     if completion_known:
         pending = calls["t_return"] == 0
     else:  # only call times: a rank's last call is where it stopped (or finished)
-        pending = np.zeros(len(calls), bool)
-        pending[np.flatnonzero(np.diff(calls["rank"], append=np.int64(2**40)))] = True
+        ranks = calls["rank"]
+        pending = np.empty(len(calls), bool)
+        np.not_equal(ranks[1:], ranks[:-1], out=pending[:-1])
+        pending[-1:] = True
     # GPU-timed calls queued behind their rank's own earlier call are not where it waits
     queued = _queued(calls, pending) if completion_known else np.zeros(len(calls), bool)
     stalled = calls[pending & ~queued & (end - calls["t_call"] >= stall_seconds * 1e9)]
@@ -624,7 +637,7 @@ def _detect(trace: Trace, stall_seconds: float, end: int, completion_known: bool
 def short_ends(trace: Trace, stall_seconds: float, now_ns: int | None = None, shown: int = 3) -> list[str]:
     """What a trace without a hang says of ranks whose records end short of their peers' in a
     communicator: behind, but not for the stall threshold (logs that simply end, or a live job)."""
-    calls = trace.calls[np.isin(trace.calls["op"], COLLECTIVE_OPS)]
+    calls = trace.calls[is_collective(trace.calls["op"])]
     if not len(calls):
         return []
     if now_ns is None:

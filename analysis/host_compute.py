@@ -35,7 +35,7 @@ from rankwatch.analysis.compute_gaps import NOISE_FACTOR, StepExcess, step_exces
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.instances import group_instances
 from rankwatch.analysis.job_noise import FALSE_RANK_CHANCE, sign_tail, student_tail
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_collective
 
 MIN_HOST_SLOWDOWN = 0.10
 """A host's compute is shared with whatever else runs on its CPU: a co-tenant holds one rank a few
@@ -50,7 +50,7 @@ def host_timed(trace: Trace, since_ns: int | None = None) -> Trace:
     calls = trace.calls.copy()
     calls["gpu_start"] = 0
     calls["gpu_end"] = 0
-    keep = np.isin(calls["op"], COLLECTIVE_OPS)
+    keep = is_collective(calls["op"])
     if since_ns is not None:
         keep &= calls["t_call"] >= since_ns
     rows = np.flatnonzero(keep)
@@ -64,7 +64,7 @@ def host_timed(trace: Trace, since_ns: int | None = None) -> Trace:
         calls["gpu_start"][ended] = calls["t_call"][ended]
         calls["gpu_end"][ended] = np.repeat(last, sizes)[whole]
     if since_ns is not None:
-        calls = calls[(calls["t_call"] >= since_ns) | ~np.isin(calls["op"], COLLECTIVE_OPS)]
+        calls = calls[(calls["t_call"] >= since_ns) | ~is_collective(calls["op"])]
     return dataclasses.replace(trace, calls=calls, _bounds=None)
 
 

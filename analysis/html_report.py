@@ -12,14 +12,14 @@ import numpy as np
 
 from rankwatch.analysis.fail_slow import step_times
 from rankwatch.analysis.findings import Finding
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_collective
 
 BINS = 80
 MAX_ROWS = 512
 
 
 def _heatmap(trace: Trace) -> str:
-    calls = trace.calls[np.isin(trace.calls["op"], COLLECTIVE_OPS) & (trace.calls["t_return"] > 0)]
+    calls = trace.calls[is_collective(trace.calls["op"]) & (trace.calls["t_return"] > 0)]
     if not len(calls):
         return "<p>No completed collectives to draw.</p>"
     ranks = np.unique(calls["rank"])[:MAX_ROWS]

@@ -53,34 +53,17 @@ def _bits(value: int) -> int:
 
 
 def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sorted distinct values, index of each value among them), by packing the row into the key."""
-    n = len(values)
-    row_bits = _bits(n)
-    hash_bits = 63 - row_bits
-    if hash_bits >= 24:  # in place where it can be: at 16k ranks each array of the calls is 100s of MB
-        packed = (values & np.uint64((1 << hash_bits) - 1)).view(np.int64)
-        packed <<= row_bits
-        packed |= np.arange(n, dtype=np.int64)
-        packed.sort()
-        rows = packed & ((1 << row_bits) - 1)
-        packed >>= row_bits  # the hashes
-        new = np.empty(n, bool)
-        new[:1] = True
-        np.not_equal(packed[1:], packed[:-1], out=new[1:])
-        del packed
-        distinct = values[rows[new]]
-        order = np.argsort(distinct)
-        position = np.cumsum(new)
-        del new
-        position -= 1
-        index = np.empty(n, np.int64)
-        index[rows] = np.argsort(order)[position]
-        del rows, position
-        distinct = distinct[order]
-        if (distinct[index] == values).all():  # no two ids share their low bits
-            return distinct, index
-    distinct, index = np.unique(values, return_inverse=True)
-    return distinct, index.reshape(-1)
+    """(sorted distinct values, index of each value among them). The calls come rank by rank and a rank
+    uses a few communicators in runs: the distinct values are found among the runs' first values, and
+    each value's index by a binary search among those few (no sort of every value)."""
+    if not len(values):
+        return values[:0].copy(), np.zeros(0, np.int64)
+    starts = np.empty(len(values), bool)
+    starts[0] = True
+    np.not_equal(values[1:], values[:-1], out=starts[1:])
+    distinct = np.unique(values[starts])
+    del starts
+    return distinct, np.searchsorted(distinct, values)
 
 
 def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Instances:
@@ -90,7 +73,7 @@ def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Inst
         return Instances(empty, np.zeros(1, np.int64), empty.astype(np.uint64), empty.astype(np.uint64), empty,
                          empty.astype(np.uint64))  # fmt: skip
     comm_ids, comm_index = _factorize(comm)
-    seq = seq.astype(np.int64)
+    seq = seq.view(np.int64) if seq.dtype == np.uint64 else seq.astype(np.int64)  # as astype wraps, without a copy
     seq_low = int(seq.min())
     n = len(rows)
     comm_bits, seq_bits, row_bits = _bits(len(comm_ids)), _bits(int(seq.max()) - seq_low), _bits(n)
@@ -122,9 +105,35 @@ def _sorted_groups(
     values: np.ndarray, groups: np.ndarray, count: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``values`` sorted within groups 0..count-1, an all-NaN result, the non-empty groups and each one's
-    first and last index into the sorted values."""
-    order = np.lexsort((values, groups))
-    groups, values = groups[order], values[order]
+    first and last index into the sorted values. Sorted as one 64-bit key of group and value (integers
+    whose range fits), else of group and the value's rank among all: plain sorts of integers, several
+    times faster than a sort by two keys (millions of values at 16k ranks)."""
+    n, group_bits = len(values), _bits(count)
+    integers = n and values.dtype.kind in "iu" and int(values.min()) > -(1 << 62) and int(values.max()) < 1 << 62
+    low = int(values.min()) if integers else 0
+    if integers and _bits(int(values.max()) - low) + group_bits <= 63:
+        value_bits = _bits(int(values.max()) - low)
+        packed = groups.astype(np.int64) << value_bits
+        packed |= values.astype(np.int64) - low
+        packed.sort()
+        groups = packed >> value_bits
+        packed &= (1 << value_bits) - 1
+        packed += low
+        values = packed.astype(values.dtype)
+    elif n and _bits(n) + group_bits <= 63:
+        order = np.argsort(values)
+        ranked = np.empty(n, np.int64)
+        ranked[order] = np.arange(n)
+        packed = groups.astype(np.int64) << _bits(n)
+        packed |= ranked
+        del ranked
+        packed.sort()
+        groups = packed >> _bits(n)
+        packed &= (1 << _bits(n)) - 1
+        values = values[order][packed]
+    else:
+        order = np.lexsort((values, groups))
+        groups, values = groups[order], values[order]
     bounds = np.searchsorted(groups, np.arange(count + 1))
     have = np.flatnonzero(np.diff(bounds) > 0)
     return values, np.full(count, np.nan), have, bounds[have], bounds[have + 1] - 1

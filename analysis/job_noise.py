@@ -20,10 +20,14 @@ MAD_TO_SIGMA = 1.4826  # 1.4826 x the median absolute deviation estimates a norm
 def sign_tail(successes: np.ndarray, trials: np.ndarray) -> np.ndarray:
     """P(X >= successes) for X ~ Binomial(trials, 1/2), via the normal approximation above 60 trials."""
     out = np.ones(len(successes))
+    tails: dict[tuple[int, int], float] = {}  # thousands of ranks share a few (successes, trials)
     for i, (k, n) in enumerate(zip(successes.tolist(), trials.tolist(), strict=True)):
-        out[i] = (
-            _binomial_tail(k, n, 0.5) if n <= 60 else 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / 2**0.5)
-        )
+        tail = tails.get((k, n))
+        if tail is None:
+            tail = tails[(k, n)] = (
+                _binomial_tail(k, n, 0.5) if n <= 60 else 0.5 * math.erfc((k - 0.5 - n / 2) / math.sqrt(n / 4) / 2**0.5)
+            )
+        out[i] = tail
     return out
 
 
@@ -84,6 +88,15 @@ def clock_tick_ns(times: np.ndarray) -> int:
     if upper == 1:
         return 1
     return _largest_tick(recorded, upper or SECOND_NS) or 1
+
+
+def clock_tick_at(column: np.ndarray, rows: np.ndarray) -> int:
+    """``clock_tick_ns(column[rows])``, gathering millions of readings only when the first ones do not
+    already tell a nanosecond clock."""
+    upper = _largest_tick(np.asarray(column[rows[:TICK_SAMPLE]], dtype=np.int64), SECOND_NS)
+    if upper == 1:
+        return 1
+    return _largest_tick(np.asarray(column[rows], dtype=np.int64), upper or SECOND_NS) or 1
 
 
 TICK_SAMPLE = 4096

@@ -51,7 +51,7 @@ import numpy as np
 
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, robust_spread
-from rankwatch.analysis.trace import P2P_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_p2p
 
 WINDOW_S = 5.0
 LATE_SHARE = 0.03  # nobody would act on lateness below 3% of the time between the rank's calls there
@@ -253,7 +253,7 @@ def _overlap(x: dict[str, float], y: dict[str, float]) -> bool:
 def _pipeline_comms(trace: Trace) -> list[set[int]]:
     """Members of each communicator that carries sends and receives: a pipeline, one rank per stage."""
     calls = trace.calls
-    comm_ids = np.unique(calls["comm"][np.isin(calls["op"], P2P_OPS)]).tolist()
+    comm_ids = np.unique(calls["comm"][is_p2p(calls["op"])]).tolist()
     return [set(trace.comms[c].members.values()) for c in comm_ids if c in trace.comms]
 
 

@@ -29,7 +29,7 @@ from rankwatch.analysis.findings import Cause, Finding, FindingKind, comm_label
 from rankwatch.analysis.instances import Instances, instances_of
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.stacks import caller_frame
-from rankwatch.analysis.trace import COLLECTIVE_OPS, Trace
+from rankwatch.analysis.trace import Trace, is_collective
 
 DTYPE_NAMES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16",
                7: "float32", 8: "float64", 9: "bfloat16", 10: "float8e4m3", 11: "float8e5m2"}  # fmt: skip
@@ -84,7 +84,7 @@ class _Collectives:
 def _instances(trace: Trace) -> tuple[_Collectives, np.ndarray]:
     """The collectives and which instances are whole (no rank with two calls under one number)."""
     calls = trace.calls
-    instances = instances_of(trace, np.isin(calls["op"], COLLECTIVE_OPS))
+    instances = instances_of(trace, is_collective(calls["op"]))
     rows = instances.rows
     op = calls["op"][rows]
     # uneven all-to-alls, gathers and scatters take inputs of different sizes on different ranks by design

@@ -1,16 +1,17 @@
 """Read many ring files into one Trace, optionally with several processes.
 
-Headers first (4 KiB each) to order the rings by rank and size one output array; then the rings'
-windows of records are read back to back into a batch buffer (64 MiB), and each batch is checked and
-converted with one pass per column into the rings' slots of that array: no per-record Python, and
-the memory beyond the output is one batch. With
-``workers > 1`` the array lives in an anonymous shared mapping and forked processes fill disjoint
+Headers first (4 KiB each) to order the rings by rank and size the output columns (one array per
+field of the calls, ``Calls``); then the rings' windows of records are read back to back into a batch
+buffer (8 MiB), and each batch is checked and converted with one pass per column into the rings'
+slots of those columns: no per-record Python, and the memory beyond the output is one batch. With
+``workers > 1`` the columns live in an anonymous shared mapping and forked processes fill disjoint
 slots (at 16k ranks reading is most of an analysis); what they learn about communicators comes back
 as small tuples. Unreadable rings become problems, not failures.
 """
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import multiprocessing
 import os
@@ -40,22 +41,14 @@ from rankwatch.analysis.ring import (
     take,
     validate_ring,
 )
-from rankwatch.analysis.trace import CALL_DTYPE, Communicator, RankSource, Trace
+from rankwatch.analysis.trace import CALL_DTYPE, Calls, Communicator, RankSource, Trace
 
-_RECORD_SOURCES = ("global_rank", "comm_id", "seq", "op", "count", "dtype", "peer", "rank", "nranks", "t_call_ns",
-                   "t_return_ns", "gpu_start_ns", "gpu_end_ns", "group_id")  # fmt: skip
-# The calls' fields where a ring record keeps them: converting a record is one structured copy.
-_RECORD_AS_CALL = np.dtype(
-    {
-        "names": list(CALL_DTYPE.names),
-        "formats": [CALL_DTYPE[name] for name in CALL_DTYPE.names],
-        "offsets": [RECORD_DTYPE.fields[source][1] for source in _RECORD_SOURCES],
-        "itemsize": RECORD_DTYPE.itemsize,
-    }
-)
-RAW_CALL = np.dtype((np.void, CALL_DTYPE.itemsize))
+# Where a ring record keeps each field of the calls (the rank comes from the ring's header)
+_RECORD_SOURCE = {"comm": "comm_id", "seq": "seq", "op": "op", "count": "count", "dtype": "dtype", "peer": "peer",
+                  "comm_rank": "rank", "comm_size": "nranks", "t_call": "t_call_ns", "t_return": "t_return_ns",
+                  "gpu_start": "gpu_start_ns", "gpu_end": "gpu_end_ns", "group": "group_id"}  # fmt: skip
 
-_output: np.ndarray | None = None  # the shared output array, inherited by forked workers
+_output: Calls | None = None  # the output columns (in a shared mapping with workers), inherited by forked workers
 
 
 @dataclass
@@ -77,9 +70,10 @@ class _RingRead:
     from_calls: list[tuple[int, int, int]] = field(default_factory=list)  # comm, rank in it, size
 
 
-BATCH_RECORDS = 1 << 19
-"""Records (64 MiB) read before they are converted together: the per-ring work is a file read, and
-the memory beyond the output stays one batch whatever the number of rings."""
+BATCH_RECORDS = 1 << 16
+"""Records (8 MiB) read before they are converted together: the per-ring work is a file read, the
+memory beyond the output stays one batch whatever the number of rings, and the passes over a batch
+(one per column) find it in the processor's cache."""
 
 
 @dataclass
@@ -98,12 +92,10 @@ class _Scratch:
 
     def __init__(self) -> None:
         self.records = np.empty(0, RAW_RECORD)
-        self.calls = np.empty(0, CALL_DTYPE)
 
     def sized(self, records: int) -> None:
         if len(self.records) < records:
             self.records = np.empty(max(records, BATCH_RECORDS), RAW_RECORD)
-            self.calls = np.empty(len(self.records), CALL_DTYPE)
 
 
 def _read_records(handle: BinaryIO, into: memoryview, slot: int, count: int) -> None:
@@ -156,11 +148,11 @@ def _note(result: _RingRead, note: str) -> None:
     result.problem = f"{result.problem}; {note}" if result.problem else note
 
 
-def _convert_batch(batch: _Batch, converted: np.ndarray, output: np.ndarray) -> None:
-    """The batch's records as calls in their rings' slots of ``output``, with one pass per column over
-    the whole batch; Python only for the few rings with something to say (torn or refused records,
-    communicator creations, calls still on the GPU, threads whose calls interleaved). ``output``'s
-    last row takes the records that are not calls."""
+def _convert_batch(batch: _Batch, output: Calls, start: int) -> int:
+    """The batch's records as calls in ``output`` from row ``start`` on, back to back in ring order,
+    with one pass per column over the whole batch; Python only for the few rings with something to say
+    (torn or refused records, communicator creations, calls still on the GPU, threads whose calls
+    interleaved). Returns where the next batch's calls go."""
     counts = np.array(batch.counts, np.int64)
     starts = np.r_[0, np.cumsum(counts)]
     ring_of = np.repeat(np.arange(len(counts)), counts)
@@ -187,18 +179,17 @@ def _convert_batch(batch: _Batch, converted: np.ndarray, output: np.ndarray) -> 
             batch.reads[index].created.append(tuple(created))  # type: ignore[arg-type]
     is_call = kept & traced
     _communicators_from_calls(batch, records, is_call, ring_of)
-    converted = converted[: len(records)]
-    converted[...] = records.view(_RECORD_AS_CALL)
     ranks = np.array([result.rank for result in batch.reads], np.int32)
-    converted["rank"] = ranks[ring_of]  # the header's word, as for the communicators
     written = np.bincount(ring_of[is_call], minlength=len(counts))
-    offsets = np.array([result.offset for result in batch.reads], np.int64)
-    # each call's row in the output: its ring's slot plus its place among the ring's calls
-    destination = np.cumsum(is_call) - 1 + np.repeat(offsets - np.r_[0, np.cumsum(written)][:-1], counts)
-    destination[~is_call] = len(output) - 1
-    output.view(RAW_CALL)[destination] = converted.view(RAW_CALL)
-    for result, count in zip(batch.reads, written.tolist(), strict=True):
-        result.count = count
+    ends = start + np.cumsum(written)
+    offsets = ends - written  # where each ring's calls begin
+    own = output[start : int(ends[-1])] if len(ends) else output[:0]  # views of the columns
+    call_rings = ring_of[is_call]
+    own["rank"] = ranks[call_rings]  # the header's word, as for the communicators
+    for name, source in _RECORD_SOURCE.items():  # a mask then a copy: twice as fast as a scatter
+        own[name] = records[source][is_call]
+    for result, offset, count in zip(batch.reads, offsets.tolist(), written.tolist(), strict=True):
+        result.offset, result.count = offset, count
     # A GPU-timed call is over when its GPU work ended: the host call of an asynchronous GPU returns at
     # once, so one whose GPU work has not ended is still in flight (t_return 0), as on a synchronous one.
     maybe_pending = is_call & ((records["flags"] & Flag.GPU_TIMED) != 0) & (records["state"] == State.RETURNED)
@@ -206,12 +197,15 @@ def _convert_batch(batch: _Batch, converted: np.ndarray, output: np.ndarray) -> 
     for index in np.unique(ring_of[maybe_pending]).tolist():
         rows = starts[index] + np.flatnonzero(is_call[starts[index] : starts[index + 1]])
         pending = gpu_in_flight(take(records, rows))  # in claim order: a stream runs its work in that order
-        output["t_return"][destination[rows[pending]]] = 0
-    call_rings, t_call = ring_of[is_call], records["t_call_ns"][is_call]
+        own["t_return"][offsets[index] - start + np.flatnonzero(pending)] = 0
+    t_call = own["t_call"]
     backwards = np.flatnonzero((t_call[1:] < t_call[:-1]) & (call_rings[1:] == call_rings[:-1]))
     for index in np.unique(call_rings[backwards]).tolist():  # threads interleaved: sorted by call time
-        own = output[offsets[index] : offsets[index] + written[index]]
-        own[...] = own.view(RAW_CALL)[np.argsort(own["t_call"], kind="stable")].view(CALL_DTYPE)
+        ring_calls = output[offsets[index] : offsets[index] + written[index]]
+        order = np.argsort(ring_calls["t_call"], kind="stable")
+        for name in CALL_DTYPE.names:
+            ring_calls[name] = ring_calls[name][order]
+    return int(ends[-1]) if len(ends) else start
 
 
 def _first_of_each(rings: np.ndarray, comms: np.ndarray, passes: int = 8) -> np.ndarray:
@@ -265,17 +259,28 @@ def _batches(rings: list[tuple[int, str, int, int]]) -> Iterator[list[tuple[int,
         yield batch
 
 
-def _read_rings(rings: list[tuple[int, str, int, int]], scratch: _Scratch) -> list[_RingRead]:
+def _read_chunk(chunk: list[tuple[int, str, int, int]], progress: Progress | None = None) -> list[_RingRead]:
+    """Rings in rank order, their calls back to back from the first one's slot on: a chunk leaves a
+    gap only at its end (its rings' creation records and torn ones), closed once all are read."""
     assert _output is not None
-    scratch.sized(sum(held for *_, held in rings))
-    batch = _read_batch(rings, scratch.records)
-    _convert_batch(batch, scratch.calls, _output)
-    return batch.reads
+    scratch, results = _Scratch(), []
+    start = chunk[0][2] if chunk else 0
+    for rings in _batches(chunk):
+        scratch.sized(sum(held for *_, held in rings))
+        batch = _read_batch(rings, scratch.records)
+        start = _convert_batch(batch, _output, start)
+        results += batch.reads
+        if progress:
+            progress.advance(len(rings))
+    return results
 
 
-def _read_chunk(chunk: list[tuple[int, str, int, int]]) -> list[_RingRead]:
-    scratch = _Scratch()
-    return [result for batch in _batches(chunk) for result in _read_rings(batch, scratch)]
+def _contiguous_chunks(rings: list[tuple[int, str, int, int]], count: int) -> list[list[tuple[int, str, int, int]]]:
+    """``rings`` (in rank order) cut into at most ``count`` runs holding about as many records each."""
+    ends = np.cumsum([held for *_, held in rings])
+    cuts = np.searchsorted(ends, ends[-1] * np.arange(1, count) / count, side="right") if len(rings) else []
+    bounds = [0, *sorted(set(np.asarray(cuts).tolist())), len(rings)]
+    return [rings[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
@@ -307,20 +312,16 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
     for rank, path, held in sorted(headers):
         chosen.append((rank, path, upper, held))
         upper += held
-    size = (upper + 1) * CALL_DTYPE.itemsize  # the last row takes what is not a call
     shared = workers > 1 and len(chosen) >= 2 * workers
-    _output = np.frombuffer(mmap.mmap(-1, size), CALL_DTYPE) if shared else np.empty(upper + 1, CALL_DTYPE)
+    _output = _shared_columns(upper) if shared else Calls.empty(upper)
     try:
         if shared:
-            chunks = [chosen[i :: workers * 8] for i in range(workers * 8)]  # interleaved: even work
+            chunks = _contiguous_chunks(chosen, workers * 8)  # several a worker: even work
             with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                results = sorted((r for part in pool.map(_read_chunk, chunks) for r in part), key=lambda r: r.rank)
+                results = [result for part in pool.map(_read_chunk, chunks) for result in part]  # in rank order
         else:
             progress = Progress(len(chosen), "reading rings")
-            results, scratch = [], _Scratch()
-            for batch in _batches(chosen):
-                results += _read_rings(batch, scratch)
-                progress.advance(len(batch))
+            results = _read_chunk(chosen, progress)
             progress.close()
         calls = _output
     finally:
@@ -328,12 +329,21 @@ def load_rings(paths: Iterable[str | Path], workers: int = 1) -> Trace:
     return _assemble(calls, results, problems, skipped)
 
 
-def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str], skipped: list[str]) -> Trace:
+def _shared_columns(rows: int) -> Calls:
+    """Columns of ``rows`` calls in one anonymous shared mapping (forked workers fill them)."""
+    sizes = [rows * CALL_DTYPE[name].itemsize for name in CALL_DTYPE.names]
+    starts = np.r_[0, np.cumsum([-(-size // 8) * 8 for size in sizes])]  # each column 8-byte aligned
+    mapping = mmap.mmap(-1, max(int(starts[-1]), 1))
+    return Calls({name: np.frombuffer(mapping, CALL_DTYPE[name], rows, int(start))
+                  for name, start in zip(CALL_DTYPE.names, starts.tolist(), strict=False)})  # fmt: skip
+
+
+def _assemble(calls: Calls, results: list[_RingRead], problems: list[str], skipped: list[str]) -> Trace:
     """Close the gaps between the rings' calls (slots were sized from the headers) and learn the
     communicators: creation records first, then what calls tell of the others."""
     ranks: dict[int, RankSource] = {}
     comms: dict[int, Communicator] = {}
-    raw = calls.view(RAW_CALL)
+    moves: list[tuple[int, int, int]] = []  # (from, to, calls): the chunks' calls, to close the gaps between them
     filled = 0
     problems.extend(skipped)
     for result in results:
@@ -342,8 +352,11 @@ def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str], 
         if not result.readable:
             skipped.append(result.problem or result.path)
             continue
-        if result.offset != filled and result.count:  # overlapping moves are safe: numpy copies through a buffer
-            raw[filled : filled + result.count] = raw[result.offset : result.offset + result.count]
+        if result.count:
+            if moves and moves[-1][0] + moves[-1][2] == result.offset:
+                moves[-1] = (moves[-1][0], moves[-1][1], moves[-1][2] + result.count)
+            else:
+                moves.append((result.offset, filled, result.count))
         filled += result.count
         ranks[result.rank] = RankSource(
             result.rank, result.hostname, result.pid, result.path, result.world_size, result.gpu_index, result.gpu_uuid
@@ -356,4 +369,8 @@ def _assemble(calls: np.ndarray, results: list[_RingRead], problems: list[str], 
         for comm_id, comm_rank, size in result.from_calls:
             comm = comms.setdefault(comm_id, Communicator(comm_id, size))
             comm.members.setdefault(comm_rank, result.rank)
+    for source, target, count in moves:
+        if source != target:  # overlapping moves are safe: numpy copies through a buffer
+            for name in CALL_DTYPE.names:
+                calls[name][target : target + count] = calls[name][source : source + count]
     return Trace(calls[:filled], ranks, comms, problems, skipped=skipped)

@@ -26,7 +26,7 @@ import numpy as np
 from rankwatch.analysis.clocks import aligned, node_offsets
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import GroupedValues
-from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, robust_spread
+from rankwatch.analysis.job_noise import TICK_SAMPLE, chance_tail, clock_tick_ns, robust_spread
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
 
@@ -46,6 +46,15 @@ def transfer_keys(comm: np.ndarray, sender: np.ndarray, receiver: np.ndarray, se
         del term
     hashed ^= seq.astype(np.uint64)
     return hashed
+
+
+def _clock_tick(t_call: np.ndarray, t_return: np.ndarray, s: np.ndarray) -> int:
+    """:func:`clock_tick_ns` of the matched sends' call then return times, without gathering millions
+    of them when its first sample (the first calls) already tells a nanosecond clock."""
+    sample = t_call[s[:TICK_SAMPLE]].astype(np.int64)
+    if len(s) >= TICK_SAMPLE and (sample > 0).any() and clock_tick_ns(sample) == 1:
+        return 1
+    return clock_tick_ns(np.concatenate([t_call[s], t_return[s]]).astype(np.int64))
 
 
 def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
@@ -105,8 +114,10 @@ def detect_slow_links(
     shift = aligned(trace, node_offsets(trace), columns["rank"])
     # GPU-timed calls are timed on the GPU: an asynchronous GPU's host returns before the transfer ran
     gpu = (calls["gpu_start"][p2p] > 0) & (calls["gpu_end"][p2p] > 0)
-    t_call = np.where(gpu, calls["gpu_start"][p2p], calls["t_call"][p2p]) - shift
-    t_return = np.where(gpu, calls["gpu_end"][p2p], calls["t_return"][p2p]) - shift
+    t_call, t_return = calls["t_call"][p2p], calls["t_return"][p2p]
+    if gpu.any():
+        t_call[gpu], t_return[gpu] = calls["gpu_start"][p2p[gpu]], calls["gpu_end"][p2p[gpu]]
+    t_call, t_return = t_call - shift, t_return - shift  # float: the clock offsets are medians
     del p2p, shift, gpu  # memory: at 16k ranks each of these arrays is 100s of MB
     send = columns.pop("op") == Op.SEND
     sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
@@ -148,7 +159,7 @@ def detect_slow_links(
     if usable.sum() < 3:
         return []  # nothing to compare a pair with
     if min_excess_ns is None:
-        min_excess_ns = float(clock_tick_ns(np.concatenate([t_call[s], t_return[s]]).astype(np.int64)))
+        min_excess_ns = float(_clock_tick(t_call, t_return, s))
     across = np.array([trace.node_of(int(a)) != trace.node_of(int(b)) for a, b in unique_pairs.tolist()], dtype=bool)
     kinds = {kind: usable & (across == kind) for kind in (False, True)}
     if any(0 < int(pairs.sum()) < MIN_PAIRS_OF_A_KIND for pairs in kinds.values()):

@@ -33,8 +33,8 @@ import numpy as np
 from rankwatch.analysis.compute_gaps import MIN_EXCESS
 from rankwatch.analysis.findings import Finding, comm_label
 from rankwatch.analysis.instances import Instances, grouped_median, instances_of
-from rankwatch.analysis.job_noise import chance_tail, clock_tick_ns, median_standard_error, sign_tail
-from rankwatch.analysis.trace import COLLECTIVE_OPS, P2P_OPS, Trace, durations
+from rankwatch.analysis.job_noise import chance_tail, clock_tick_at, median_standard_error, sign_tail
+from rankwatch.analysis.trace import Trace, durations, is_collective, is_p2p
 
 MIN_INSTANCES = 8
 RELATIVE_DELAY = 0.03  # nobody would act on a delay below 3% of the compute between calls
@@ -103,7 +103,7 @@ def detect_stragglers(
     ``problems`` gets the numbers of a rank whose margin the job's noise still covers (when nobody is
     named, and the rank is no slow link's endpoint: lateness a named rank or link passes on is no news)."""
     calls = trace.calls
-    mask = np.isin(calls["op"], COLLECTIVE_OPS)
+    mask = is_collective(calls["op"])
     if trace.has_returns:
         mask &= calls["t_return"] > 0
     if since_ns is not None:
@@ -151,8 +151,8 @@ def detect_stragglers(
                 )
             )
     if min_delay_ns is None:
-        tick = clock_tick_ns(calls["t_call"][instances.rows])  # one column at a time (memory at 16k ranks)
-        timed_tick = clock_tick_ns(calls["gpu_start"][instances.rows]) if trace.has_returns else 1
+        tick = clock_tick_at(calls["t_call"], instances.rows)
+        timed_tick = clock_tick_at(calls["gpu_start"], instances.rows) if trace.has_returns else 1
         min_delay_ns = float(max(tick, timed_tick))
     return _findings(trace, candidates, min_delay_ns, explained_by_links, problems)
 
@@ -305,7 +305,7 @@ def _root_causes(
         """The ranks this one sends to or receives from."""
         if rank not in partners_of:
             rows = trace.rows_of(rank)
-            p2p = np.flatnonzero(np.isin(trace.calls["op"][rows], P2P_OPS)) + rows.start
+            p2p = np.flatnonzero(is_p2p(trace.calls["op"][rows])) + rows.start
             found = set()
             for comm_id, peer in set(zip(trace.calls["comm"][p2p].tolist(), trace.calls["peer"][p2p].tolist(),
                                          strict=True)):  # fmt: skip

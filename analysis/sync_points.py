@@ -14,7 +14,7 @@ import numpy as np
 
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.slow_link import transfer_keys
-from rankwatch.analysis.trace import P2P_OPS, Trace
+from rankwatch.analysis.trace import P2P_OPS, Trace, is_p2p
 
 CONTEXT_CALLS = 16  # the calls before the stop that identify its place in a step
 MIN_EARLIER = 1  # earlier occurrences of that place needed to judge it
@@ -59,7 +59,7 @@ def matched(trace: Trace) -> np.ndarray:
     the peer posted the matching receive or send). An unmatched call is something its GPU may wait on."""
     calls = trace.calls
     out = np.ones(len(calls), bool)
-    p2p = np.isin(calls["op"], P2P_OPS)
+    p2p = is_p2p(calls["op"])
     collective = np.flatnonzero(~p2p)
     comm, seq = calls["comm"][collective], calls["seq"][collective]
     _, index, entered = np.unique(transfer_keys(comm, comm * 0, comm * 0, seq), return_inverse=True, return_counts=True)
