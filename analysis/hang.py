@@ -246,7 +246,7 @@ def _held_up_together(trace: Trace, ranks: set[int], waiting: set[int], members_
         last = set()
         for member in members:
             own = calls[trace.rows_of(member)]
-            own = own[(own["comm"] == comm_id) & ~np.isin(own["op"], P2P_OPS)]
+            own = own[(own["comm"] == comm_id) & ~is_p2p(own["op"])]
             if not len(own) or own[-1]["t_return"] == 0:
                 break
             last.add(int(own["seq"].max()))
@@ -313,7 +313,7 @@ def _stopped_between_calls(
     made: it stopped between the two. Only where no send/receive can hold a rank unseen (none recorded,
     none the source leaves out)."""
     calls = trace.calls
-    if trace.unrecorded_partners or np.isin(calls["op"], P2P_OPS).any():
+    if trace.unrecorded_partners or is_p2p(calls["op"]).any():
         return set()
     proven = set()
     for row in stalled:
