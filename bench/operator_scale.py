@@ -26,7 +26,7 @@ the child's loop on uvloop (``RANKWATCH_EVENT_LOOP``).
 
     python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
                                    [--parse-workers 1] [--default-gc] [--event-loop asyncio|uvloop]
-                                   [--senders 2] [--connections 512]
+                                   [--senders 2] [--connections 512] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -34,16 +34,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import gzip
 import itertools
 import multiprocessing
 import os
+import pickle
 import random
 import signal
 import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import loop_pauses
@@ -160,7 +163,13 @@ def serve(
             full = sum(generation == 2 for generation, *_ in seen.collections)
             passes.put((spent, slowest, found, collected, full, seen))
             if stop.is_set():
-                passes.put(None)  # every report before it is whole: the bench may end this process now
+                # What the frozen objects held that only a thaw would free: cyclic garbage kept alive.
+                frozen, started = gc.get_freeze_count(), time.thread_time()
+                gc.unfreeze()
+                held = gc.collect()  # as the operator's thaw does (garbage_collection.thaw)
+                thawed = 1e3 * (time.thread_time() - started)
+                # The last report: every one before it is whole, the bench may end this process now.
+                passes.put({"frozen": frozen, "garbage_held": held, "thaw_cpu_ms": thawed})
                 await asyncio.Event().wait()
 
     loops.run(main(), event_loop)
@@ -376,9 +385,17 @@ def step(args: argparse.Namespace, ranks: int) -> list[dict[str, float | str]]:
     (in that order, on the same bodies): their figures."""
     jobs, window_count = args.jobs, args.windows
     world = max(TP, round(ranks / jobs / TP) * TP)
-    generator = random.Random(0)
     built = time.monotonic()
-    windows = [job_bodies(NAMESPACE, job_names(jobs), world, number + 1, generator) for number in range(window_count)]
+    cached = args.keep / f"bodies-{jobs}x{world}x{window_count}.pickle" if args.keep else None
+    if cached is not None and cached.exists():
+        windows = pickle.loads(cached.read_bytes())  # the same bodies as made below (seeded)
+    else:
+        generator = random.Random(0)
+        windows = [
+            job_bodies(NAMESPACE, job_names(jobs), world, number + 1, generator) for number in range(window_count)
+        ]
+        if cached is not None:
+            cached.write_bytes(pickle.dumps(windows))
     pods = len(windows[0])
     size = sum(len(body) for *_, body in windows[0]) / pods
     print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
@@ -415,8 +432,9 @@ def run(
         cpu_marks.append(tree_cpu_seconds(child.pid))  # after the last answer: all the work of every summary
         stop.set()  # one more detector pass over the full state, then its last report and the end mark
         detector = []
-        while (one := passes.get(timeout=max(60.0, 3 * window_s))) is not None:
+        while not isinstance(one := passes.get(timeout=max(60.0, 3 * window_s)), dict):
             detector.append(one)
+        ended = one
         rss, peak = tree_rss_mib(child.pid)
     finally:
         members = process_tree(child.pid)
@@ -445,6 +463,7 @@ def run(
         "full_gc": sum(row[4] for row in detector) / len(detector) if detector else float("nan"),
         "suspicions": sum(row[2] for row in detector),
         **pauses,
+        **ended,
     }
     print(f"load average {os.getloadavg()[0]:.1f}; {describe_senders(load, args.senders, window_s)}", flush=True)
     print(describe_pauses(figures), flush=True)
@@ -466,7 +485,9 @@ def describe_pauses(figures: dict[str, Any]) -> str:
         f"{figures['pauses']} pauses >= {1e3 * loop_pauses.PAUSE_S:.0f} ms, {figures['pauses_ms']:.0f} ms in all, of "
         f"which {figures['pauses_queued_ms']:.0f} ms waiting for a CPU; collections: {collections}; detector: "
         f"{figures.get('detect_count', 0)} job passes, longest {figures.get('detect_max_ms', 0):.1f} ms (wall); "
-        f"longest pauses: {figures['longest_pauses'] or 'none'}"
+        f"longest pauses: {figures['longest_pauses'] or 'none'}; at the end {figures['frozen']} objects frozen, "
+        f"of which {figures['garbage_held']} unreachable (cyclic garbage only a thaw frees); thawing and "
+        f"collecting them all took {figures['thaw_cpu_ms']:.0f} ms of CPU"
     )
 
 
@@ -555,6 +576,7 @@ def main() -> None:
     )
     parser.add_argument("--senders", type=int, default=2, help="processes playing the sidecars")
     parser.add_argument("--connections", type=int, default=512, help="keep-alive connections over all senders")
+    parser.add_argument("--keep", type=Path, help="a folder where the bodies made once are kept for later runs")
     args = parser.parse_args()
     steps = [int(ranks) for ranks in args.steps.split(",")]
     for name in args.event_loop.split(","):

@@ -4,7 +4,10 @@ Nothing here is persisted: after an operator restart the next window summaries (
 from every pod) rebuild progress, waits and step times, and what is "in flight too long" is carried
 by the summaries themselves (``oldest_in_flight_s``), so a hang that began before the restart is
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
-history: a 16k-rank job is tens of thousands of small objects, not a trace.
+history: a 16k-rank job is tens of thousands of small objects, not a trace. The histories are plain
+tuples of numbers, which the garbage collector stops tracking once it has seen them (a deque it would
+walk at every full collection): at 64,000 ranks the state is half the objects a collection walks
+(bench/operator_scale.py, the collections' pauses).
 
 Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
 the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
@@ -17,7 +20,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.protocol import CommWindow, StallReport, WindowSummary
@@ -145,6 +148,16 @@ def _comm_digest(comm: CommWindow) -> CommDigest:
     )
 
 
+Entry = TypeVar("Entry")
+
+
+def kept(history: tuple[Entry, ...], entry: Entry, keep: int) -> tuple[Entry, ...]:
+    """``history`` with ``entry`` appended and the oldest beyond ``keep`` dropped, as a new plain tuple."""
+    if len(history) < keep:
+        return (*history, entry)
+    return (*history[len(history) - keep + 1 :], entry)
+
+
 @dataclass(slots=True)
 class CommState:
     """One rank's progress and waits on one communicator."""
@@ -156,8 +169,9 @@ class CommState:
     in_flight: int = 0
     oldest_in_flight_s: float | None = None  # as of ``seen_at``
     seen_at: float = 0.0
-    waits: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
-    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with calls."""
+    waits: tuple[tuple[float, float, int], ...] = ()
+    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with
+    calls, oldest first, at most ``HISTORY_WINDOWS``."""
 
 
 @dataclass(slots=True)
@@ -167,13 +181,15 @@ class RankState:
     node: str
     alive: bool = True
     seen_at: float = 0.0
-    records: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    records: tuple[int, ...] = ()
+    """Records its ring took per window, oldest first, at most ``HISTORY_WINDOWS``."""
     step_time_s: float | None = None
     wait_s: float | None = None
     """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
-    scheduling: deque[tuple[float, float, float, int]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
-    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them."""
+    scheduling: tuple[tuple[float, float, float, int], ...] = ()
+    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them,
+    oldest first, at most ``HOST_WINDOWS``."""
 
 
 @dataclass(slots=True)
@@ -183,8 +199,8 @@ class PodState:
     replica_index: int
     seen_at: float = 0.0
     ranks: set[int] = field(default_factory=set)
-    cpu_pressure: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
-    """(received at, the node's CPU pressure share) per summary that had it."""
+    cpu_pressure: tuple[tuple[float, float], ...] = ()
+    """(received at, the node's CPU pressure share) per summary that had it, oldest first, at most ``HOST_WINDOWS``."""
     latest_start_ns: int = 0
     """Start of the newest window taken from this pod: an older one not seen before is a replay."""
 
@@ -252,7 +268,7 @@ class JobState:
             return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
-            pod.cpu_pressure.append((now, summary.cpu_pressure))
+            pod.cpu_pressure = kept(pod.cpu_pressure, (now, summary.cpu_pressure), HOST_WINDOWS)
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
@@ -267,9 +283,9 @@ class JobState:
                 self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
-            rank.records.append(records)
+            rank.records = kept(rank.records, records, HISTORY_WINDOWS)
             if scheduling is not None and window_s > 0:
-                rank.scheduling.append((now, window_s, *scheduling))
+                rank.scheduling = kept(rank.scheduling, (now, window_s, *scheduling), HOST_WINDOWS)
             if step_time_s:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
@@ -290,7 +306,7 @@ class JobState:
                     state.last_entered = max(last_entered, state.last_entered or last_entered)
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.waits.append((now, wait, collectives))
+                    state.waits = kept(state.waits, (now, wait, collectives), HISTORY_WINDOWS)
                     waits.append(wait)
             if waits:
                 waits.sort()
