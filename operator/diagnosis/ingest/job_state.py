@@ -6,8 +6,8 @@ by the summaries themselves (``oldest_in_flight_s``), so a hang that began befor
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
 history: a 16k-rank job is tens of thousands of small objects, not a trace. The histories are plain
 tuples of numbers, which the garbage collector stops tracking once it has seen them (a deque it would
-walk at every full collection): at 64,000 ranks the state is half the objects a collection walks
-(bench/operator_scale.py, the collections' pauses).
+walk at every full collection), appended to as ``(*history, entry)[-keep:]``: at 64,000 ranks the
+state is half the objects and half the memory (bench/operator_scale.py, the collections' pauses).
 
 Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
 the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.protocol import CommWindow, StallReport, WindowSummary
@@ -148,16 +148,6 @@ def _comm_digest(comm: CommWindow) -> CommDigest:
     )
 
 
-Entry = TypeVar("Entry")
-
-
-def kept(history: tuple[Entry, ...], entry: Entry, keep: int) -> tuple[Entry, ...]:
-    """``history`` with ``entry`` appended and the oldest beyond ``keep`` dropped, as a new plain tuple."""
-    if len(history) < keep:
-        return (*history, entry)
-    return (*history[len(history) - keep + 1 :], entry)
-
-
 @dataclass(slots=True)
 class CommState:
     """One rank's progress and waits on one communicator."""
@@ -268,7 +258,7 @@ class JobState:
             return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
-            pod.cpu_pressure = kept(pod.cpu_pressure, (now, summary.cpu_pressure), HOST_WINDOWS)
+            pod.cpu_pressure = (*pod.cpu_pressure, (now, summary.cpu_pressure))[-HOST_WINDOWS:]
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
@@ -283,9 +273,9 @@ class JobState:
                 self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
-            rank.records = kept(rank.records, records, HISTORY_WINDOWS)
+            rank.records = (*rank.records, records)[-HISTORY_WINDOWS:]
             if scheduling is not None and window_s > 0:
-                rank.scheduling = kept(rank.scheduling, (now, window_s, *scheduling), HOST_WINDOWS)
+                rank.scheduling = (*rank.scheduling, (now, window_s, *scheduling))[-HOST_WINDOWS:]
             if step_time_s:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
@@ -306,7 +296,7 @@ class JobState:
                     state.last_entered = max(last_entered, state.last_entered or last_entered)
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.waits = kept(state.waits, (now, wait, collectives), HISTORY_WINDOWS)
+                    state.waits = (*state.waits, (now, wait, collectives))[-HISTORY_WINDOWS:]
                     waits.append(wait)
             if waits:
                 waits.sort()
