@@ -495,9 +495,9 @@ def emit_figures(row: dict[str, Any]) -> None:
     """The headline figures of one run (bench/figures.py): the answers' p99 against the idle collector's
     p50 measured in the same run, the share of the offered summaries taken, the peak memory."""
     ranks = f"{row['ranks']}_ranks"
-    emit(Figure(f"operator.answer_p99.{ranks}", row["p99_ms"], "ms", row["idle_p50_ms"], "idle collector p50"))
-    emit(Figure(f"operator.accepted_share.{ranks}", row["accepted_per_s"] / row["offered_per_s"], "share"))
-    emit(Figure(f"operator.peak_rss.{ranks}", row["peak_rss_mib"] / 1024, "GiB"))
+    emit(Figure(f"operator.scale.answer_p99.{ranks}", row["p99_ms"], "ms", row["idle_p50_ms"], "idle collector p50"))
+    emit(Figure(f"operator.scale.accepted_share.{ranks}", row["accepted_per_s"] / row["offered_per_s"], "share"))
+    emit(Figure(f"operator.scale.peak_rss.{ranks}", row["peak_rss_mib"] / 1024, "GiB"))
 
 
 LOAD_COLUMNS = [  # header, figure, format, scale: what the senders and the operator's CPU say of one run
