@@ -3,14 +3,13 @@ its token) send; what does not fit is counted on /metrics."""
 
 from __future__ import annotations
 
-import gc
 from dataclasses import replace
 
 from prometheus_client import CollectorRegistry
 
 from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
 from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
-from rankwatch.protocol import CommWindow, Quantiles, RankScheduling, RankWindow, WindowSummary
+from rankwatch.protocol import CommWindow, Quantiles, RankWindow, WindowSummary
 
 
 def comm(comm_id: int) -> CommWindow:
@@ -78,26 +77,3 @@ def test_a_later_attempt_keeps_the_jobs_limits():
     assert state.limits == limits
     state.add_summary(summary("pod-9", [replace(window(9), global_rank=9)]), now=1.0)
     assert state.ranks == {}
-
-
-def test_a_full_state_leaves_the_garbage_collector_few_objects_per_rank():
-    """The state of a job lives for hours: every object of it the collector tracks is walked by every full
-    collection (the operator's longest pause). Its histories (waits, records, scheduling, CPU pressure) are
-    plain tuples of numbers, which the collector stops tracking: a rank with 4 communicators and full
-    histories costs it a handful of objects, not a dozen."""
-    ranks, pods = 256, 32
-    store = JobStore()
-    gc.collect()
-    before = len(gc.get_objects())
-    state = store.get("team-a", "llama", StateLimits.for_job(ranks, pods))
-    for index in range(20):  # more windows than any history keeps
-        for pod in range(pods):
-            windows = [replace(window(rank, comms=4), scheduling=RankScheduling(4.0, 0.01, 3))
-                       for rank in range(pod * 8, pod * 8 + 8)]  # fmt: skip
-            message = replace(summary(f"pod-{pod}", windows, index + 1), cpu_pressure=0.2)
-            state.add_summary(message, now=float(index))
-    gc.collect()
-    gc.collect()  # a tuple is left untracked once its items are: the outer ones at the second look
-    tracked = len(gc.get_objects()) - before
-    assert len(state.ranks) == ranks and all(len(c.waits) == 12 for r in state.ranks.values() for c in r.comms.values())
-    assert tracked / ranks < 7.5, f"{tracked / ranks:.1f} tracked objects per rank"

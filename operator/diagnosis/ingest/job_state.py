@@ -4,10 +4,7 @@ Nothing here is persisted: after an operator restart the next window summaries (
 from every pod) rebuild progress, waits and step times, and what is "in flight too long" is carried
 by the summaries themselves (``oldest_in_flight_s``), so a hang that began before the restart is
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
-history: a 16k-rank job is tens of thousands of small objects, not a trace. The histories are plain
-tuples of numbers, which the garbage collector stops tracking once it has seen them (a deque it would
-walk at every full collection), appended to as ``(*history, entry)[-keep:]``: at 64,000 ranks the
-state is half the objects and half the memory (bench/operator_scale.py, the collections' pauses).
+history: a 16k-rank job is tens of thousands of small objects, not a trace.
 
 Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
 the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
@@ -159,9 +156,8 @@ class CommState:
     in_flight: int = 0
     oldest_in_flight_s: float | None = None  # as of ``seen_at``
     seen_at: float = 0.0
-    waits: tuple[tuple[float, float, int], ...] = ()
-    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with
-    calls, oldest first, at most ``HISTORY_WINDOWS``."""
+    waits: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with calls."""
 
 
 @dataclass(slots=True)
@@ -171,15 +167,13 @@ class RankState:
     node: str
     alive: bool = True
     seen_at: float = 0.0
-    records: tuple[int, ...] = ()
-    """Records its ring took per window, oldest first, at most ``HISTORY_WINDOWS``."""
+    records: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
     step_time_s: float | None = None
     wait_s: float | None = None
     """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
-    scheduling: tuple[tuple[float, float, float, int], ...] = ()
-    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them,
-    oldest first, at most ``HOST_WINDOWS``."""
+    scheduling: deque[tuple[float, float, float, int]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
+    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them."""
 
 
 @dataclass(slots=True)
@@ -189,8 +183,8 @@ class PodState:
     replica_index: int
     seen_at: float = 0.0
     ranks: set[int] = field(default_factory=set)
-    cpu_pressure: tuple[tuple[float, float], ...] = ()
-    """(received at, the node's CPU pressure share) per summary that had it, oldest first, at most ``HOST_WINDOWS``."""
+    cpu_pressure: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
+    """(received at, the node's CPU pressure share) per summary that had it."""
     latest_start_ns: int = 0
     """Start of the newest window taken from this pod: an older one not seen before is a replay."""
 
@@ -258,7 +252,7 @@ class JobState:
             return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
-            pod.cpu_pressure = (*pod.cpu_pressure, (now, summary.cpu_pressure))[-HOST_WINDOWS:]
+            pod.cpu_pressure.append((now, summary.cpu_pressure))
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
@@ -273,9 +267,9 @@ class JobState:
                 self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
-            rank.records = (*rank.records, records)[-HISTORY_WINDOWS:]
+            rank.records.append(records)
             if scheduling is not None and window_s > 0:
-                rank.scheduling = (*rank.scheduling, (now, window_s, *scheduling))[-HOST_WINDOWS:]
+                rank.scheduling.append((now, window_s, *scheduling))
             if step_time_s:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
@@ -296,7 +290,7 @@ class JobState:
                     state.last_entered = max(last_entered, state.last_entered or last_entered)
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.waits = (*state.waits, (now, wait, collectives))[-HISTORY_WINDOWS:]
+                    state.waits.append((now, wait, collectives))
                     waits.append(wait)
             if waits:
                 waits.sort()
