@@ -13,7 +13,7 @@ What survives a middle or a full collection is frozen (``gc.freeze``): later col
 it. Freezing only after full collections (until 2026-11-29) left the full collections themselves: in
 the whole operator at 64,000 ranks (kopf's pod bodies, the pod index and the job states: over a
 million objects) each paused the event loop for 1.1-2.3 s (bench/cluster_density.py
---sidecar-windows), and in the collector alone one full collection was the answers' p99 (818 ms,
+--sidecar-windows), and in the collector alone it was the longest pause of a run (412-521 ms of CPU,
 bench/operator_scale.py). An object that lived through two collections is long-lived here; once
 frozen, nothing reaches the old generation and no full collection walks the state. Frozen objects are
 still freed by reference counting when they are replaced; only a reference cycle among them that
