@@ -87,6 +87,8 @@ FLOW_SCHEMA = "rankwatch-density-operator"
 WINDOW_S = 5
 """The played sidecars' window, also set as the jobs' ``tracing.windowSeconds`` (the CRD's default)."""
 DETECTOR = "rankwatch_detector_duration_seconds"
+LOOP_LAG = "rankwatch_event_loop_lag_seconds"
+GC_PAUSE = "rankwatch_gc_pause_seconds"
 DISPATCHED = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{flow_schema="' + FLOW_SCHEMA + r'",[^}]*\} (\S+)$', re.M
 )
@@ -280,8 +282,12 @@ def collector_metrics(port: int) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name = sample.name
-            if name == f"{DETECTOR}_bucket":
+            if name in (f"{DETECTOR}_bucket", f"{LOOP_LAG}_bucket"):
                 name = f"{name}:{sample.labels['le']}"
+            elif name.startswith(GC_PAUSE):  # by generation (and bound): rankwatch_gc_pause_seconds_count:2
+                name = ":".join(
+                    [name, sample.labels["generation"], *([sample.labels["le"]] if "le" in sample.labels else [])]
+                )
             elif name == "rankwatch_collector_messages_total":
                 name = f"{name}:{sample.labels['result']}"
             totals[name] = totals.get(name, 0.0) + sample.value
@@ -346,8 +352,26 @@ def play_sidecars(
         for name in after
         if name.startswith("rankwatch_collector_messages_total:") and not name.endswith(":accepted") and grew(name)
     }
+
+    def bound(prefix: str, share: float) -> float:
+        """The smallest bucket bound under which ``share`` of what grew in histogram ``prefix`` lies, in ms."""
+        grown = sorted((float(name.rsplit(":", 1)[1]), grew(name)) for name in after if name.startswith(prefix))
+        total = grown[-1][1] if grown else 0.0
+        return 1e3 * next((le for le, count in grown if total and count >= share * total), float("nan"))
+
+    pauses = {"loop_lag_p99_ms_bound": bound(f"{LOOP_LAG}_bucket:", 0.99),
+              "loop_lag_max_ms_bound": bound(f"{LOOP_LAG}_bucket:", 1.0)}  # fmt: skip
+    for generation in range(3):
+        pauses[f"gc{generation}_count"] = grew(f"{GC_PAUSE}_count:{generation}")
+        pauses[f"gc{generation}_ms"] = 1e3 * grew(f"{GC_PAUSE}_sum:{generation}")
+        pauses[f"gc{generation}_max_ms_bound"] = bound(f"{GC_PAUSE}_bucket:{generation}:", 1.0)
+    print("  pauses (the operator's /metrics): event loop lag p99 / max under "
+          f"{pauses['loop_lag_p99_ms_bound']:g} / {pauses['loop_lag_max_ms_bound']:g} ms; collections: "
+          + ", ".join(f"gen {g} {pauses[f'gc{g}_count']:.0f} x, {pauses[f'gc{g}_ms']:.0f} ms, longest under "
+                      f"{pauses[f'gc{g}_max_ms_bound']:g} ms" for g in range(3)), flush=True)  # fmt: skip
     return {
         **{key: value for key, value in figures.items() if key != "statuses"},
+        **pauses,
         "statuses": {str(status): count for status, count in figures["statuses"].items()},
         "sidecar_pods": pods,
         "sidecar_windows": args.sidecar_windows,

@@ -26,7 +26,7 @@ the child's loop on uvloop (``RANKWATCH_EVENT_LOOP``).
 
     python bench/operator_scale.py [--jobs 50] [--steps 4000,16000,64000] [--windows 13] [--window-seconds 5]
                                    [--parse-workers 1] [--default-gc] [--event-loop asyncio|uvloop]
-                                   [--senders 2] [--connections 512]
+                                   [--senders 2] [--connections 512] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -39,14 +39,19 @@ import gzip
 import itertools
 import multiprocessing
 import os
+import pickle
 import random
 import signal
+import socket
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import loop_pauses
 import sidecar_load
+from figures import Figure, emit
 from operator_cpu import RANKS_PER_POD, TP, cpu_seconds, summaries
 
 from rankwatch import protocol
@@ -57,6 +62,10 @@ NAMESPACE = "bench"
 
 def job_names(jobs: int) -> list[str]:
     return [f"job-{index:02d}" for index in range(jobs)]
+
+
+PROBE_JOB = "probe"
+"""A job of the collector's that only the idle baseline sends to (the detector leaves it out)."""
 
 
 def token_of(job: str) -> str:
@@ -103,6 +112,7 @@ def serve(
     world: int,
     window_s: float,
     passes: multiprocessing.Queue,
+    stop: Any,
     workers: int,
     tune_collection: bool,
     event_loop: str,
@@ -119,10 +129,10 @@ def serve(
     limits = StateLimits.for_job(world, world // RANKS_PER_POD)
 
     async def tokens(namespace: str, name: str, stale: bool = False) -> str | None:
-        return token_of(name) if name in names else None
+        return token_of(name) if name in names or name == PROBE_JOB else None
 
     def followed(namespace: str, name: str) -> StateLimits | None:
-        return limits if namespace == NAMESPACE and name in names else None
+        return limits if namespace == NAMESPACE and (name in names or name == PROBE_JOB) else None
 
     async def main() -> None:
         store = JobStore()
@@ -132,16 +142,8 @@ def serve(
         ports.put(collector.port)
         layout = Layout(TP, layout_of(world), world)
         thresholds = Thresholds(300, window_s)
-        collecting = [0.0, 0.0, 0]  # the garbage collector's seconds, full collections, since the last pass
-
-        def timed(phase: str, info: dict) -> None:
-            if phase == "start":
-                collecting[1] = time.perf_counter()
-            else:
-                collecting[0] += time.perf_counter() - collecting[1]
-                collecting[2] += info["generation"] == 2
-
-        gc.callbacks.append(timed)
+        watch = loop_pauses.PauseWatch()  # the loop's lag, each collection, each detector pass: one clock
+        watch.start()
         if tune_collection:  # as the operator does
             garbage_collection.tune()
         while True:  # the monitor: the detector over every job once per window
@@ -151,12 +153,24 @@ def serve(
                 state = store.peek(NAMESPACE, name)
                 if state is not None and state.summaries:
                     one = time.thread_time()  # the detector's CPU, not the summaries served in between
-                    found += len(detect(state, thresholds, layout, time.monotonic()))
+                    with watch.section("detect"):
+                        found += len(detect(state, thresholds, layout, time.monotonic()))
                     spent += time.thread_time() - one
                     slowest = max(slowest, time.thread_time() - one)
                     await asyncio.sleep(0)  # as the monitor does: summaries are served between jobs
-            passes.put((spent, slowest, found, collecting[0], collecting[2]))
-            collecting[0], collecting[2] = 0.0, 0
+            seen = watch.take()
+            collected = sum(end - start for _, start, end, _ in seen.collections)
+            full = sum(generation == 2 for generation, *_ in seen.collections)
+            passes.put((spent, slowest, found, collected, full, seen))
+            if stop.is_set():
+                # What the frozen objects held that only a thaw would free: cyclic garbage kept alive.
+                frozen, started = gc.get_freeze_count(), time.thread_time()
+                gc.unfreeze()
+                held = gc.collect()  # as the operator's thaw does (garbage_collection.thaw)
+                thawed = 1e3 * (time.thread_time() - started)
+                # The last report: every one before it is whole, the bench may end this process now.
+                passes.put({"frozen": frozen, "garbage_held": held, "thaw_cpu_ms": thawed})
+                await asyncio.Event().wait()
 
     loops.run(main(), event_loop)
 
@@ -255,6 +269,33 @@ def send(
     return got, start, cpu_marks, rss_marks
 
 
+def idle_latencies(port: int, world: int) -> list[float]:
+    """The baseline: each answer's latency, sorted, of the idle collector taking one pod's summary at a
+    time (one window of the probe job's pods, over one keep-alive connection, before the load starts)."""
+    bodies = job_bodies(NAMESPACE, [PROBE_JOB], world, 1, random.Random(1))
+    latencies = []
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+        for _, _, body in bodies:
+            request = sidecar_load.request_bytes(port, NAMESPACE, PROBE_JOB, token_of(PROBE_JOB), body)
+            began = time.perf_counter()
+            connection.sendall(request)
+            answer = b""
+            while b"\r\n\r\n" not in answer or len(answer) < answer.index(b"\r\n\r\n") + 4 + _length(answer):
+                answer += connection.recv(65536)
+            latencies.append(time.perf_counter() - began)
+            if answer[9:12] not in (b"200", b"202"):
+                raise SystemExit(f"the idle collector answered {answer[:12]!r} to the probe job's summary")
+    return sorted(latencies)
+
+
+def _length(answer: bytes) -> int:
+    head = answer[: answer.index(b"\r\n\r\n")].lower()
+    for line in head.split(b"\r\n"):
+        if line.startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
 def load_figures(
     reports: list[sidecar_load.SenderReport],
     start: float,
@@ -344,9 +385,17 @@ def step(args: argparse.Namespace, ranks: int) -> list[dict[str, float | str]]:
     (in that order, on the same bodies): their figures."""
     jobs, window_count = args.jobs, args.windows
     world = max(TP, round(ranks / jobs / TP) * TP)
-    generator = random.Random(0)
     built = time.monotonic()
-    windows = [job_bodies(NAMESPACE, job_names(jobs), world, number + 1, generator) for number in range(window_count)]
+    cached = args.keep / f"bodies-{jobs}x{world}x{window_count}.pickle" if args.keep else None
+    if cached is not None and cached.exists():
+        windows = pickle.loads(cached.read_bytes())  # the same bodies as made below (seeded)
+    else:
+        generator = random.Random(0)
+        windows = [
+            job_bodies(NAMESPACE, job_names(jobs), world, number + 1, generator) for number in range(window_count)
+        ]
+        if cached is not None:
+            cached.write_bytes(pickle.dumps(windows))
     pods = len(windows[0])
     size = sum(len(body) for *_, body in windows[0]) / pods
     print(f"\n{jobs} jobs x {world} ranks = {jobs * world} ranks, {pods} pods; built {window_count} windows in "
@@ -365,22 +414,27 @@ def run(
     pods = len(windows[0])
     load_before = os.getloadavg()[0]
     context = multiprocessing.get_context("spawn")
-    ports, passes = context.Queue(), context.Queue()
+    ports, passes, stop = context.Queue(), context.Queue(), context.Event()
     child = context.Process(
         target=serve,
-        args=(ports, jobs, world, window_s, passes, args.parse_workers, not args.default_gc, event_loop),
+        args=(ports, jobs, world, window_s, passes, stop, args.parse_workers, not args.default_gc, event_loop),
     )
     child.start()
     try:
         port = ports.get(timeout=60)
         time.sleep(1.0)
         _, idle_rss = tree_rss_mib(child.pid)
+        idle = idle_latencies(port, world)
         tokens = {job: token_of(job) for job in job_names(jobs)}
         reports, start, cpu_marks, _ = send(
             port, NAMESPACE, tokens, windows, window_s, child.pid, args.senders, args.connections
         )
         cpu_marks.append(tree_cpu_seconds(child.pid))  # after the last answer: all the work of every summary
-        time.sleep(window_s)  # one more detector pass over the full state
+        stop.set()  # one more detector pass over the full state, then its last report and the end mark
+        detector = []
+        while not isinstance(one := passes.get(timeout=max(60.0, 3 * window_s)), dict):
+            detector.append(one)
+        ended = one
         rss, peak = tree_rss_mib(child.pid)
     finally:
         members = process_tree(child.pid)
@@ -388,10 +442,8 @@ def run(
             with contextlib.suppress(OSError):
                 os.kill(member, signal.SIGTERM)
         child.join(10)
-    detector = []
-    while not passes.empty():
-        detector.append(passes.get())
     load = load_figures(reports, start, cpu_marks, pods, window_count, window_s)
+    pauses = loop_pauses.summary(loop_pauses.merged([seen for *_, seen in detector]))
     figures: dict[str, float | str] = {
         "loop": event_loop,
         "load": load_before,
@@ -399,18 +451,53 @@ def run(
         "ranks": jobs * world,
         "pods": pods,
         **{key: value for key, value in load.items() if key != "statuses"},
+        "idle_p50_ms": 1e3 * idle[len(idle) // 2],
+        "idle_p99_ms": 1e3 * idle[int(len(idle) * 0.99)],
         "rss_idle_mib": idle_rss,
         "rss_mib": rss,
         "peak_rss_mib": peak,
-        "detect_ms": 1e3 * statistics.mean(total for total, _, _, _, _ in detector[-3:]) if detector else float("nan"),
-        "detect_ms_max": 1e3 * max(total for total, _, _, _, _ in detector) if detector else float("nan"),
-        "detect_job_ms_max": 1e3 * max(one for _, one, _, _, _ in detector) if detector else float("nan"),
-        "gc_ms": 1e3 * statistics.mean(collected for _, _, _, collected, _ in detector) if detector else float("nan"),
-        "full_gc": sum(full for *_, full in detector) / len(detector) if detector else float("nan"),
-        "suspicions": sum(found for _, _, found, _, _ in detector),
+        "detect_ms": 1e3 * statistics.mean(row[0] for row in detector[-3:]) if detector else float("nan"),
+        "detect_ms_max": 1e3 * max(row[0] for row in detector) if detector else float("nan"),
+        "detect_job_ms_max": 1e3 * max(row[1] for row in detector) if detector else float("nan"),
+        "gc_ms": 1e3 * statistics.mean(row[3] for row in detector) if detector else float("nan"),
+        "full_gc": sum(row[4] for row in detector) / len(detector) if detector else float("nan"),
+        "suspicions": sum(row[2] for row in detector),
+        **pauses,
+        **ended,
     }
     print(f"load average {os.getloadavg()[0]:.1f}; {describe_senders(load, args.senders, window_s)}", flush=True)
+    print(describe_pauses(figures), flush=True)
     return figures
+
+
+def describe_pauses(figures: dict[str, Any]) -> str:
+    """Where the answers' tail comes from: the loop's lag, its pauses and the longest of them laid against
+    the collections (per generation) and the detector's passes that ran within them."""
+    collections = ", ".join(
+        f"gen {g} {figures[f'gc{g}_count']} x, {figures[f'gc{g}_ms']:.0f} ms, "
+        f"longest {figures[f'gc{g}_max_ms']:.0f} ms (CPU {figures[f'gc{g}_cpu_max_ms']:.0f} ms)"
+        for g in range(3)
+    )
+    return (
+        f"answers p99 {figures['p99_ms']:.1f} ms, the idle collector's p50 / p99 {figures['idle_p50_ms']:.1f} / "
+        f"{figures['idle_p99_ms']:.1f} ms (ratio {figures['p99_ms'] / figures['idle_p50_ms']:.1f}); loop lag p50 / "
+        f"p99 / max {figures['lag_p50_ms']:.1f} / {figures['lag_p99_ms']:.1f} / {figures['lag_max_ms']:.0f} ms, "
+        f"{figures['pauses']} pauses >= {1e3 * loop_pauses.PAUSE_S:.0f} ms, {figures['pauses_ms']:.0f} ms in all, of "
+        f"which {figures['pauses_queued_ms']:.0f} ms waiting for a CPU; collections: {collections}; detector: "
+        f"{figures.get('detect_count', 0)} job passes, longest {figures.get('detect_max_ms', 0):.1f} ms (wall); "
+        f"longest pauses: {figures['longest_pauses'] or 'none'}; at the end {figures['frozen']} objects frozen, "
+        f"of which {figures['garbage_held']} unreachable (cyclic garbage only a thaw frees); thawing and "
+        f"collecting them all took {figures['thaw_cpu_ms']:.0f} ms of CPU"
+    )
+
+
+def emit_figures(row: dict[str, Any]) -> None:
+    """The headline figures of one run (bench/figures.py): the answers' p99 against the idle collector's
+    p50 measured in the same run, the share of the offered summaries taken, the peak memory."""
+    ranks = f"{row['ranks']}_ranks"
+    emit(Figure(f"operator.scale.answer_p99.{ranks}", row["p99_ms"], "ms", row["idle_p50_ms"], "idle collector p50"))
+    emit(Figure(f"operator.scale.accepted_share.{ranks}", row["accepted_per_s"] / row["offered_per_s"], "share"))
+    emit(Figure(f"operator.scale.peak_rss.{ranks}", row["peak_rss_mib"] / 1024, "GiB"))
 
 
 LOAD_COLUMNS = [  # header, figure, format, scale: what the senders and the operator's CPU say of one run
@@ -434,6 +521,48 @@ def print_table(rows: list[dict], columns: list[tuple[str, str, str, float]]) ->
         print(" ".join(format(row[key] * scale, spec) for _, key, spec, scale in columns))
 
 
+PAUSE_COLUMNS = [  # header, figure, format, scale: where the tail comes from
+    ("ranks", "ranks", ">6.0f", 1),
+    ("p99 ms", "p99_ms", ">7.1f", 1),
+    ("idle p50", "idle_p50_ms", ">8.1f", 1),
+    ("idle p99", "idle_p99_ms", ">8.1f", 1),
+    ("lag p99", "lag_p99_ms", ">7.1f", 1),
+    ("lag max", "lag_max_ms", ">7.0f", 1),
+    ("pauses", "pauses", ">6.0f", 1),
+    ("in ms", "pauses_ms", ">6.0f", 1),
+    ("queued", "pauses_queued_ms", ">6.0f", 1),
+    ("gen0 n", "gc0_count", ">6.0f", 1),
+    ("max ms", "gc0_max_ms", ">6.0f", 1),
+    ("gen1 n", "gc1_count", ">6.0f", 1),
+    ("max ms", "gc1_max_ms", ">6.0f", 1),
+    ("gen2 n", "gc2_count", ">6.0f", 1),
+    ("max ms", "gc2_max_ms", ">6.0f", 1),
+    ("CPU ms", "gc2_cpu_max_ms", ">6.0f", 1),
+    ("det job max", "detect_max_ms", ">11.1f", 1),
+]
+
+
+PAUSE_COLUMNS = [  # header, figure, format, scale: where the tail comes from
+    ("ranks", "ranks", ">6.0f", 1),
+    ("p99 ms", "p99_ms", ">7.1f", 1),
+    ("idle p50", "idle_p50_ms", ">8.1f", 1),
+    ("idle p99", "idle_p99_ms", ">8.1f", 1),
+    ("lag p99", "lag_p99_ms", ">7.1f", 1),
+    ("lag max", "lag_max_ms", ">7.0f", 1),
+    ("pauses", "pauses", ">6.0f", 1),
+    ("in ms", "pauses_ms", ">6.0f", 1),
+    ("queued", "pauses_queued_ms", ">6.0f", 1),
+    ("gen0 n", "gc0_count", ">6.0f", 1),
+    ("max ms", "gc0_max_ms", ">6.0f", 1),
+    ("gen1 n", "gc1_count", ">6.0f", 1),
+    ("max ms", "gc1_max_ms", ">6.0f", 1),
+    ("gen2 n", "gc2_count", ">6.0f", 1),
+    ("max ms", "gc2_max_ms", ">6.0f", 1),
+    ("CPU ms", "gc2_cpu_max_ms", ">6.0f", 1),
+    ("det job max", "detect_max_ms", ">11.1f", 1),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50)
@@ -447,6 +576,7 @@ def main() -> None:
     )
     parser.add_argument("--senders", type=int, default=2, help="processes playing the sidecars")
     parser.add_argument("--connections", type=int, default=512, help="keep-alive connections over all senders")
+    parser.add_argument("--keep", type=Path, help="a folder where the bodies made once are kept for later runs")
     args = parser.parse_args()
     steps = [int(ranks) for ranks in args.steps.split(",")]
     for name in args.event_loop.split(","):
@@ -476,6 +606,10 @@ def main() -> None:
     ]
     print()
     print_table(rows, columns)
+    print()
+    print_table(rows, PAUSE_COLUMNS)
+    for row in rows:
+        emit_figures(row)
     print(
         "load, after: the 1-minute load average before and after the run; CPU%: the child's CPU with its "
         "parsing workers as a share of one core, mean over all windows / over the second half / worst window; "

@@ -41,6 +41,7 @@ from rankwatch.operator.kinds import (
 from rankwatch.operator.lifecycle import children, job_status
 from rankwatch.operator.lifecycle.status_sync import StatusSync
 from rankwatch.operator.operator_metrics import OperatorMetrics
+from rankwatch.operator.pause_metrics import PauseMetrics
 from rankwatch.operator.remediation import node_marks
 from rankwatch.operator.spec import InvalidSpec, TrainingJobSpec
 from rankwatch.operator.watch import Watch
@@ -73,6 +74,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.admission.server = webhook.admission_server(memo.config.webhook)
     memo.status_sync = StatusSync(memo.kube, memo.config)
     memo.metrics = OperatorMetrics.of()  # the process's series (made on the first start)
+    diagnosis_metrics = memo.metrics.diagnosis
+    memo.pauses = PauseMetrics(diagnosis_metrics.event_loop_lag_seconds, diagnosis_metrics.gc_pause_seconds)
+    memo.pauses.start()
     memo.unwatched = unwatched.UnwatchedPods(memo.kube, memo.metrics.diagnosis.unwatched_pods)
     memo.group_pods = group_watch.GroupPods(memo.kube)
     if memo.config.webhook.listen is not None:
@@ -89,6 +93,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     if "watch" in memo:
         await memo.watch.stop()
+    if "pauses" in memo:
+        await memo.pauses.stop()
 
 
 @kopf.on.login()

@@ -44,6 +44,22 @@ class DiagnosisMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
             registry=registry,
         )
+        pauses = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+        self.event_loop_lag_seconds = Histogram(
+            "rankwatch_event_loop_lag_seconds",
+            "How much later than asked a ticker on the operator's event loop woke, every 0.1 s (the collector's "
+            "answers wait as long: garbage collections, the detector, or the process waiting for a CPU)",
+            buckets=pauses,
+            registry=registry,
+        )
+        self.gc_pause_seconds = Histogram(
+            "rankwatch_gc_pause_seconds",
+            "Each garbage collection of the operator's process by generation (0 young, 1 middle, 2 full); the "
+            "event loop waits for it",
+            ["generation"],
+            buckets=pauses,
+            registry=registry,
+        )
         self.diagnoses = Counter(
             "rankwatch_diagnoses_total",
             "Diagnosis runs by outcome (finding, no_finding, failed, out_of_memory, timeout, crashed)",

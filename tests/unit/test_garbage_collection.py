@@ -1,5 +1,6 @@
-"""The operator's collector settings: what a full collection leaves alive is frozen (later collections
-skip it), garbage made afterwards is still collected, and a thaw hands the frozen objects back."""
+"""The operator's collector settings: what a middle or full collection leaves alive is frozen (later
+collections skip it), garbage made afterwards is still collected, and a thaw hands the frozen objects
+back and collects the cycles among them that became garbage."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def tuned():
     thresholds = gc.get_threshold()
     garbage_collection.tune()
     yield
-    gc.callbacks.remove(garbage_collection._freeze_after_full)
+    gc.callbacks.remove(garbage_collection._freeze_survivors)
     gc.unfreeze()
     gc.set_threshold(*thresholds)
 
@@ -27,27 +28,31 @@ class Node:
         self.other: Node | None = None
 
 
-def cycle() -> weakref.ref:
-    """A reference cycle nothing else holds, and a weak reference that says whether it was collected."""
+def cycle() -> tuple[Node, weakref.ref]:
+    """A reference cycle, and a weak reference that says whether it was collected."""
     first, second = Node(), Node()
     first.other, second.other = second, first
-    return weakref.ref(first)
+    return first, weakref.ref(first)
 
 
-def test_a_full_collection_freezes_what_lived_and_later_cycles_are_still_collected(tuned):
+def test_a_middle_collection_freezes_what_lived_and_later_cycles_are_still_collected(tuned):
     state = [{"rank": rank, "waits": [0.1, 0.2]} for rank in range(1000)]  # the long-lived job state
-    gc.collect()
-    assert gc.get_freeze_count() >= len(state), "the state survived a full collection: frozen"
-    assert garbage_collection._freeze_after_full in gc.callbacks
-    garbage = cycle()
-    gc.collect(1)  # a middle collection still finds garbage made after the freeze
+    gc.collect(1)
+    assert gc.get_freeze_count() >= len(state), "the state survived a middle collection: frozen"
+    assert not gc.get_objects(2), "nothing left in the old generation for a full collection to walk"
+    garbage = cycle()[1]  # made after the freeze, held by nothing
+    gc.collect(1)
     assert garbage() is None
     state.clear()  # frozen objects replaced are freed by reference counting, as before
 
 
-def test_a_thaw_hands_the_frozen_objects_back(tuned):
-    gc.collect()
+def test_a_thaw_collects_the_cycles_that_became_garbage_while_frozen(tuned):
+    held, garbage = cycle()
+    gc.collect(1)
     assert gc.get_freeze_count() > 0
+    del held  # a frozen cycle dropped: no collection sees it until the thaw
+    gc.collect(1)
+    assert garbage() is not None
 
     async def thaw_once() -> None:
         task = asyncio.create_task(garbage_collection.thaw_periodically(0.01))
@@ -55,5 +60,5 @@ def test_a_thaw_hands_the_frozen_objects_back(tuned):
         task.cancel()
 
     asyncio.run(thaw_once())
-    assert gc.get_freeze_count() == 0
+    assert garbage() is None, "the thaw collected the frozen cycle"
     assert gc.get_threshold() == garbage_collection.THRESHOLDS
