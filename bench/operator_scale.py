@@ -542,27 +542,6 @@ PAUSE_COLUMNS = [  # header, figure, format, scale: where the tail comes from
 ]
 
 
-PAUSE_COLUMNS = [  # header, figure, format, scale: where the tail comes from
-    ("ranks", "ranks", ">6.0f", 1),
-    ("p99 ms", "p99_ms", ">7.1f", 1),
-    ("idle p50", "idle_p50_ms", ">8.1f", 1),
-    ("idle p99", "idle_p99_ms", ">8.1f", 1),
-    ("lag p99", "lag_p99_ms", ">7.1f", 1),
-    ("lag max", "lag_max_ms", ">7.0f", 1),
-    ("pauses", "pauses", ">6.0f", 1),
-    ("in ms", "pauses_ms", ">6.0f", 1),
-    ("queued", "pauses_queued_ms", ">6.0f", 1),
-    ("gen0 n", "gc0_count", ">6.0f", 1),
-    ("max ms", "gc0_max_ms", ">6.0f", 1),
-    ("gen1 n", "gc1_count", ">6.0f", 1),
-    ("max ms", "gc1_max_ms", ">6.0f", 1),
-    ("gen2 n", "gc2_count", ">6.0f", 1),
-    ("max ms", "gc2_max_ms", ">6.0f", 1),
-    ("CPU ms", "gc2_cpu_max_ms", ">6.0f", 1),
-    ("det job max", "detect_max_ms", ">11.1f", 1),
-]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=50)
