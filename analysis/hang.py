@@ -12,6 +12,7 @@ ever compared within one communicator.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import numpy as np
 
@@ -650,7 +651,7 @@ def short_ends(trace: Trace, stall_seconds: float, now_ns: int | None = None, sh
     np.maximum.at(last_seq, inverse, calls["seq"])
     last_call = np.zeros(len(pairs), np.int64)
     np.maximum.at(last_call, inverse, calls["t_call"])
-    lines = []
+    lines: list[tuple[int, str]] = []
     for comm_id in np.unique(pairs[:, 0]).tolist():
         mine = pairs[:, 0] == comm_id
         ahead = int(last_seq[mine].max())
@@ -660,11 +661,12 @@ def short_ends(trace: Trace, stall_seconds: float, now_ns: int | None = None, sh
             after = (end - int(max(own["t_call"].max(), own["t_return"].max()))) / 1e9
             if after >= stall_seconds:
                 continue  # a stop the hang detector judged
-            lines.append(
+            lines.append((rank, (
                 f"rank {rank}'s records end {ahead - int(last_seq[index])} call(s) short of its peers' in "
                 f"{trace.comm_name(comm_id)}, {after * 1e3:.1f} ms before the evidence ends: less than the stall "
                 f"threshold ({stall_seconds:g} s), so not a hang (the records simply end there)"
-            )
-            if len(lines) >= shown:
-                return lines
-    return lines
+            )))  # fmt: skip
+    # the ranks short in the most communicators first (a rank that stopped is short in each of its groups)
+    short_in = Counter(rank for rank, _ in lines)
+    lines.sort(key=lambda line: -short_in[line[0]])
+    return [text for _, text in lines[:shown]]
