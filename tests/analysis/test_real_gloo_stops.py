@@ -17,12 +17,17 @@ from rankwatch.analysis.topology import Layout
 ARCHIVE = Path(__file__).parent / "gloo" / "stops.tar.xz"
 
 
+def unpacked(name: str, directory: Path) -> Path:
+    """The archive ``name`` beside stops.tar.xz, unpacked into ``directory`` with its files' modification
+    times: when each dump was written."""
+    with tarfile.open(ARCHIVE.with_name(name)) as archive:
+        archive.extractall(directory, filter="data")
+    return directory
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("gloo-stops")
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(directory, filter="data")  # keeps the modification times: when each dump was written
-    return directory
+    return unpacked(ARCHIVE.name, tmp_path_factory.mktemp("gloo-stops"))
 
 
 def findings(runs: Path, run: str, world: int, tp: int, pp: int) -> list[dict]:
@@ -68,19 +73,14 @@ def test_a_rank_stuck_inside_a_collective_is_named_alone(tmp_path):
     TP all-reduce was recorded and never ran; its TP peer 4 timed out there and retired it, rank 5's
     stayed unretired a whole timeout later. Every rank dumped (was: ranks 4 and 5 both named "stuck",
     then a stop "not localisable")."""
-    with tarfile.open(ARCHIVE.with_name("stuck.tar.xz")) as archive:
-        archive.extractall(tmp_path, filter="data")
-    [finding] = findings(tmp_path, "torch-2.15.0-stuck-tp", 8, 2, 2)
+    [finding] = findings(unpacked("stuck.tar.xz", tmp_path), "torch-2.15.0-stuck-tp", 8, 2, 2)
     assert finding["kind"] == "hang" and finding["ranks"] == [5] and "stuck inside" in finding["summary"]
 
 
 @pytest.fixture(scope="module")
 def dumped_runs(tmp_path_factory) -> Path:
     """Stops where every rank dumped, the stopped one too (stop-dump.tar.xz)."""
-    directory = tmp_path_factory.mktemp("gloo-stop-dump")
-    with tarfile.open(ARCHIVE.with_name("stop-dump.tar.xz")) as archive:
-        archive.extractall(directory, filter="data")
-    return directory
+    return unpacked("stop-dump.tar.xz", tmp_path_factory.mktemp("gloo-stop-dump"))
 
 
 @pytest.mark.parametrize(
@@ -109,9 +109,7 @@ def test_a_collective_nobody_left_names_nobody_when_no_work_ended(tmp_path):
     """Rank 2's gloo workers of its DP group of two froze inside the all-reduce (``--stuck-rank 2``, TP 1 PP 4);
     rank 3 dumped as its own wait timed out, before its worker retired the work. Both members' work was still
     in flight in the dumps: nothing tells which one is stuck (was: ranks 2 and 3 both named stuck)."""
-    with tarfile.open(ARCHIVE.with_name("stuck-unretired.tar.xz")) as archive:
-        archive.extractall(tmp_path, filter="data")
-    [finding] = findings(tmp_path, "torch-2.15.0-stuck-dp2", 8, 1, 4)
+    [finding] = findings(unpacked("stuck-unretired.tar.xz", tmp_path), "torch-2.15.0-stuck-dp2", 8, 1, 4)
     assert finding["ranks"] == [] and "not localisable" in finding["summary"]
     assert finding["evidence"]["members_inside"] == [2, 3]
 
@@ -119,10 +117,7 @@ def test_a_collective_nobody_left_names_nobody_when_no_work_ended(tmp_path):
 @pytest.fixture(scope="module")
 def partial_runs(tmp_path_factory) -> Path:
     """Stops where the stopped rank wrote no dump and other ranks' dumps were lost (stop-partial.tar.xz)."""
-    directory = tmp_path_factory.mktemp("gloo-stop-partial")
-    with tarfile.open(ARCHIVE.with_name("stop-partial.tar.xz")) as archive:
-        archive.extractall(directory, filter="data")
-    return directory
+    return unpacked("stop-partial.tar.xz", tmp_path_factory.mktemp("gloo-stop-partial"))
 
 
 def test_a_stopped_rank_without_a_dump_is_placed_between_two_calls_by_its_peers(partial_runs):
