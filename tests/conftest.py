@@ -2,31 +2,45 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rankwatch.operator.operator_metrics import OperatorMetrics
 
+LOCAL_CLUSTER = "local-cluster"
+
+
+def distribution_group(nodeid: str) -> str:
+    """The group a test runs in under ``make test``'s two workers: every e2e test in one (only one worker
+    ever brings up the local cluster in $RANKWATCH_TEST_CLUSTER_DIR), every other file a group of its
+    own (its module-scoped fixtures, real runs and built probes, run once)."""
+    path = nodeid.partition("::")[0]
+    return LOCAL_CLUSTER if path.startswith("tests/e2e/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's ``--dist loadgroup`` by :func:`distribution_group`: a group runs whole on one worker.
+    Not by ``xdist_group`` marks: pytest-xdist 3.8 marks a test by renaming it, which pytest 9.2 ignores."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByDistributionGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return distribution_group(nodeid)
+
+    return ByDistributionGroup(config, log)
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` runs two workers); a group runs whole
-    on one worker. The e2e tests are one group, so only one worker ever brings up the local cluster in
-    $RANKWATCH_TEST_CLUSTER_DIR; every other file is a group of its own, so its module-scoped fixtures
-    (real runs, built probes) run once. Under loadgroup the e2e group comes first: its worker spends
-    the run waiting on the cluster while the other computes, and only the last files of the run (as
+    """On ``make test``'s workers the e2e tests come first: the e2e group goes to one worker at the start
+    and keeps it waiting on the cluster while the other computes; only the last files of the run (as
     before, after the e2e tests) may land on it afterwards. A plain ``pytest`` run keeps its order."""
-    e2e = Path(__file__).parent / "e2e"
-
-    def on_the_cluster(item: pytest.Item) -> bool:
-        return Path(item.path).is_relative_to(e2e)
-
-    for item in items:
-        group = "local-cluster" if on_the_cluster(item) else item.nodeid.partition("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("loadgroup", False):
-        items.sort(key=lambda item: not on_the_cluster(item))
+        items.sort(key=lambda item: distribution_group(item.nodeid) != LOCAL_CLUSTER)
 
 
 @pytest.fixture(scope="session")
