@@ -27,7 +27,6 @@ def runs(tmp_path_factory) -> Path:
 def report(runs: Path, run: str, world: int, tp: int, pp: int) -> dict:
     layout = Layout(tp, pp, world)
     trace = load_path(runs / run, layout=layout)
-    trace.layout = layout
     return analyze(trace)
 
 

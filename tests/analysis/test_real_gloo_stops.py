@@ -33,7 +33,6 @@ def runs(tmp_path_factory) -> Path:
 def findings(runs: Path, run: str, world: int, tp: int, pp: int) -> list[dict]:
     layout = Layout(tp, pp, world)
     trace = load_path(runs / run, layout=layout)
-    trace.layout = layout
     return analyze(trace)["findings"]
 
 
