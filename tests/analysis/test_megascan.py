@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,8 @@ PP_RUN = "data-1-pipeline-4-tensor-1-pp"
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("megascan-published")
-    with tarfile.open(PUBLISHED) as archive:
-        archive.extractall(directory, filter="data")
-    return directory
+def published(unpacked) -> Path:
+    return unpacked(PUBLISHED)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
