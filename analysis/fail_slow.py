@@ -4,10 +4,12 @@ The step is found from the periodic call pattern: of the collective signatures (
 count) that every rank repeats at least ``MIN_STEPS`` times, the one with the longest typical gap
 between its calls marks one iteration (the loss or gradient AllReduce). The step-time series is the
 median, over the ranks, of the gaps between those calls. The baseline is the first third of the run
-(median and MAD); onset is the first step of ``RUN`` consecutive steps above baseline + k*MAD and
+(its median, and its noise from step to step: bursts of load on a shared machine inflate a MAD of the
+steps themselves); onset is the first step of ``RUN`` consecutive steps above baseline + k*noise and
 at least ``MIN_RISE`` slower (k-sigma rather than a change-point fit: it is cheap enough to run on
 every window, and the run length stops single outliers); the steps after it must stay slower (median
-rise >= ``MIN_RISE``, most of them high), or it was a burst that passed. The ranks behind it are
+rise >= ``MIN_RISE``, most of them high), or it was a burst that passed; of such onsets the first with no
+step at the old pace after it (a burst just before the real onset is not it). The ranks behind it are
 the stragglers of the steps after the onset.
 """
 
@@ -77,18 +79,32 @@ def step_time_rise(durations: np.ndarray) -> tuple[int, float, float, float, flo
     rise of a step-time series against its first third, or None."""
     base = durations[: max(MIN_STEPS // 3, len(durations) // 3)]
     baseline = float(np.median(base))
-    spread = 1.4826 * float(np.median(np.abs(base - baseline))) + 1e3
+    spread = step_noise(base) + 1e3
     high = (durations > baseline + K * spread) & (durations > baseline * (1 + MIN_RISE))
     runs = np.convolve(high.astype(int), np.ones(RUN, int), mode="valid") == RUN
     # the job must have stayed slower for a while: a few slow steps at the end of a short trace are not
     # a trend, and a burst that passed (a busy machine, a checkpoint) is skipped
     candidates = [onset for onset in np.flatnonzero(runs).tolist() if len(durations) - onset >= 2 * RUN]
+    held = []
     for onset in candidates:
         after = float(np.median(durations[onset:]))
         rise = after / baseline - 1
         if rise >= MIN_RISE and high[onset:].mean() >= 0.5:
-            return onset, rise, baseline, after, float(high[onset:].mean())
-    return None
+            held.append((onset, rise, baseline, after, float(high[onset:].mean())))
+    # a busy machine only ever adds to a step: a step at the old pace after an onset says the job could
+    # still keep it, so that onset was a burst of load; the first onset with none after it is the rise
+    # (a rise that comes and goes has none such: its first onset stands)
+    return next((found for found in held if high[found[0] :].all()), held[0] if held else None)
+
+
+def step_noise(durations: np.ndarray) -> float:
+    """The spread of a step-time series from one step to the next (1.4826 x the median absolute
+    difference of consecutive steps, over sqrt 2): a busy machine's bursts of slow steps move only
+    the differences at their edges, where they inflate a MAD of the steps themselves as soon as they
+    fill a good part of the baseline (on a shared machine at load 8, enough to hide a doubled step)."""
+    if len(durations) < 2:
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(np.diff(durations)))) / 2**0.5
 
 
 def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:
