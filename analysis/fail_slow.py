@@ -4,13 +4,14 @@ The step is found from the periodic call pattern: of the collective signatures (
 count) that every rank repeats at least ``MIN_STEPS`` times, the one with the longest typical gap
 between its calls marks one iteration (the loss or gradient AllReduce). The step-time series is the
 median, over the ranks, of the gaps between those calls. The baseline is the first third of the run
-(its median, and its noise from step to step: bursts of load on a shared machine inflate a MAD of the
-steps themselves); onset is the first step of ``RUN`` consecutive steps above baseline + k*noise and
-at least ``MIN_RISE`` slower (k-sigma rather than a change-point fit: it is cheap enough to run on
-every window, and the run length stops single outliers); the steps after it must stay slower (median
-rise >= ``MIN_RISE``, most of them high), or it was a burst that passed; of such onsets the first with no
-step at the old pace after it (a burst just before the real onset is not it). The ranks behind it are
-the stragglers of the steps after the onset.
+(its median, and its noise: the smaller of the steps' MAD and their spread from one step to the
+next, which load on a shared machine inflates in different ways); onset is the first step of ``RUN``
+consecutive steps above baseline + k*noise and at least ``MIN_RISE`` slower (k-sigma rather than a
+change-point fit: it is cheap enough to run on every window, and the run length stops single
+outliers); the steps after it must stay slower (median rise >= ``MIN_RISE``, most of them high), or
+it was a burst that passed; of such onsets the first with no step at the old pace after it (a burst
+just before the real onset is not it). The ranks behind it are the stragglers of the steps after
+the onset.
 """
 
 from __future__ import annotations
@@ -98,13 +99,16 @@ def step_time_rise(durations: np.ndarray) -> tuple[int, float, float, float, flo
 
 
 def step_noise(durations: np.ndarray) -> float:
-    """The spread of a step-time series from one step to the next (1.4826 x the median absolute
-    difference of consecutive steps, over sqrt 2): a busy machine's bursts of slow steps move only
-    the differences at their edges, where they inflate a MAD of the steps themselves as soon as they
-    fill a good part of the baseline (on a shared machine at load 8, enough to hide a doubled step)."""
+    """The noise of a step-time series, as one standard deviation: the smaller of 1.4826 x the MAD of
+    its steps and 1.4826 x the median absolute difference of consecutive steps over sqrt 2. A busy
+    machine only ever adds to steps, in two shapes that each inflate one of them: a burst of slow
+    steps that fills a good part of the series grows the MAD (at load 8 enough to hide a doubled
+    step) but moves only the differences at its edges; single slow steps here and there move two
+    differences each, the MAD once."""
     if len(durations) < 2:
         return 0.0
-    return 1.4826 * float(np.median(np.abs(np.diff(durations)))) / 2**0.5
+    spread = 1.4826 * float(np.median(np.abs(durations - np.median(durations))))
+    return min(spread, 1.4826 * float(np.median(np.abs(np.diff(durations)))) / 2**0.5)
 
 
 def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:

@@ -54,9 +54,12 @@ def test_the_same_bursts_without_the_slowdown_are_no_rise():
     assert step_time_rise(np.array(LOADED_RUN_MS[: ONSET_STEP - 1]) * 1e6) is None
 
 
-def test_step_noise_is_the_step_to_step_spread():
-    quiet = np.array([41.0, 41.2, 40.9, 41.1, 41.0, 41.3, 40.8, 41.1]) * 1e6
+def test_step_noise_is_the_quiet_steps_spread_whichever_shape_the_load_takes():
+    quiet = np.array([41.0, 41.2, 40.9, 41.1, 41.0, 41.3, 40.8, 41.1, 41.0, 41.2, 40.9, 41.1]) * 1e6
     burst = quiet.copy()
-    burst[3:6] += 25e6  # three steps held back by another job
-    assert step_noise(burst) <= 2 * step_noise(quiet) + 1e5
+    burst[3:9] += 25e6  # half the steps, in a row, held back by another job
+    single = quiet.copy()
+    single[[1, 4, 7, 10]] += 25e6  # four steps held back one at a time
+    for loaded in (burst, single):
+        assert step_noise(loaded) <= 3 * step_noise(quiet) + 1e5
     assert step_noise(np.array([5e6])) == 0.0
