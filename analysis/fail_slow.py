@@ -9,9 +9,9 @@ next, which load on a shared machine inflates in different ways); onset is the f
 consecutive steps above baseline + k*noise and at least ``MIN_RISE`` slower (k-sigma rather than a
 change-point fit: it is cheap enough to run on every window, and the run length stops single
 outliers); the steps after it must stay slower (median rise >= ``MIN_RISE``, most of them high), or
-it was a burst that passed; of such onsets the first with no step at the old pace after it (a burst
-just before the real onset is not it). The ranks behind it are the stragglers of the steps after
-the onset.
+it was a burst that passed; of such onsets the first after which the job never ran ``RUN`` steps in
+a row at its old pace again (a burst before the real onset is not it). The ranks behind it are the
+stragglers of the steps after the onset.
 """
 
 from __future__ import annotations
@@ -92,10 +92,18 @@ def step_time_rise(durations: np.ndarray) -> tuple[int, float, float, float, flo
         rise = after / baseline - 1
         if rise >= MIN_RISE and high[onset:].mean() >= 0.5:
             held.append((onset, rise, baseline, after, float(high[onset:].mean())))
-    # a busy machine only ever adds to a step: a step at the old pace after an onset says the job could
-    # still keep it, so that onset was a burst of load; the first onset with none after it is the rise
-    # (a rise that comes and goes has none such: its first onset stands)
-    return next((found for found in held if high[found[0] :].all()), held[0] if held else None)
+    # a busy machine only ever adds to a step: steps back at the old pace (nearer the baseline than the
+    # pace after the onset), RUN in a row, say the job could still keep it, so that onset was a burst
+    # of load; the first onset without such steps after it is the rise (a rise that comes and goes has
+    # them after every onset: its first one stands)
+    lasting = (found for found in held if not _back_at_old_pace(durations, found[0], found[2], found[3]))
+    return next(lasting, held[0] if held else None)
+
+
+def _back_at_old_pace(durations: np.ndarray, onset: int, baseline: float, after: float) -> bool:
+    """Whether RUN steps in a row after ``onset`` ran nearer ``baseline`` than ``after``."""
+    old_pace = durations[onset:] < (baseline + after) / 2
+    return bool(len(old_pace) >= RUN and (np.convolve(old_pace.astype(int), np.ones(RUN, int), "valid") == RUN).any())
 
 
 def step_noise(durations: np.ndarray) -> float:

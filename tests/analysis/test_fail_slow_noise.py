@@ -49,6 +49,15 @@ def test_a_burst_long_before_the_onset_is_not_taken_for_it():
     assert 0.9 <= rise <= 1.1
 
 
+def test_a_lasting_rise_with_single_quick_steps_keeps_its_onset():
+    # steps of the slowed job that came out quick here and there (nearer the old pace) refute no onset:
+    # only steps back at the old pace several in a row say the job could still keep it
+    durations = np.array(BURST_BEFORE_MS) * 1e6
+    durations[[24, 31]] = 45e6
+    onset, *_ = step_time_rise(durations)
+    assert onset + 1 == ONSET_STEP
+
+
 def test_the_same_bursts_without_the_slowdown_are_no_rise():
     # the steps before the onset alone: two load bursts and the quiet steps between them
     assert step_time_rise(np.array(LOADED_RUN_MS[: ONSET_STEP - 1]) * 1e6) is None
