@@ -19,6 +19,7 @@ from rankwatch.analysis.devices import add_gpus, gpu_text
 from rankwatch.analysis.fail_slow import detect_fail_slow
 from rankwatch.analysis.findings import AnalysisReport, Finding, ranked, utc_text
 from rankwatch.analysis.hang import detect_hangs, short_ends
+from rankwatch.analysis.heap import keep_freed_memory
 from rankwatch.analysis.host_compute import detect_host_stragglers
 from rankwatch.analysis.host_link import detect_host_links
 from rankwatch.analysis.html_report import html_report
@@ -232,6 +233,7 @@ def main(
         )
         return UNREADABLE_EXIT
     summary_to = sys.stderr if STANDARD_OUTPUT in outputs else sys.stdout
+    keep_freed_memory()  # this process analyses once and exits
     try:
         trace = load_path(path, workers, layout.layout if layout else None)
         trace.skipped += skipped

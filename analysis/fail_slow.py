@@ -4,11 +4,14 @@ The step is found from the periodic call pattern: of the collective signatures (
 count) that every rank repeats at least ``MIN_STEPS`` times, the one with the longest typical gap
 between its calls marks one iteration (the loss or gradient AllReduce). The step-time series is the
 median, over the ranks, of the gaps between those calls. The baseline is the first third of the run
-(median and MAD); onset is the first step of ``RUN`` consecutive steps above baseline + k*MAD and
-at least ``MIN_RISE`` slower (k-sigma rather than a change-point fit: it is cheap enough to run on
-every window, and the run length stops single outliers); the steps after it must stay slower (median
-rise >= ``MIN_RISE``, most of them high), or it was a burst that passed. The ranks behind it are
-the stragglers of the steps after the onset.
+(its median, and its noise: the smaller of the steps' MAD and their spread from one step to the
+next, which load on a shared machine inflates in different ways); onset is the first step of ``RUN``
+consecutive steps above baseline + k*noise and at least ``MIN_RISE`` slower (k-sigma rather than a
+change-point fit: it is cheap enough to run on every window, and the run length stops single
+outliers); the steps after it must stay slower (median rise >= ``MIN_RISE``, most of them high), or
+it was a burst that passed; of such onsets the first after which the job never ran ``RUN`` steps in
+a row at its old pace again (a burst before the real onset is not it). The ranks behind it are the
+stragglers of the steps after the onset.
 """
 
 from __future__ import annotations
@@ -77,18 +80,43 @@ def step_time_rise(durations: np.ndarray) -> tuple[int, float, float, float, flo
     rise of a step-time series against its first third, or None."""
     base = durations[: max(MIN_STEPS // 3, len(durations) // 3)]
     baseline = float(np.median(base))
-    spread = 1.4826 * float(np.median(np.abs(base - baseline))) + 1e3
+    spread = step_noise(base) + 1e3
     high = (durations > baseline + K * spread) & (durations > baseline * (1 + MIN_RISE))
     runs = np.convolve(high.astype(int), np.ones(RUN, int), mode="valid") == RUN
     # the job must have stayed slower for a while: a few slow steps at the end of a short trace are not
     # a trend, and a burst that passed (a busy machine, a checkpoint) is skipped
     candidates = [onset for onset in np.flatnonzero(runs).tolist() if len(durations) - onset >= 2 * RUN]
+    held = []
     for onset in candidates:
         after = float(np.median(durations[onset:]))
         rise = after / baseline - 1
         if rise >= MIN_RISE and high[onset:].mean() >= 0.5:
-            return onset, rise, baseline, after, float(high[onset:].mean())
-    return None
+            held.append((onset, rise, baseline, after, float(high[onset:].mean())))
+    # a busy machine only ever adds to a step: steps back at the old pace (nearer the baseline than the
+    # pace after the onset), RUN in a row, say the job could still keep it, so that onset was a burst
+    # of load; the first onset without such steps after it is the rise (a rise that comes and goes has
+    # them after every onset: its first one stands)
+    lasting = (found for found in held if not _back_at_old_pace(durations, found[0], found[2], found[3]))
+    return next(lasting, held[0] if held else None)
+
+
+def _back_at_old_pace(durations: np.ndarray, onset: int, baseline: float, after: float) -> bool:
+    """Whether RUN steps in a row after ``onset`` ran nearer ``baseline`` than ``after``."""
+    old_pace = durations[onset:] < (baseline + after) / 2
+    return bool(len(old_pace) >= RUN and (np.convolve(old_pace.astype(int), np.ones(RUN, int), "valid") == RUN).any())
+
+
+def step_noise(durations: np.ndarray) -> float:
+    """The noise of a step-time series, as one standard deviation: the smaller of 1.4826 x the MAD of
+    its steps and 1.4826 x the median absolute difference of consecutive steps over sqrt 2. A busy
+    machine only ever adds to steps, in two shapes that each inflate one of them: a burst of slow
+    steps that fills a good part of the series grows the MAD (at load 8 enough to hide a doubled
+    step) but moves only the differences at its edges; single slow steps here and there move two
+    differences each, the MAD once."""
+    if len(durations) < 2:
+        return 0.0
+    spread = 1.4826 * float(np.median(np.abs(durations - np.median(durations))))
+    return min(spread, 1.4826 * float(np.median(np.abs(np.diff(durations)))) / 2**0.5)
 
 
 def detect_fail_slow(trace: Trace, culprits_after: Callable[[int], list[int]] | None = None) -> list[Finding]:

@@ -48,6 +48,10 @@ def instances_of(trace: Trace, chosen: np.ndarray) -> Instances:
     return instances
 
 
+PACK_BLOCK = 1 << 20
+"""Keys packed this many at a time (8 MiB of each temporary, not 200 MB of each at 16k ranks)."""
+
+
 def _bits(value: int) -> int:
     return max(int(value).bit_length(), 1)
 
@@ -61,9 +65,12 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.empty(len(values), bool)
     starts[0] = True
     np.not_equal(values[1:], values[:-1], out=starts[1:])
-    distinct = np.unique(values[starts])
+    heads = np.flatnonzero(starts)
     del starts
-    return distinct, np.searchsorted(distinct, values)
+    firsts = values[heads]
+    distinct = np.unique(firsts)
+    runs = np.diff(heads, append=len(values))
+    return distinct, np.repeat(np.searchsorted(distinct, firsts), runs)  # a search per run, not per value
 
 
 def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Instances:
@@ -78,10 +85,14 @@ def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Inst
     n = len(rows)
     comm_bits, seq_bits, row_bits = _bits(len(comm_ids)), _bits(int(seq.max()) - seq_low), _bits(n)
     if comm_bits + seq_bits + row_bits <= 63:
-        packed = seq - seq_low
-        packed <<= row_bits
-        packed |= np.arange(n, dtype=np.int64)
-        packed |= comm_index << (seq_bits + row_bits)
+        packed = np.empty(n, np.int64)
+        for low in range(0, n, PACK_BLOCK):  # a block at a time: the temporaries stay small, in cache
+            high = min(n, low + PACK_BLOCK)
+            block = packed[low:high]
+            np.subtract(seq[low:high], seq_low, out=block)
+            block <<= row_bits
+            block |= np.arange(low, high, dtype=np.int64)
+            block |= comm_index[low:high] << (seq_bits + row_bits)
         packed.sort()
         order = packed & ((1 << row_bits) - 1)
         instance_key = packed

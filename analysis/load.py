@@ -20,8 +20,15 @@ def load_path(path: str | Path, workers: int = 1, layout: Layout | None = None) 
     (benchmark-data-<dp>-pipeline-<pp>-tensor-<tp>.json, or their aggregated file); one ring file or
     one MegaScan file.
     ``workers``: processes reading rings in parallel (forked: only from a single-threaded program).
-    ``layout``: the job's Megatron layout, which readers use where their source leaves groups unnamed."""
-    path = Path(path)
+    ``layout``: the job's Megatron layout, which readers use where their source leaves groups unnamed;
+    the trace carries it unless its source named one itself (MegaScan's file names)."""
+    trace = _read(Path(path), workers, layout)
+    if layout is not None and trace.layout is None:
+        trace.layout = layout
+    return trace
+
+
+def _read(path: Path, workers: int, layout: Layout | None) -> Trace:
     if path.is_dir():
         rings = sorted(path.glob("*.ring"), key=str)  # as strings: comparing 16k paths part by part costs seconds
         if rings:

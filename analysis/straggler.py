@@ -121,8 +121,13 @@ def detect_stragglers(
         chosen = np.flatnonzero(complete & (sizes == size))
         grid = instances.starts[chosen][:, None] + np.arange(size)
         block_waits, block_rows = waits[grid], instances.rows[grid]
-        comm_of = instances.comm_index[chosen]
-        per_comm = np.bincount(comm_of, minlength=len(instances.comm_ids))
+        # the communicators of this size only (instances come by communicator): arrays of every
+        # communicator x this size would be [thousands, 16k] for a world communicator
+        comm_index = instances.comm_index[chosen]
+        first_of_comm = np.r_[True, comm_index[1:] != comm_index[:-1]]
+        present = comm_index[first_of_comm]
+        comm_of = np.cumsum(first_of_comm) - 1
+        per_comm = np.bincount(comm_of, minlength=len(present))
         median = np.median(block_waits, axis=1, keepdims=True)
         key = comm_of[:, None] * size + np.arange(size)
         below = np.bincount(key[block_waits < median], minlength=len(per_comm) * size).reshape(-1, size)
@@ -142,7 +147,7 @@ def detect_stragglers(
             in_comm = comm_of == comm_position
             candidates.append(
                 _Candidate(
-                    comm=int(instances.comm_ids[comm_position]),
+                    comm=int(instances.comm_ids[present[comm_position]]),
                     ranks=calls["rank"][block_rows[np.argmax(in_comm)]],
                     waits=block_waits[in_comm],
                     rows=block_rows[in_comm],

@@ -322,8 +322,7 @@ def megascan_suite(seeds: int, only: list[str] | None = None, steps: int = 20) -
         sim = case.simulation
         with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as traces:
             run(sim, Path(out), log=lambda _m: None)
-            rings = load_path(out)
-            rings.layout = Layout(sim.tp, sim.pp, sim.world_size)
+            rings = load_path(out, layout=Layout(sim.tp, sim.pp, sim.world_size))
             write_traces(rings, traces, microbatches=sim.microbatches)
             trace = load_path(traces)
             trace.ranks_per_node = RANKS_PER_NODE

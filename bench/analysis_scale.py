@@ -28,6 +28,8 @@ import json, resource, sys, time
 from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.topology import Layout
 from rankwatch.analysis.load import load_path
+from rankwatch.analysis.heap import keep_freed_memory
+keep_freed_memory()  # as `rankwatch analyze` does
 started = time.perf_counter()
 trace = load_path(sys.argv[1], workers=int(sys.argv[5]))
 loaded = time.perf_counter()

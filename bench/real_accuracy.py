@@ -211,7 +211,6 @@ def lose_dumps(run: Run, out: Path) -> list[int]:
 def judged(run: Run, out: Path) -> dict:
     """The analysis of a run's dumps, and its score."""
     trace = load_path(out, layout=Layout(run.tp, run.pp, run.world))
-    trace.layout = Layout(run.tp, run.pp, run.world)
     document = analyze(trace)
     findings = [{"kind": f["kind"], "ranks": f["ranks"], "summary": f["summary"]} for f in document["findings"]]
     return {"findings": findings, "problems": document["problems"], **score(run, document)}

@@ -5,7 +5,6 @@ and never ended), and host call times only (no wrong rank, ever)."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 from rankwatch.analysis.analyze import analyze
@@ -105,11 +104,10 @@ def test_gpu_timed_stuck_receive_names_the_rank_the_pipeline_waits_for(tmp_path)
     assert named(document) == [("hang", [6])], document["findings"]
 
 
-def test_gpu_timed_healthy_pipeline_names_no_straggler_from_where_its_windows_cut_the_steps(tmp_path):
+def test_gpu_timed_healthy_pipeline_names_no_straggler_from_where_its_windows_cut_the_steps(unpacked):
     # rings of a real healthy run (8 ranks TP1 PP8, GPU-timed, 20 steps of 3 ms kernels) that named
     # rank 7 a straggler (+3.6% against a floor of 2.5%): time windows cut the steps at arbitrary
     # points, and the last stages compute late in each step, so a window held more of their work.
     # Steps between the world AllReduce's ends hold the same work for every stage.
-    with tarfile.open(RINGS / "healthy-8-ranks-tp1-pp8-gpu-timed.tar.gz") as rings:
-        rings.extractall(tmp_path, filter="data")
-    assert detect_compute_stragglers(load_path(tmp_path)) == []
+    rings = unpacked(RINGS / "healthy-8-ranks-tp1-pp8-gpu-timed.tar.gz")
+    assert detect_compute_stragglers(load_path(rings)) == []

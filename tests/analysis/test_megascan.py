@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,8 @@ PP_RUN = "data-1-pipeline-4-tensor-1-pp"
 
 
 @pytest.fixture(scope="module")
-def published(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("megascan-published")
-    with tarfile.open(PUBLISHED) as archive:
-        archive.extractall(directory, filter="data")
-    return directory
+def published(unpacked) -> Path:
+    return unpacked(PUBLISHED)
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -265,8 +261,7 @@ def test_a_run_of_the_stand_in_device_written_as_megascan_names_its_slower_gpu(t
     rings, traces = tmp_path / "rings", tmp_path / "megascan"
     run(Simulation(world_size=8, tp=2, pp=2, steps=12, compute_us=2000, ranks_per_node=4,
                    faults=Faults(slow_rank=5, slowdown=0.3)), rings, log=lambda _m: None)  # fmt: skip
-    trace = load_path(rings)
-    trace.layout = Layout(2, 2, 8)
+    trace = load_path(rings, layout=Layout(2, 2, 8))
     write_traces(trace, traces, microbatches=2)
     megascan = load_path(traces)
     findings = analyze(megascan)["findings"]

@@ -4,7 +4,6 @@ Kept as files, so the decision is checked on the same bytes every time."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -17,17 +16,13 @@ ARCHIVE = Path(__file__).parent / "gloo" / "slowlink.tar.xz"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    directory = tmp_path_factory.mktemp("gloo-links")
-    with tarfile.open(ARCHIVE) as archive:
-        archive.extractall(directory, filter="data")
-    return directory
+def runs(unpacked) -> Path:
+    return unpacked(ARCHIVE)
 
 
 def report(runs: Path, run: str, world: int, tp: int, pp: int) -> dict:
     layout = Layout(tp, pp, world)
     trace = load_path(runs / run, layout=layout)
-    trace.layout = layout
     return analyze(trace)
 
 

@@ -5,7 +5,6 @@ happens to get."""
 
 from __future__ import annotations
 
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,26 +13,17 @@ from rankwatch.analysis.analyze import analyze
 from rankwatch.analysis.load import load_path
 from rankwatch.analysis.topology import Layout
 
-ARCHIVE = Path(__file__).parent / "gloo" / "stops.tar.xz"
-
-
-def unpacked(name: str, directory: Path) -> Path:
-    """The archive ``name`` beside stops.tar.xz, unpacked into ``directory`` with its files' modification
-    times: when each dump was written."""
-    with tarfile.open(ARCHIVE.with_name(name)) as archive:
-        archive.extractall(directory, filter="data")
-    return directory
+GLOO = Path(__file__).parent / "gloo"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    return unpacked(ARCHIVE.name, tmp_path_factory.mktemp("gloo-stops"))
+def runs(unpacked) -> Path:
+    return unpacked(GLOO / "stops.tar.xz")
 
 
 def findings(runs: Path, run: str, world: int, tp: int, pp: int) -> list[dict]:
     layout = Layout(tp, pp, world)
     trace = load_path(runs / run, layout=layout)
-    trace.layout = layout
     return analyze(trace)["findings"]
 
 
@@ -68,19 +58,19 @@ def test_a_stopped_rank_that_dumped_is_named(runs):
     assert [f["ranks"] for f in findings(runs, "torch-2.15.0-stop-dump-4", 8, 4, 2)] == [[2]]
 
 
-def test_a_rank_stuck_inside_a_collective_is_named_alone(tmp_path):
+def test_a_rank_stuck_inside_a_collective_is_named_alone(unpacked):
     """Rank 5's gloo workers of its TP group froze (megatron_job.py ``--stuck-rank 5 --stuck-step 2``): its
     TP all-reduce was recorded and never ran; its TP peer 4 timed out there and retired it, rank 5's
     stayed unretired a whole timeout later. Every rank dumped (was: ranks 4 and 5 both named "stuck",
     then a stop "not localisable")."""
-    [finding] = findings(unpacked("stuck.tar.xz", tmp_path), "torch-2.15.0-stuck-tp", 8, 2, 2)
+    [finding] = findings(unpacked(GLOO / "stuck.tar.xz"), "torch-2.15.0-stuck-tp", 8, 2, 2)
     assert finding["kind"] == "hang" and finding["ranks"] == [5] and "stuck inside" in finding["summary"]
 
 
 @pytest.fixture(scope="module")
-def dumped_runs(tmp_path_factory) -> Path:
+def dumped_runs(unpacked) -> Path:
     """Stops where every rank dumped, the stopped one too (stop-dump.tar.xz)."""
-    return unpacked("stop-dump.tar.xz", tmp_path_factory.mktemp("gloo-stop-dump"))
+    return unpacked(GLOO / "stop-dump.tar.xz")
 
 
 @pytest.mark.parametrize(
@@ -105,19 +95,19 @@ def test_a_stop_and_a_blocked_send_that_look_alike_name_nobody(dumped_runs):
     assert finding["evidence"]["candidates"] == [5, 13]
 
 
-def test_a_collective_nobody_left_names_nobody_when_no_work_ended(tmp_path):
+def test_a_collective_nobody_left_names_nobody_when_no_work_ended(unpacked):
     """Rank 2's gloo workers of its DP group of two froze inside the all-reduce (``--stuck-rank 2``, TP 1 PP 4);
     rank 3 dumped as its own wait timed out, before its worker retired the work. Both members' work was still
     in flight in the dumps: nothing tells which one is stuck (was: ranks 2 and 3 both named stuck)."""
-    [finding] = findings(unpacked("stuck-unretired.tar.xz", tmp_path), "torch-2.15.0-stuck-dp2", 8, 1, 4)
+    [finding] = findings(unpacked(GLOO / "stuck-unretired.tar.xz"), "torch-2.15.0-stuck-dp2", 8, 1, 4)
     assert finding["ranks"] == [] and "not localisable" in finding["summary"]
     assert finding["evidence"]["members_inside"] == [2, 3]
 
 
 @pytest.fixture(scope="module")
-def partial_runs(tmp_path_factory) -> Path:
+def partial_runs(unpacked) -> Path:
     """Stops where the stopped rank wrote no dump and other ranks' dumps were lost (stop-partial.tar.xz)."""
-    return unpacked("stop-partial.tar.xz", tmp_path_factory.mktemp("gloo-stop-partial"))
+    return unpacked(GLOO / "stop-partial.tar.xz")
 
 
 def test_a_stopped_rank_without_a_dump_is_placed_between_two_calls_by_its_peers(partial_runs):

@@ -23,7 +23,6 @@ from rankwatch.analysis.topology import Layout
 
 def findings_of(directory: Path, layout: Layout) -> dict:
     trace = load_path(directory, layout=layout)
-    trace.layout = layout
     return analyze(trace)
 
 

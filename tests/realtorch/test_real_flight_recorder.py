@@ -25,7 +25,6 @@ MEGATRON = Layout(LAYOUT["tp"], LAYOUT["pp"], LAYOUT["world"])
 
 def findings_of(directory: Path, layout: Layout | None = MEGATRON) -> dict:
     trace = load_path(directory, layout=layout)
-    trace.layout = layout
     return analyze(trace)
 
 

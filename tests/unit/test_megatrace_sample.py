@@ -45,7 +45,6 @@ def test_rank_2_is_named_with_the_window_of_its_lateness():
     layout = load_config(config)
     assert (layout.tp, layout.pp, layout.world_size) == (2, 4, 8)
     trace = load_path(sample, layout=layout)
-    trace.layout = layout
     document = analyze(trace)
     assert [(f["kind"], f["ranks"]) for f in document["findings"]] == [("straggler", [2])], document["findings"]
     window = document["findings"][0]["evidence"]["late_window"]
@@ -83,7 +82,6 @@ def test_logs_that_simply_end_are_no_hang():
     sample = Path(SAMPLE)
     layout = load_config(Path(os.environ.get("RANKWATCH_MEGATRACE_CONFIG", sample.parent.parent / "config.yaml")))
     trace = load_path(sample, layout=layout)
-    trace.layout = layout
     document = analyze(trace, "hang")
     assert document["findings"] == [], document["findings"]
     assert any("rank 7's records end 1 call(s) short" in p and "not a hang" in p for p in document["problems"])
@@ -95,7 +93,6 @@ def test_a_job_seen_running_after_the_logs_end_is_a_hang_of_rank_7():
     sample = Path(SAMPLE)
     layout = load_config(Path(os.environ.get("RANKWATCH_MEGATRACE_CONFIG", sample.parent.parent / "config.yaml")))
     trace = load_path(sample, layout=layout)
-    trace.layout = layout
     seen = int(trace.calls["t_call"].max()) + 10_000_000_000
     trace.observed_until_ns = seen
     document = analyze_trace(trace, "hang", now_ns=seen).to_json()

@@ -212,6 +212,5 @@ def test_a_rank_alone_in_its_tp_group_is_not_taken_for_its_pipeline_group_of_one
     pairs_with_a_lost_peer(tmp_path, configs=False)
     layout = Layout(2, 1, 8)
     trace = load_path(tmp_path, layout=layout)
-    trace.layout = layout
     finding = analyze(trace)["findings"][0]
     assert (finding["kind"], finding["ranks"], finding["evidence"]["unrecorded"]) == ("mismatch", [6], [7]), finding
