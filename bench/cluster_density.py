@@ -80,10 +80,15 @@ from rankwatch.operator import api as rankwatch_api
 from rankwatch.operator.diagnosis.ingest.collector import secret_token
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
+CRD_NAME = "trainingjobs.rankwatch.io"
+CRD_PATH = REPO / "crds" / f"{CRD_NAME}.yaml"
 OPERATOR = pki.ClientIdentity("density-operator", "rankwatch-density-operator")
 PREFIX = "density-"  # the namespaces of the steps
 FLOW_SCHEMA = "rankwatch-density-operator"
+INJECTED_CPU_MILLIS = 1000
+"""Room left in a pod's CPU share for the containers the operator adds to every worker pod (its native
+sidecar asks for 50m, counted with the trainer's request): 8 pods asking 12 CPUs each plus that no longer
+fit a node of 96, and an eighth of the pods stayed Pending with "Insufficient cpu"."""
 WINDOW_S = 5
 """The played sidecars' window, also set as the jobs' ``tracing.windowSeconds`` (the CRD's default)."""
 DETECTOR = "rankwatch_detector_duration_seconds"
@@ -168,11 +173,24 @@ def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float
 
 def pod_resources(gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
     """The pod's share of its node: its GPUs when they hold its ranks; else the same share of the node's
-    CPUs (the CRD refuses a pod asking for fewer GPUs than it has ranks, and the nominal ranks here need
-    none), so that as many pods fit on a node either way."""
+    CPUs less :data:`INJECTED_CPU_MILLIS` (the CRD refuses a pod asking for fewer GPUs than it has ranks,
+    and the nominal ranks here need none), so that as many pods fit on a node either way."""
     if gpus_per_pod >= ranks_per_pod:
         return {"nvidia.com/gpu": gpus_per_pod}
-    return {"cpu": str(CPUS_PER_NODE * gpus_per_pod // GPUS_PER_NODE)}
+    return {"cpu": f"{CPUS_PER_NODE * 1000 * gpus_per_pod // GPUS_PER_NODE - INJECTED_CPU_MILLIS}m"}
+
+
+def install_crd(cluster: LocalCluster, patience_s: float = 60.0) -> None:
+    """Apply the TrainingJob CRD and wait until it is Established. Until the API server has looked at a
+    new CRD it has no ``status.conditions``, and ``kubectl wait`` then fails at once instead of waiting
+    (seen on a fresh cluster): so wait for the conditions first, as tests/e2e/conftest.py does."""
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    deadline = time.monotonic() + patience_s
+    while not kubectl(cluster, "get", f"crd/{CRD_NAME}", "-o", "jsonpath={.status.conditions}").strip():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"crd/{CRD_NAME} has no status conditions after {patience_s:.0f} s")
+        time.sleep(1)
+    kubectl(cluster, "wait", "--for=condition=Established", f"--timeout={patience_s:.0f}s", f"crd/{CRD_NAME}")
 
 
 def training_job(
@@ -435,7 +453,12 @@ def run_step(
         while len(ready) < jobs:
             if time.monotonic() - started > args.timeout:
                 late = sorted(set(created) - set(running))
-                raise SystemExit(f"{len(late)} jobs not Running after {args.timeout:.0f} s: {late[:5]}")
+                why = {name: status.get("reason") for name, status in statuses(custom, namespace).items()}
+                raise SystemExit(
+                    f"{len(late)} jobs not Running after {args.timeout:.0f} s: "
+                    + ", ".join(f"{name} ({why.get(name)})" for name in late[:5])
+                    + f"; `kubectl get events -n {namespace}` says why"
+                )
             if all_running is not None and time.monotonic() - started > all_running + args.ready_wait:
                 break  # kwok left some pods not Ready (a node it let go NotReady meanwhile): idle from here
             if operator.poll() is not None:
@@ -558,8 +581,7 @@ def main() -> None:
         began = time.monotonic()
         state = cluster.up(steps[0][0], log=lambda message: print(f"  [cluster] {message}", flush=True), timeout=600)
         print(f"cluster up with {steps[0][0]} nodes Ready: {time.monotonic() - began:.1f} s", flush=True)
-        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+        install_crd(cluster)
         operator_config = operator_identity(cluster, cluster.server(state))
         header = (
             f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'nodes up':>9} {'created':>8} {'median':>8} "
