@@ -320,6 +320,14 @@ def reset_peak_rss(pid: int) -> None:
             refs.write("5")
 
 
+def loop_schedstat(pid: int) -> tuple[float, float]:
+    """(seconds run, seconds waited for a CPU while runnable) of the operator's main thread, its event loop
+    (``/proc/<pid>/task/<pid>/schedstat``): on a shared machine, whether its pauses are its own or a queue."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as stat:
+        ran, waited = stat.read().split()[:2]
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
 def play_sidecars(
     args: argparse.Namespace,
     admin: kubernetes.client.ApiClient,
@@ -347,10 +355,14 @@ def play_sidecars(
     before = collector_metrics(port)
     requests_before, requests_from = operator_requests(admin), time.monotonic()
     load_before = os.getloadavg()[0]
+    sched_before, sched_from = loop_schedstat(pid), time.monotonic()
     reports, start, cpu_marks, rss_marks = send(
         port, namespace, tokens, windows, WINDOW_S, pid, args.senders, args.connections
     )
     cpu_marks.append(tree_cpu_seconds(pid))  # after the last answer: all the work of every summary
+    sched_after, phase_s = loop_schedstat(pid), time.monotonic() - sched_from
+    loop_ran_s, loop_queued_s = sched_after[0] - sched_before[0], sched_after[1] - sched_before[1]
+    load_end = os.getloadavg()[0]
     requests = (operator_requests(admin) - requests_before) / (time.monotonic() - requests_from)
     rss, peak = tree_rss_mib(pid)
     time.sleep(WINDOW_S)  # the monitor's pass over the last window
@@ -387,6 +399,10 @@ def play_sidecars(
           f"{pauses['loop_lag_p99_ms_bound']:g} / {pauses['loop_lag_max_ms_bound']:g} ms; collections: "
           + ", ".join(f"gen {g} {pauses[f'gc{g}_count']:.0f} x, {pauses[f'gc{g}_ms']:.0f} ms, longest under "
                       f"{pauses[f'gc{g}_max_ms_bound']:g} ms" for g in range(3)), flush=True)  # fmt: skip
+    print(f"  the event loop's thread over the phase's {phase_s:.0f} s: ran {loop_ran_s:.1f} s, waited "
+          f"{loop_queued_s:.1f} s for a CPU while runnable ({loop_queued_s / phase_s:.0%} of the phase); load "
+          f"average {load_before:.2f} as the sidecars started, {load_end:.2f} as the last was answered",
+          flush=True)  # fmt: skip
     return {
         **{key: value for key, value in figures.items() if key != "statuses"},
         **pauses,
@@ -394,6 +410,11 @@ def play_sidecars(
         "sidecar_pods": pods,
         "sidecar_windows": args.sidecar_windows,
         "sidecar_load": load_before,
+        "sidecar_load_end": load_end,
+        "sidecar_phase_s": phase_s,
+        "loop_ran_s": loop_ran_s,
+        "loop_queued_s": loop_queued_s,
+        "loop_queued_share": loop_queued_s / phase_s,
         "sidecar_rss_mib": rss,
         "sidecar_rss_max_mib": max([*rss_marks, rss]),
         "sidecar_rss_by_window_mib": [round(mib) for mib in rss_marks],  # does it level off once 12 are kept?
@@ -534,6 +555,7 @@ def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
         ("1 job", "detect_job_ms", ">6.2f", 1),
         ("susp", "suspicions", ">5.0f", 1),
         ("snd%", "sender_cpu_share", ">4.0f", 100),
+        ("wait%", "loop_queued_share", ">5.0f", 100),
     ]
     print("\nsidecars played against the operator's collector:")
     print_table(rows, columns)
@@ -543,7 +565,8 @@ def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
         "process alone; RSS, peak: the operator's processes together at the end and at their peak during "
         "the phase (peaks reset as it starts); req/s: its API requests per second meanwhile; det ms: the "
         "detector's time per window over all jobs, 1 job: per job (rankwatch_detector_duration_seconds); "
-        "susp: suspicions raised (rankwatch_detector_suspicions_total); snd%: the senders' own CPU"
+        "susp: suspicions raised (rankwatch_detector_suspicions_total); snd%: the senders' own CPU; wait%: the share "
+        "of the phase the operator's event loop thread was runnable but waiting for a CPU (its schedstat)"
     )
 
 
