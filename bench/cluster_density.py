@@ -80,10 +80,15 @@ from rankwatch.operator import api as rankwatch_api
 from rankwatch.operator.diagnosis.ingest.collector import secret_token
 
 REPO = Path(__file__).resolve().parents[1]
-CRD_PATH = REPO / "crds" / "trainingjobs.rankwatch.io.yaml"
+CRD_NAME = "trainingjobs.rankwatch.io"
+CRD_PATH = REPO / "crds" / f"{CRD_NAME}.yaml"
 OPERATOR = pki.ClientIdentity("density-operator", "rankwatch-density-operator")
 PREFIX = "density-"  # the namespaces of the steps
 FLOW_SCHEMA = "rankwatch-density-operator"
+INJECTED_CPU_MILLIS = 1000
+"""Room left in a pod's CPU share for the containers the operator adds to every worker pod (its native
+sidecar asks for 50m, counted with the trainer's request): 8 pods asking 12 CPUs each plus that no longer
+fit a node of 96, and an eighth of the pods stayed Pending with "Insufficient cpu"."""
 WINDOW_S = 5
 """The played sidecars' window, also set as the jobs' ``tracing.windowSeconds`` (the CRD's default)."""
 DETECTOR = "rankwatch_detector_duration_seconds"
@@ -168,11 +173,24 @@ def operator_usage(client: kubernetes.client.ApiClient, pid: int) -> tuple[float
 
 def pod_resources(gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
     """The pod's share of its node: its GPUs when they hold its ranks; else the same share of the node's
-    CPUs (the CRD refuses a pod asking for fewer GPUs than it has ranks, and the nominal ranks here need
-    none), so that as many pods fit on a node either way."""
+    CPUs less :data:`INJECTED_CPU_MILLIS` (the CRD refuses a pod asking for fewer GPUs than it has ranks,
+    and the nominal ranks here need none), so that as many pods fit on a node either way."""
     if gpus_per_pod >= ranks_per_pod:
         return {"nvidia.com/gpu": gpus_per_pod}
-    return {"cpu": str(CPUS_PER_NODE * gpus_per_pod // GPUS_PER_NODE)}
+    return {"cpu": f"{CPUS_PER_NODE * 1000 * gpus_per_pod // GPUS_PER_NODE - INJECTED_CPU_MILLIS}m"}
+
+
+def install_crd(cluster: LocalCluster, patience_s: float = 60.0) -> None:
+    """Apply the TrainingJob CRD and wait until it is Established. Until the API server has looked at a
+    new CRD it has no ``status.conditions``, and ``kubectl wait`` then fails at once instead of waiting
+    (seen on a fresh cluster): so wait for the conditions first, as tests/e2e/conftest.py does."""
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    deadline = time.monotonic() + patience_s
+    while not kubectl(cluster, "get", f"crd/{CRD_NAME}", "-o", "jsonpath={.status.conditions}").strip():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"crd/{CRD_NAME} has no status conditions after {patience_s:.0f} s")
+        time.sleep(1)
+    kubectl(cluster, "wait", "--for=condition=Established", f"--timeout={patience_s:.0f}s", f"crd/{CRD_NAME}")
 
 
 def training_job(
@@ -302,6 +320,14 @@ def reset_peak_rss(pid: int) -> None:
             refs.write("5")
 
 
+def loop_schedstat(pid: int) -> tuple[float, float]:
+    """(seconds run, seconds waited for a CPU while runnable) of the operator's main thread, its event loop
+    (``/proc/<pid>/task/<pid>/schedstat``): on a shared machine, whether its pauses are its own or a queue."""
+    with open(f"/proc/{pid}/task/{pid}/schedstat") as stat:
+        ran, waited = stat.read().split()[:2]
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
 def play_sidecars(
     args: argparse.Namespace,
     admin: kubernetes.client.ApiClient,
@@ -329,10 +355,14 @@ def play_sidecars(
     before = collector_metrics(port)
     requests_before, requests_from = operator_requests(admin), time.monotonic()
     load_before = os.getloadavg()[0]
+    sched_before, sched_from = loop_schedstat(pid), time.monotonic()
     reports, start, cpu_marks, rss_marks = send(
         port, namespace, tokens, windows, WINDOW_S, pid, args.senders, args.connections
     )
     cpu_marks.append(tree_cpu_seconds(pid))  # after the last answer: all the work of every summary
+    sched_after, phase_s = loop_schedstat(pid), time.monotonic() - sched_from
+    loop_ran_s, loop_queued_s = sched_after[0] - sched_before[0], sched_after[1] - sched_before[1]
+    load_end = os.getloadavg()[0]
     requests = (operator_requests(admin) - requests_before) / (time.monotonic() - requests_from)
     rss, peak = tree_rss_mib(pid)
     time.sleep(WINDOW_S)  # the monitor's pass over the last window
@@ -369,6 +399,10 @@ def play_sidecars(
           f"{pauses['loop_lag_p99_ms_bound']:g} / {pauses['loop_lag_max_ms_bound']:g} ms; collections: "
           + ", ".join(f"gen {g} {pauses[f'gc{g}_count']:.0f} x, {pauses[f'gc{g}_ms']:.0f} ms, longest under "
                       f"{pauses[f'gc{g}_max_ms_bound']:g} ms" for g in range(3)), flush=True)  # fmt: skip
+    print(f"  the event loop's thread over the phase's {phase_s:.0f} s: ran {loop_ran_s:.1f} s, waited "
+          f"{loop_queued_s:.1f} s for a CPU while runnable ({loop_queued_s / phase_s:.0%} of the phase); load "
+          f"average {load_before:.2f} as the sidecars started, {load_end:.2f} as the last was answered",
+          flush=True)  # fmt: skip
     return {
         **{key: value for key, value in figures.items() if key != "statuses"},
         **pauses,
@@ -376,6 +410,11 @@ def play_sidecars(
         "sidecar_pods": pods,
         "sidecar_windows": args.sidecar_windows,
         "sidecar_load": load_before,
+        "sidecar_load_end": load_end,
+        "sidecar_phase_s": phase_s,
+        "loop_ran_s": loop_ran_s,
+        "loop_queued_s": loop_queued_s,
+        "loop_queued_share": loop_queued_s / phase_s,
         "sidecar_rss_mib": rss,
         "sidecar_rss_max_mib": max([*rss_marks, rss]),
         "sidecar_rss_by_window_mib": [round(mib) for mib in rss_marks],  # does it level off once 12 are kept?
@@ -435,7 +474,12 @@ def run_step(
         while len(ready) < jobs:
             if time.monotonic() - started > args.timeout:
                 late = sorted(set(created) - set(running))
-                raise SystemExit(f"{len(late)} jobs not Running after {args.timeout:.0f} s: {late[:5]}")
+                why = {name: status.get("reason") for name, status in statuses(custom, namespace).items()}
+                raise SystemExit(
+                    f"{len(late)} jobs not Running after {args.timeout:.0f} s: "
+                    + ", ".join(f"{name} ({why.get(name)})" for name in late[:5])
+                    + f"; `kubectl get events -n {namespace}` says why"
+                )
             if all_running is not None and time.monotonic() - started > all_running + args.ready_wait:
                 break  # kwok left some pods not Ready (a node it let go NotReady meanwhile): idle from here
             if operator.poll() is not None:
@@ -511,6 +555,7 @@ def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
         ("1 job", "detect_job_ms", ">6.2f", 1),
         ("susp", "suspicions", ">5.0f", 1),
         ("snd%", "sender_cpu_share", ">4.0f", 100),
+        ("wait%", "loop_queued_share", ">5.0f", 100),
     ]
     print("\nsidecars played against the operator's collector:")
     print_table(rows, columns)
@@ -520,7 +565,8 @@ def print_sidecar_figures(rows: list[dict[str, Any]]) -> None:
         "process alone; RSS, peak: the operator's processes together at the end and at their peak during "
         "the phase (peaks reset as it starts); req/s: its API requests per second meanwhile; det ms: the "
         "detector's time per window over all jobs, 1 job: per job (rankwatch_detector_duration_seconds); "
-        "susp: suspicions raised (rankwatch_detector_suspicions_total); snd%: the senders' own CPU"
+        "susp: suspicions raised (rankwatch_detector_suspicions_total); snd%: the senders' own CPU; wait%: the share "
+        "of the phase the operator's event loop thread was runnable but waiting for a CPU (its schedstat)"
     )
 
 
@@ -558,8 +604,7 @@ def main() -> None:
         began = time.monotonic()
         state = cluster.up(steps[0][0], log=lambda message: print(f"  [cluster] {message}", flush=True), timeout=600)
         print(f"cluster up with {steps[0][0]} nodes Ready: {time.monotonic() - began:.1f} s", flush=True)
-        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+        install_crd(cluster)
         operator_config = operator_identity(cluster, cluster.server(state))
         header = (
             f"{'nodes':>6} {'jobs':>5} {'pods':>6} {'ranks':>7} {'nodes up':>9} {'created':>8} {'median':>8} "

@@ -21,9 +21,8 @@ import time
 
 import kubernetes
 from cluster_density import (
-    CRD_PATH,
     PREFIX,
-    kubectl,
+    install_crd,
     operator_identity,
     operator_requests,
     operator_usage,
@@ -73,8 +72,7 @@ def main() -> None:
     print(f"cluster in {cluster.root}; load average {os.getloadavg()[0]:.2f} at start", flush=True)
     try:
         state = cluster.up(args.nodes, log=lambda message: print(f"  [cluster] {message}", flush=True), timeout=600)
-        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+        install_crd(cluster)
         operator_config = operator_identity(cluster, cluster.server(state))
         admin = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
         core, custom = kubernetes.client.CoreV1Api(admin), kubernetes.client.CustomObjectsApi(admin)
