@@ -67,7 +67,9 @@ def test_gpu_timed_straggler_is_named_and_a_healthy_run_is_healthy(tmp_path):
     slow = simulate(
         tmp_path / "slow", True, 3000, world_size=8, tp=4, steps=40, faults=Faults(slow_rank=5, slowdown=0.3)
     )
-    assert [(f["kind"], f["ranks"]) for f in slow["findings"]] == [("straggler", [5])], slow["findings"]
+    named = [(f["kind"], f["ranks"]) for f in slow["findings"]]
+    # a machine loaded mid-run may add the job's own slowdown (fail_slow), behind the same rank or nobody
+    assert named[0] == ("straggler", [5]) and all(set(ranks) <= {5} for _, ranks in named), slow["findings"]
     healthy = simulate(tmp_path / "healthy", True, world_size=8, tp=4, steps=40)
     assert healthy["healthy"] is True and healthy["findings"] == [], healthy["findings"]
     assert NOT_LOCALISABLE not in slow["problems"] + healthy["problems"]

@@ -68,6 +68,13 @@ def test_rank_stuck_inside_a_collective_is_named_first_and_alone(torch_python, r
     out = torchrun.run_job(torch_python, runs_dir / "stuck", *stuck, "--json", world=8, tp=2, pp=2)
     document = findings_of(out, Layout(2, 2, 8))
     named = [finding["ranks"] for finding in document["findings"]]
-    assert named and named[0] == [3], (named, document["problems"])
-    assert all(set(ranks) <= {3} for ranks in named), named
-    assert document["findings"][0]["kind"] == "hang" and "stuck inside" in document["findings"][0]["summary"]
+    assert named and all(set(ranks) <= {3} for ranks in named), (named, document["problems"])
+    first = document["findings"][0]
+    assert first["kind"] == "hang", first
+    if named[0] == []:
+        # On a busy machine rank 2 may dump as its wait times out, before its gloo worker retires the
+        # timed-out work: both members' work is in flight in the dumps, which then cannot tell the stuck
+        # one (tests/analysis/test_real_gloo_stops.py keeps such a run). Nobody is named then.
+        assert "not localisable" in first["summary"] and 3 in first["evidence"]["members_inside"], first
+    else:
+        assert named[0] == [3] and "stuck inside" in first["summary"], first
