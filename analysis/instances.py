@@ -56,7 +56,7 @@ def _bits(value: int) -> int:
     return max(int(value).bit_length(), 1)
 
 
-def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted distinct values, index of each value among them). The calls come rank by rank and a rank
     uses a few communicators in runs: the distinct values are found among the runs' first values, and
     each value's index by a binary search among those few (no sort of every value)."""
@@ -79,7 +79,7 @@ def group_instances(comm: np.ndarray, seq: np.ndarray, rows: np.ndarray) -> Inst
         empty = np.zeros(0, np.int64)
         return Instances(empty, np.zeros(1, np.int64), empty.astype(np.uint64), empty.astype(np.uint64), empty,
                          empty.astype(np.uint64))  # fmt: skip
-    comm_ids, comm_index = _factorize(comm)
+    comm_ids, comm_index = factorize(comm)
     seq = seq.view(np.int64) if seq.dtype == np.uint64 else seq.astype(np.int64)  # as astype wraps, without a copy
     seq_low = int(seq.min())
     n = len(rows)

@@ -32,7 +32,7 @@ import numpy as np
 
 from rankwatch.analysis.compute_gaps import MIN_EXCESS
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.instances import Instances, grouped_median, instances_of
+from rankwatch.analysis.instances import Instances, factorize, grouped_median, instances_of
 from rankwatch.analysis.job_noise import chance_tail, clock_tick_at, median_standard_error, sign_tail
 from rankwatch.analysis.trace import Trace, durations, is_collective, is_p2p
 
@@ -123,10 +123,7 @@ def detect_stragglers(
         block_waits, block_rows = waits[grid], instances.rows[grid]
         # the communicators of this size only (instances come by communicator): arrays of every
         # communicator x this size would be [thousands, 16k] for a world communicator
-        comm_index = instances.comm_index[chosen]
-        first_of_comm = np.r_[True, comm_index[1:] != comm_index[:-1]]
-        present = comm_index[first_of_comm]
-        comm_of = np.cumsum(first_of_comm) - 1
+        present, comm_of = factorize(instances.comm_index[chosen])
         per_comm = np.bincount(comm_of, minlength=len(present))
         median = np.median(block_waits, axis=1, keepdims=True)
         key = comm_of[:, None] * size + np.arange(size)
