@@ -111,6 +111,7 @@ def analyze_trace(
     # a hang found from call times alone (Megatrace: no completion recorded) is where the logs end, and
     # says nothing of the lateness before it: those are scored too
     weak_hang = not trace.has_returns and not trace.pending_known
+    arrivals = arrival_times(trace)
     if test_type in ("slow", "parallel") or (test_type == "all" and (not findings or weak_hang)):
         links: list[Finding] = []
         since = recent_since(trace)
@@ -126,13 +127,13 @@ def analyze_trace(
             if trace.ranks_per_node is None and all(source.node == "unknown" for source in trace.ranks.values()):
                 problems.append("host clocks taken as aligned across nodes; --ranks-per-node lets rankwatch remove "
                                 "each node's clock offset")  # fmt: skip
-        if trace.has_returns and returned_at_once(trace):
+        if arrivals is not trace:
             problems.append(NOT_LOCALISABLE)
         endpoints = frozenset(rank for link in links for rank in link.ranks)
         if host_call_times_only(trace):  # gloo: call times are when compute ended; the job's own spread decides
             stragglers = detect_host_stragglers(trace, problems, since_ns=since, explained=endpoints)
         else:
-            stragglers = detect_stragglers(trace, explained_by_links=endpoints, since_ns=since, problems=problems)
+            stragglers = detect_stragglers(arrivals, explained_by_links=endpoints, since_ns=since, problems=problems)
         if not stragglers:  # waits name nobody (TP=1, or a small slowdown): the GPUs' compute per step
             stragglers = detect_compute_stragglers(trace, explained=endpoints)
         if not stragglers and trace.spans is not None:  # MegaScan: each microbatch's compute, recorded
@@ -140,12 +141,12 @@ def analyze_trace(
             problems += notes
         findings += links + stragglers
         if test_type != "parallel":
-            slower = fail_slow_with_culprits(trace, endpoints)
+            slower = fail_slow_with_culprits(trace, arrivals, endpoints)
             if not slower and trace.iterations is not None:  # MegaScan: the iterations' own times
                 slower, notes = detect_iteration_slowdown(trace)
                 problems += notes
             findings += slower if not host_call_times_only(trace) else _host_bound_rise(slower, problems)
-    findings = windowed_stragglers(trace, findings, problems)
+    findings = windowed_stragglers(arrivals, findings, problems)
     add_frames(trace, findings)
     add_gpus(trace, findings)
     # the traces alone decide the causes they can (slow link, a GPU behind); the in-cluster diagnosis
@@ -153,17 +154,27 @@ def analyze_trace(
     return ranked([attribute(finding) for finding in findings], problems)
 
 
-def fail_slow_with_culprits(trace: Trace, explained: frozenset[int]) -> list[Finding]:
-    """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it."""
+def arrival_times(trace: Trace) -> Trace:
+    """The trace whose waits the straggler analysis compares: when every call returned at once without
+    GPU times (a host running ahead of its GPU), what is inside a call is microseconds of host
+    scheduling, not waiting for a peer, so only when each rank arrived tells anything: the trace seen
+    as call times alone (as Megatrace's logs are), whose lateness run-ahead must not explain."""
+    return replace(trace, has_returns=False) if trace.has_returns and returned_at_once(trace) else trace
+
+
+def fail_slow_with_culprits(trace: Trace, arrivals: Trace, explained: frozenset[int]) -> list[Finding]:
+    """A step-time rise, with the stragglers of the steps after its onset as the ranks behind it
+    (``arrivals``: :func:`arrival_times` of the trace)."""
 
     def stragglers_after(onset_ns: int) -> list[int]:
         if host_call_times_only(trace):
             since = max(onset_ns, recent_since(trace) or 0)
             later = detect_host_stragglers(trace, [], since, explained=explained)
             return sorted({rank for finding in later for rank in finding.ranks})
-        later = detect_stragglers(trace, explained_by_links=explained, since_ns=max(onset_ns, recent_since(trace) or 0))
+        since = max(onset_ns, recent_since(trace) or 0)
+        later = detect_stragglers(arrivals, explained_by_links=explained, since_ns=since)
         # call times alone name a rank only where run-ahead cannot explain its lateness (as for stragglers)
-        later = windowed_stragglers(trace, later, [])
+        later = windowed_stragglers(arrivals, later, [])
         return sorted({rank for finding in later for rank in finding.ranks})
 
     return detect_fail_slow(trace, stragglers_after)

@@ -6,6 +6,7 @@ never name a wrong rank."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rankwatch.analysis.analyze import analyze
@@ -46,3 +47,18 @@ def test_a_gpu_hardly_slower_than_its_peers_is_not_a_straggler():
     """No two GPUs run alike: in this healthy run rank 30 computes 1.6% more than its TP peer and is last
     in 74% of their collectives; below 2.5% nobody would cordon a node for it (it was named once)."""
     assert findings_of(Scenario(128, tp=2, pp=4, gpu_timing=True, seed=1, **BASE)) == []
+
+
+def test_host_scheduling_inside_calls_that_return_at_once_names_nobody():
+    """Without GPU times a run-ahead host's call lasts microseconds of its own scheduling, not a wait for
+    a peer. On a busy machine (two test workers once) the other ranks' hosts were descheduled inside
+    their calls a few microseconds more often than rank 7's, so rank 7 "waited least" in most
+    collectives and was named a straggler, its node cordoned, with "0.00 ms longer than its peers'"."""
+    run = generate(Scenario(64, tp=4, pp=2, gpu_timing=False, **BASE))
+    calls = run.trace.calls
+    rng = np.random.default_rng(7)
+    descheduled = rng.uniform(0, 20_000, len(calls)).astype(np.int64) * (calls["rank"] != 7)
+    calls["t_return"][:] = calls["t_return"] + descheduled * (calls["t_return"] > 0)
+    report = analyze(run.trace)
+    assert report["findings"] == [], report["findings"]
+    assert any("not localisable from call times" in problem for problem in report["problems"]), report["problems"]
