@@ -8,6 +8,11 @@ ranks. Served from the heap and never trimmed, a freed array's pages hold the ne
 process's peak resident memory stays about what it was (the largest arrays alive at once); it is
 not given back until the process exits, so this is for a process that analyses and ends (``rankwatch
 analyze``), not a long-lived one.
+
+Nor are those pages huge ones: numpy advises the kernel to back each large array with 2 MiB pages
+(``MADV_HUGEPAGE``), and where the kernel compacts memory for them at once (``defrag`` set to
+``madvise``, the default) a machine whose memory the rings just filled with cached file pages
+compacts on every fault: at 16k ranks that was a third of the detectors' CPU time.
 """
 
 from __future__ import annotations
@@ -20,11 +25,22 @@ NEVER_TRIM = 2**31 - 1  # the largest value mallopt takes (an int): bytes free a
 
 
 def keep_freed_memory() -> bool:
-    """Large arrays from the heap, and the heap never trimmed (glibc's ``mallopt``). False where the C
-    library has no ``mallopt`` (not glibc) or refuses: nothing changes then."""
+    """Large arrays from the heap, and the heap never trimmed (glibc's ``mallopt``), in pages of the
+    ordinary size. False where the C library has no ``mallopt`` (not glibc) or refuses: the heap is
+    left as it was then."""
+    _no_huge_pages()
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+
+
+def _no_huge_pages() -> None:
+    """numpy's huge-page advice off (``NUMPY_MADVISE_HUGEPAGE=0``, set after numpy was imported)."""
+    try:
+        from numpy._core.multiarray import _set_madvise_hugepage
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _set_madvise_hugepage
+    _set_madvise_hugepage(False)

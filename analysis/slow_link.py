@@ -25,7 +25,7 @@ import numpy as np
 
 from rankwatch.analysis.clocks import aligned, node_offsets
 from rankwatch.analysis.findings import Finding, comm_label
-from rankwatch.analysis.instances import GroupedValues
+from rankwatch.analysis.instances import GroupedValues, factorize
 from rankwatch.analysis.job_noise import TICK_SAMPLE, chance_tail, clock_tick_ns, robust_spread
 from rankwatch.analysis.ring import Op
 from rankwatch.analysis.trace import Trace
@@ -57,9 +57,56 @@ def _clock_tick(t_call: np.ndarray, t_return: np.ndarray, s: np.ndarray) -> int:
     return clock_tick_ns(np.concatenate([t_call[s], t_return[s]]).astype(np.int64))
 
 
+MATCH_BLOCK = 1 << 20
+
+
 def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices of the sends and receives with equal keys (each key once on either side); ``keys``: the
-    sends' then the receives', sorted in place (memory: at 16k ranks there are millions)."""
+    """Indices of the sends and receives with equal keys (each key once on either side), in the sends'
+    order; ``keys``: the sends' then the receives'. One plain sort of the keys' high bits packed with
+    each one's index (several times faster than an argsort of millions); the few whose high bits
+    collide are told apart by their whole keys."""
+    n = len(keys)
+    index_bits = max(n.bit_length(), 1)
+    if index_bits > 32:
+        return _by_send(*_match_by_argsort(keys.copy(), sends))
+    low = np.uint64((1 << index_bits) - 1)
+    packed = keys * np.uint64(0x9E3779B97F4A7C15)  # one-to-one, and the sequence (low bits) into the high ones
+    packed &= ~low
+    for start in range(0, n, MATCH_BLOCK):  # each one's index, without an index array of millions
+        packed[start : start + MATCH_BLOCK] |= np.arange(start, min(n, start + MATCH_BLOCK), dtype=np.uint64)
+    packed.sort()
+    order = (packed & low).view(np.int64)
+    packed >>= np.uint64(index_bits)  # the high bits alone
+    same = packed[1:] == packed[:-1]
+    del packed
+    crowded = np.zeros(n, bool)  # three or more with the same high bits: a collision, resolved below
+    crowded[1:-1] = same[1:] & same[:-1]
+    crowded[:-1] |= crowded[1:] & same
+    crowded[1:] |= crowded[:-1] & same
+    pair = np.flatnonzero(same & ~crowded[:-1])
+    first, second = order[pair], order[pair + 1]  # the same high bits: the whole keys are compared last
+    del pair, same
+    if crowded.any():
+        few = order[crowded]
+        few_keys = keys[few]
+        by_key = np.argsort(few_keys, kind="stable")
+        few, few_keys = few[by_key], few_keys[by_key]
+        equal = few_keys[1:] == few_keys[:-1]
+        if (equal[1:] & equal[:-1]).any():  # a key three times: matched as it always was
+            return _by_send(*_match_by_argsort(keys.copy(), sends))
+        twin = np.flatnonzero(equal)
+        first, second = np.r_[first, few[twin]], np.r_[second, few[twin + 1]]
+    is_send = first < sends
+    first, second = np.where(is_send, first, second), np.where(is_send, second, first)
+    valid = (first < sends) & (second >= sends)
+    send_index, recv_index = _by_send(first[valid], second[valid] - sends)
+    whole = keys[send_index] == keys[recv_index + sends]  # in the sends' order: gathers that run ahead
+    return send_index[whole], recv_index[whole]
+
+
+def _match_by_argsort(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_match` by an argsort of the whole keys (sorted in place): where a key comes three times
+    or more, which two of them pair is this sort's."""
     order = np.argsort(keys)
     keys[...] = keys[order]
     pair = np.flatnonzero(keys[1:] == keys[:-1])
@@ -70,10 +117,25 @@ def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
     return first[valid], second[valid] - sends
 
 
+def _by_send(send_index: np.ndarray, recv_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The matched pairs in the sends' order (trace order: by rank, then time), by one sort of both
+    packed into one integer."""
+    if not len(send_index) or max(int(send_index.max()), int(recv_index.max())) >= 1 << 31:
+        order = np.argsort(send_index, kind="stable")
+        return send_index[order], recv_index[order]
+    packed = send_index.astype(np.int64) << 32
+    packed |= recv_index
+    packed.sort()
+    recv = packed & 0xFFFFFFFF
+    packed >>= 32
+    return packed, recv
+
+
 def _steadily_slow(
     transfer: GroupedValues,
     values: np.ndarray,
     when: np.ndarray,
+    key: np.ndarray,
     pair_index: np.ndarray,
     typical: np.ndarray,
     min_excess_ns: float,
@@ -83,13 +145,13 @@ def _steadily_slow(
     the typical pair), and its median in each third of its transfers above that floor too. Times
     of a shared machine jitter and a busy moment slows some transfers of every pair; a slow
     link is slow in every one. ``transfer``: the transfer times grouped by pair; ``values``, ``when``,
-    ``pair_index``: each transfer's time, when it was entered (to split a pair's transfers in thirds) and
-    its pair; ``typical``: per pair, the typical pair of its kind."""
+    ``key``, ``pair_index``: each transfer's time, when it was entered (to split a pair's transfers in
+    thirds; ties by its key), its key and its pair; ``typical``: per pair, the typical pair of its kind."""
     upper = float(np.nanmedian(transfer.quantile(0.9)))
     floor = np.maximum(2 * upper, typical + min_excess_ns)
     steady = transfer.quantile(0.25) >= floor
     rows = np.flatnonzero(steady[pair_index])  # the few steady pairs' transfers, not every one
-    order = rows[np.lexsort((when[rows], pair_index[rows]))]
+    order = rows[np.lexsort((key[rows], when[rows], pair_index[rows]))]
     bounds = np.searchsorted(pair_index[order], np.arange(len(steady) + 1))
     for pair in np.flatnonzero(steady):
         own = values[order[bounds[pair] : bounds[pair + 1]]]
@@ -111,16 +173,9 @@ def detect_slow_links(
     if not len(p2p):
         return []
     columns = {name: calls[name][p2p] for name in ("op", "comm", "comm_rank", "peer", "seq", "rank")}
-    shift = aligned(trace, node_offsets(trace), columns["rank"])
-    # GPU-timed calls are timed on the GPU: an asynchronous GPU's host returns before the transfer ran
-    gpu = (calls["gpu_start"][p2p] > 0) & (calls["gpu_end"][p2p] > 0)
-    t_call, t_return = calls["t_call"][p2p], calls["t_return"][p2p]
-    if gpu.any():
-        t_call[gpu], t_return[gpu] = calls["gpu_start"][p2p[gpu]], calls["gpu_end"][p2p[gpu]]
-    t_call, t_return = t_call - shift, t_return - shift  # float: the clock offsets are medians
-    del p2p, shift, gpu  # memory: at 16k ranks each of these arrays is 100s of MB
     send = columns.pop("op") == Op.SEND
     sends, recvs = np.flatnonzero(send), np.flatnonzero(~send)
+    del send
     if not len(sends) or not len(recvs):
         return []
     comm, me, peer, seq = columns["comm"], columns["comm_rank"], columns["peer"], columns["seq"]
@@ -130,11 +185,24 @@ def detect_slow_links(
     keys[len(sends) :] = transfer_keys(comm[recvs], peer[recvs], me[recvs], seq[recvs])
     del me, peer, seq, columns["comm_rank"], columns["peer"], columns["seq"]
     s_index, r_index = _match(keys, len(sends))
+    # each transfer's key: the order they were once compared in, which ties between them still follow
+    transfer_key = keys[s_index]
     del keys
     if not len(s_index):
         return []
     s, r = sends[s_index], recvs[r_index]
     del sends, recvs, s_index, r_index
+    # the times once the keys' columns are gone (memory: at 16k ranks each of these is 100s of MB)
+    shift = aligned(trace, node_offsets(trace), columns["rank"])
+    # GPU-timed calls are timed on the GPU: an asynchronous GPU's host returns before the transfer ran
+    gpu = (calls["gpu_start"][p2p] > 0) & (calls["gpu_end"][p2p] > 0)
+    t_call, t_return = calls["t_call"][p2p], calls["t_return"][p2p]
+    if gpu.any():
+        t_call[gpu], t_return[gpu] = calls["gpu_start"][p2p[gpu]], calls["gpu_end"][p2p[gpu]]
+    del p2p, gpu
+    t_call = t_call - shift  # float: the clock offsets are medians; one column at a time
+    t_return = t_return - shift
+    del shift
     transfer = t_return[s]  # min(returns) - max(calls), a column at a time (memory)
     np.minimum(transfer, t_return[r], out=transfer)
     entered = t_call[s]
@@ -145,11 +213,13 @@ def detect_slow_links(
     # number their sends and receives from different origins): such a pair tells nothing.
     overlapping = transfer > -MAX_CLOCK_ERROR_NS
     s, r, transfer = s[overlapping], r[overlapping], transfer[overlapping]
+    transfer_key = transfer_key[overlapping]
     rank = columns["rank"]
     pair_key = rank[s].astype(np.int64) << 32 | rank[r].astype(np.int64)
-    unique_keys, pair_index = np.unique(pair_key, return_inverse=True)
+    # in the sends' order a rank's transfers to one peer come in runs: no sort of every one
+    unique_keys, pair_index = factorize(pair_key)
+    del pair_key
     unique_pairs = np.stack([unique_keys >> 32, unique_keys & 0xFFFFFFFF], axis=1)
-    pair_index = pair_index.reshape(-1)
     values = transfer.astype(np.float64)
     grouped = GroupedValues(values, pair_index, len(unique_keys))
     medians = grouped.median()
@@ -160,7 +230,10 @@ def detect_slow_links(
         return []  # nothing to compare a pair with
     if min_excess_ns is None:
         min_excess_ns = float(_clock_tick(t_call, t_return, s))
-    across = np.array([trace.node_of(int(a)) != trace.node_of(int(b)) for a, b in unique_pairs.tolist()], dtype=bool)
+    ranks = np.unique(unique_pairs)  # each rank's node once, not once per pair it is in
+    _, node_index = np.unique([trace.node_of(rank) for rank in ranks.tolist()], return_inverse=True)
+    node_of_pair = node_index.reshape(-1)[np.searchsorted(ranks, unique_pairs)]
+    across = node_of_pair[:, 0] != node_of_pair[:, 1]
     kinds = {kind: usable & (across == kind) for kind in (False, True)}
     if any(0 < int(pairs.sum()) < MIN_PAIRS_OF_A_KIND for pairs in kinds.values()):
         kinds = {False: usable}  # too few of one kind for one slow link to be a minority: all together
@@ -175,7 +248,7 @@ def detect_slow_links(
             spread_of[pairs] = robust_spread(medians[pairs]) + min_excess_ns
             tail_of[pairs] = min_score if min_score is not None else chance_tail(int(pairs.sum()))
     # a busy moment (a shared machine's CPU or GPU) slows some transfers of every pair; a slow link, all
-    steady = _steadily_slow(grouped, values, t_call[s], pair_index, typical_of, min_excess_ns)
+    steady = _steadily_slow(grouped, values, t_call[s], transfer_key, pair_index, typical_of, min_excess_ns)
     findings: dict[frozenset[int], Finding] = {}  # a link is both directions of one pair
     for position in np.flatnonzero(usable):
         typical, spread, tail = typical_of[position], spread_of[position], tail_of[position]
@@ -186,7 +259,8 @@ def detect_slow_links(
         if not steady[position]:
             continue  # a few slow transfers (a busy moment), not a slow link
         sender, receiver = (int(x) for x in unique_pairs[position])
-        comm_id = int(comm[s[np.argmax(pair_index == position)]])
+        own = np.flatnonzero(pair_index == position)
+        comm_id = int(comm[s[own[np.argmin(transfer_key[own])]]])  # of its transfer of the lowest key
         link = frozenset((sender, receiver))
         finding = Finding(
             kind="slow_link",
