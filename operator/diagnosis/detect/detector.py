@@ -17,10 +17,10 @@ from typing import Any
 from rankwatch.analysis.cause import starved
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import Finding, FindingKind
-from rankwatch.operator.diagnosis.ingest.job_state import CommState, JobState
+from rankwatch.operator.diagnosis.ingest.job_state import WAIT_HISTORY, CommState, JobState
 
-WAIT_WINDOWS = 3
-"""Windows of wait quantiles a rank's score is taken over (median of their p50s)."""
+WAIT_WINDOWS = WAIT_HISTORY
+"""Windows of wait quantiles a rank's score is taken over (median of their p50s): what the job state keeps."""
 WAIT_RATIO = 0.3
 """A rank whose wait is at most this fraction of its peers' median waits out of line..."""
 WAIT_MARGIN_S = 100e-6
@@ -128,17 +128,14 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Finding | No
 
 
 def _recent_wait(comm: CommState, since: float) -> float | None:
-    """The median of the rank's last (at most ``WAIT_WINDOWS``) wait p50s received since ``since``, None
-    with fewer than two (run for every rank and communicator of every job each window: kept cheap)."""
-    waits = []
-    for received, p50, _ in reversed(comm.waits):
-        if received >= since:
-            waits.append(p50)
-            if len(waits) == WAIT_WINDOWS:
-                break
-    if len(waits) < 2:
+    """The median of the rank's last (at most ``WAIT_WINDOWS``, all the state keeps) wait p50s received
+    since ``since``, None with fewer than two (run for every rank and communicator of every job each
+    window: kept cheap)."""
+    waits = comm.waits
+    recent = [waits[i + 1] for i in range(0, len(waits), 2) if waits[i] >= since]
+    if len(recent) < 2:
         return None
-    return statistics.median(waits)
+    return statistics.median(recent)
 
 
 def peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:

@@ -6,6 +6,13 @@ by the summaries themselves (``oldest_in_flight_s``), so a hang that began befor
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
 history: a 16k-rank job is tens of thousands of small objects, not a trace.
 
+Each history keeps what its reader uses and no more, as a small tuple replaced whole (a deque costs
+~600 bytes even when empty, and there is one per rank and per communicator): a rank's waits on a
+communicator for the detector's score (:data:`WAIT_HISTORY`), its record counts for sizing a dump
+(:data:`RECORDS_HISTORY`), its scheduling figures for a cause (:data:`HOST_WINDOWS`), and the
+(pod, window) keys that tell a redelivery (:data:`DEDUPE_WINDOWS` per pod). So the state of a job
+stops growing after its first :data:`RECORDS_HISTORY` windows (``tests/unit/test_job_state_retention``).
+
 Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
 the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
 sidecar (or whoever holds a job's token) cannot grow the operator's memory without limit.
@@ -22,11 +29,19 @@ from typing import Any, NamedTuple
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.protocol import CommWindow, StallReport, WindowSummary
 
-HISTORY_WINDOWS = 12
-"""Wait quantiles kept per (rank, communicator): enough for a robust score over the last minute."""
+WAIT_HISTORY = 3
+"""Windows of wait p50s kept per (rank, communicator): the detector scores a rank on the median of its
+last three (until 2026-11-29 twelve were kept, nine never read: a third of the operator's memory at
+64,000 ranks)."""
+RECORDS_HISTORY = 12
+"""Windows of record counts kept per rank: a dump is sized on the busiest window of the last minute."""
 STEP_HISTORY = 240
 """Job step-time points kept (one per pod summary): the baseline for "step time up"."""
-DEDUPE_KEYS = 20_000
+DEDUPE_WINDOWS = 4
+"""(pod, window) keys remembered per pod of the job's limits: a sidecar sends its windows in order and
+resends one only while its answer is missing, so a redelivery is of one of its newest windows; an
+older one is refused as replayed anyway (until 2026-11-29: 20,000 keys per job whatever its size,
+~300 bytes each, filled after 10 minutes at 160 pods a job)."""
 STALL_REPORTS_KEPT = 64
 HOST_WINDOWS = 6
 """Windows of scheduling figures a cause is decided on (the straggler's recent past, not its whole life)."""
@@ -156,8 +171,12 @@ class CommState:
     in_flight: int = 0
     oldest_in_flight_s: float | None = None  # as of ``seen_at``
     seen_at: float = 0.0
-    waits: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
-    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with calls."""
+    waits: tuple[float, ...] = ()
+    """(received at, wait p50 in seconds (GPU when timed)) of the last ``WAIT_HISTORY`` windows with
+    collectives, flattened, oldest first: ``(received_0, p50_0, received_1, p50_1, ...)``."""
+
+    def add_wait(self, received: float, p50: float) -> None:
+        self.waits = (*self.waits[2 - 2 * WAIT_HISTORY :], received, p50)
 
 
 @dataclass(slots=True)
@@ -167,13 +186,15 @@ class RankState:
     node: str
     alive: bool = True
     seen_at: float = 0.0
-    records: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    records: tuple[int, ...] = ()
+    """Records its ring took in each of the last ``RECORDS_HISTORY`` windows, oldest first."""
     step_time_s: float | None = None
     wait_s: float | None = None
     """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
-    scheduling: deque[tuple[float, float, float, int]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
-    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them."""
+    scheduling: tuple[tuple[float, float, float, int], ...] = ()
+    """(received at, window seconds, run-queue delay seconds, involuntary switches) of the last
+    ``HOST_WINDOWS`` windows that had them, oldest first."""
 
 
 @dataclass(slots=True)
@@ -183,8 +204,8 @@ class PodState:
     replica_index: int
     seen_at: float = 0.0
     ranks: set[int] = field(default_factory=set)
-    cpu_pressure: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
-    """(received at, the node's CPU pressure share) per summary that had it."""
+    cpu_pressure: tuple[tuple[float, float], ...] = ()
+    """(received at, the node's CPU pressure share) of the last ``HOST_WINDOWS`` summaries that had it."""
     latest_start_ns: int = 0
     """Start of the newest window taken from this pod: an older one not seen before is a replay."""
 
@@ -218,11 +239,12 @@ class JobState:
     derived it: emptied whenever a rank or a rank's communicator is added or replaced."""
 
     def duplicate(self, key: tuple[str, int, int]) -> bool:
-        """True if this (pod, start_ns, window) was taken before; remembers it otherwise."""
+        """True if this (pod, start_ns, window) was taken among the job's last ``DEDUPE_WINDOWS`` windows
+        per pod (of its limits); remembers it otherwise."""
         if key in self._seen:
             return True
         self._seen[key] = None
-        if len(self._seen) > DEDUPE_KEYS:
+        if len(self._seen) > DEDUPE_WINDOWS * self.limits.pods:
             self._seen.popitem(last=False)
         return False
 
@@ -252,7 +274,7 @@ class JobState:
             return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
-            pod.cpu_pressure.append((now, summary.cpu_pressure))
+            pod.cpu_pressure = (*pod.cpu_pressure[1 - HOST_WINDOWS :], (now, summary.cpu_pressure))
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
@@ -267,14 +289,14 @@ class JobState:
                 self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
-            rank.records.append(records)
+            rank.records = (*rank.records[1 - RECORDS_HISTORY :], records)
             if scheduling is not None and window_s > 0:
-                rank.scheduling.append((now, window_s, *scheduling))
+                rank.scheduling = (*rank.scheduling[1 - HOST_WINDOWS :], (now, window_s, *scheduling))
             if step_time_s:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
             waits = []
-            for comm_id, size, last_entered, last_completed, in_flight, oldest, collectives, wait in comms:
+            for comm_id, size, last_entered, last_completed, in_flight, oldest, _collectives, wait in comms:
                 state = rank.comms.get(comm_id)
                 if state is None:
                     if len(rank.comms) >= self.limits.comms_per_rank:
@@ -290,7 +312,7 @@ class JobState:
                     state.last_entered = max(last_entered, state.last_entered or last_entered)
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.waits.append((now, wait, collectives))
+                    state.add_wait(now, wait)
                     waits.append(wait)
             if waits:
                 waits.sort()
