@@ -133,6 +133,9 @@ def _recent_wait(comm: CommState, since: float) -> float | None:
     window: kept cheap)."""
     waits = comm.waits
     recent = [waits[i + 1] for i in range(0, len(waits), 2) if waits[i] >= since]
+    if len(recent) == 3:
+        first, second, third = recent
+        return max(min(first, second), min(max(first, second), third))  # the middle one, without a sort
     if len(recent) < 2:
         return None
     return statistics.median(recent)
@@ -177,7 +180,14 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         if any(value is None for value in waits.values()):
             continue
         values: dict[int, float] = waits  # type: ignore[assignment]
+        ordered = sorted(values.values())
+        # Leaving one member out moves the median by one place at most: no peers' median exceeds this,
+        # so a rank waiting more than WAIT_RATIO of it is in line (most ranks of most groups: one sort
+        # per group instead of one per member).
+        highest_median = ordered[(len(ordered) - 1) // 2 + 1]
         for rank, value in values.items():
+            if value > WAIT_RATIO * highest_median:
+                continue
             others = [other for peer, other in values.items() if peer != rank]
             median = statistics.median(others)  # leave-one-out: the suspect does not shift its own yardstick
             # A straggler's peers wait for it in every collective, so its own wait is a small fraction of

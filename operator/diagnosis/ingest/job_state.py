@@ -33,6 +33,8 @@ WAIT_HISTORY = 3
 """Windows of wait p50s kept per (rank, communicator): the detector scores a rank on the median of its
 last three (until 2026-11-29 twelve were kept, nine never read: a third of the operator's memory at
 64,000 ranks)."""
+_WAITS_KEPT = 2 - 2 * WAIT_HISTORY
+"""Where the waits a new one joins start (a slice of the flattened pairs): all but the oldest pair when full."""
 RECORDS_HISTORY = 12
 """Windows of record counts kept per rank: a dump is sized on the busiest window of the last minute."""
 STEP_HISTORY = 240
@@ -175,9 +177,6 @@ class CommState:
     """(received at, wait p50 in seconds (GPU when timed)) of the last ``WAIT_HISTORY`` windows with
     collectives, flattened, oldest first: ``(received_0, p50_0, received_1, p50_1, ...)``."""
 
-    def add_wait(self, received: float, p50: float) -> None:
-        self.waits = (*self.waits[2 - 2 * WAIT_HISTORY :], received, p50)
-
 
 @dataclass(slots=True)
 class RankState:
@@ -312,7 +311,7 @@ class JobState:
                     state.last_entered = max(last_entered, state.last_entered or last_entered)
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.add_wait(now, wait)
+                    state.waits = (*state.waits[_WAITS_KEPT:], now, wait)
                     waits.append(wait)
             if waits:
                 waits.sort()
