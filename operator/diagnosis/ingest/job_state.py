@@ -277,6 +277,7 @@ class JobState:
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
+        progressed = False
         for global_rank, alive, records, step_time_s, scheduling, comms in summary.ranks:
             if global_rank < 0:
                 continue  # a ring without RANK cannot be placed in the job
@@ -295,20 +296,21 @@ class JobState:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
             waits = []
+            states = rank.comms
             for comm_id, size, last_entered, last_completed, in_flight, oldest, _collectives, wait in comms:
-                state = rank.comms.get(comm_id)
+                state = states.get(comm_id)
                 if state is None:
-                    if len(rank.comms) >= self.limits.comms_per_rank:
+                    if len(states) >= self.limits.comms_per_rank:
                         self._drop("comm")
                         continue
-                    state = rank.comms[comm_id] = CommState(size, advanced_at=now)
+                    state = states[comm_id] = CommState(size, advanced_at=now)
                     self.derived.clear()
-                newer = state.last_completed is None or (last_completed or 0) > state.last_completed
-                if last_completed is not None and newer:
+                completed, entered = state.last_completed, state.last_entered
+                if last_completed is not None and (completed is None or last_completed > completed):
                     state.last_completed, state.advanced_at = last_completed, now
-                    self.progress_at = now
-                if last_entered is not None:
-                    state.last_entered = max(last_entered, state.last_entered or last_entered)
+                    progressed = True
+                if last_entered is not None and (entered is None or last_entered > entered):
+                    state.last_entered = last_entered
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
                     state.waits = (*state.waits[_WAITS_KEPT:], now, wait)
@@ -317,6 +319,8 @@ class JobState:
                 waits.sort()
                 middle = len(waits) // 2
                 rank.wait_s = waits[middle] if len(waits) % 2 else (waits[middle - 1] + waits[middle]) / 2
+        if progressed:
+            self.progress_at = now
         if steps:
             steps.sort()
             self.step_times.append((now, steps[len(steps) // 2]))
