@@ -10,6 +10,7 @@ from rankwatch.operator.diagnosis.detect.detector import WAIT_WINDOWS
 from rankwatch.operator.diagnosis.ingest.job_state import (
     DEDUPE_WINDOWS,
     HOST_WINDOWS,
+    NEVER,
     RECORDS_HISTORY,
     WAIT_HISTORY,
     JobState,
@@ -52,13 +53,22 @@ def take_window(state: JobState, window: int) -> None:
 
 
 def entries(state: JobState) -> dict[str, int]:
-    """What the state's histories hold, summed over the job."""
+    """What the state's histories hold, summed over the job: slots written, and slots at all."""
+
+    def written(ring: list, width: int) -> int:
+        return sum(ring[slot] != NEVER for slot in range(0, len(ring), width))
+
+    ranks, pods = state.ranks.values(), state.pods.values()
+    comms = [comm for rank in ranks for comm in rank.comms.values()]
     return {
-        "waits": sum(len(comm.waits) // 2 for rank in state.ranks.values() for comm in rank.comms.values()),
-        "records": sum(len(rank.records) for rank in state.ranks.values()),
-        "scheduling": sum(len(rank.scheduling) for rank in state.ranks.values()),
+        "waits": sum(written(comm.waits, 2) for comm in comms),
+        "wait_slots": sum(len(comm.waits) for comm in comms),
+        "records": sum(sum(count > 0 for count in rank.records) for rank in ranks),
+        "record_slots": sum(len(rank.records) for rank in ranks),
+        "scheduling": sum(written(rank.scheduling, 4) for rank in ranks),
+        "scheduling_slots": sum(len(rank.scheduling) for rank in ranks),
+        "cpu_pressure": sum(written(pod.cpu_pressure, 2) for pod in pods),
         "step_times": len(state.step_times),
-        "cpu_pressure": sum(len(pod.cpu_pressure) for pod in state.pods.values()),
         "dedupe_keys": len(state._seen),
     }
 
@@ -84,6 +94,10 @@ def test_a_jobs_state_stops_growing_once_its_histories_are_full():
     finally:
         tracemalloc.stop()
     assert later == full, "eight more minutes of windows kept more entries"
+    first = JobStore().get("team-a", "llama", StateLimits.for_job(PODS * RANKS_PER_POD, PODS))
+    take_window(first, 0)
+    slots = ("wait_slots", "record_slots", "scheduling_slots")
+    assert {key: entries(first)[key] for key in slots} == {key: full[key] for key in slots}, "rings made whole"
     assert full["waits"] == WAIT_HISTORY * comms and WAIT_HISTORY == WAIT_WINDOWS, "waits: what the detector reads"
     assert full["records"] == RECORDS_HISTORY * ranks
     assert full["scheduling"] == HOST_WINDOWS * ranks
@@ -101,3 +115,23 @@ def test_a_redelivered_recent_window_is_still_told_from_a_new_one():
         assert state.duplicate((newest.pod, newest.start_ns, newest.window)), f"window {window} taken twice"
     older = digest(3, 30 - DEDUPE_WINDOWS - 5)
     assert state.replayed(older) is not None, "an older window is still refused (as replayed)"
+
+
+def test_a_summary_folded_into_a_full_state_leaves_no_young_objects_per_rank():
+    """The young generation's threshold counts allocations net of deallocations: objects that replace
+    others in the state would pile up in it uncounted, and each young collection would walk them all."""
+    state = JobStore().get("team-a", "llama", StateLimits.for_job(PODS * RANKS_PER_POD, PODS))
+    for window in range(RECORDS_HISTORY + 2):
+        take_window(state, window)
+    messages = [digest(pod, RECORDS_HISTORY + 2) for pod in range(PODS)]
+    gc.collect()
+    gc.disable()
+    try:
+        for message in messages:
+            assert not state.duplicate((message.pod, message.start_ns, message.window))
+            state.add_digest(message, now=5.0 * (RECORDS_HISTORY + 2))
+        young = gc.get_objects(generation=0)
+    finally:
+        gc.enable()
+    # Per summary its dedupe key and its step-time point; nothing per rank or per communicator.
+    assert len(young) <= 2 * PODS + 1, sorted({type(thing).__name__ for thing in young})

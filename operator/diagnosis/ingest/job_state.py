@@ -6,12 +6,16 @@ by the summaries themselves (``oldest_in_flight_s``), so a hang that began befor
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
 history: a 16k-rank job is tens of thousands of small objects, not a trace.
 
-Each history keeps what its reader uses and no more, as a small tuple replaced whole (a deque costs
-~600 bytes even when empty, and there is one per rank and per communicator): a rank's waits on a
-communicator for the detector's score (:data:`WAIT_HISTORY`), its record counts for sizing a dump
-(:data:`RECORDS_HISTORY`), its scheduling figures for a cause (:data:`HOST_WINDOWS`), and the
-(pod, window) keys that tell a redelivery (:data:`DEDUPE_WINDOWS` per pod). So the state of a job
-stops growing after its first :data:`RECORDS_HISTORY` windows (``tests/unit/test_job_state_retention``).
+Each history keeps what its reader uses and no more: a rank's waits on a communicator for the
+detector's score (:data:`WAIT_HISTORY`), its record counts for sizing a dump (:data:`RECORDS_HISTORY`),
+its scheduling figures for a cause (:data:`HOST_WINDOWS`), and the (pod, window) keys that tell a
+redelivery (:data:`DEDUPE_WINDOWS` per pod). The per-rank and per-communicator histories are rings: a
+list of fixed length made with the state, its slots overwritten in place, every reader indifferent to
+their order (it filters by age or takes a maximum). So a job's state is as large after its first
+window as it will ever be (``tests/unit/test_job_state_retention``), and a summary folded into it makes
+no new container objects: a deque costs ~600 bytes even when empty, and a tuple replaced per window
+would be a young object that lives, thousands per summary, that the garbage collector's young
+generation keeps walking without counting (its threshold counts allocations net of deallocations).
 
 Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
 the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
@@ -33,8 +37,8 @@ WAIT_HISTORY = 3
 """Windows of wait p50s kept per (rank, communicator): the detector scores a rank on the median of its
 last three (until 2026-11-29 twelve were kept, nine never read: a third of the operator's memory at
 64,000 ranks)."""
-_WAITS_KEPT = 2 - 2 * WAIT_HISTORY
-"""Where the waits a new one joins start (a slice of the flattened pairs): all but the oldest pair when full."""
+NEVER = float("-inf")
+"""The time of a ring slot not written yet: older than any age a reader asks for."""
 RECORDS_HISTORY = 12
 """Windows of record counts kept per rank: a dump is sized on the busiest window of the last minute."""
 STEP_HISTORY = 240
@@ -173,9 +177,11 @@ class CommState:
     in_flight: int = 0
     oldest_in_flight_s: float | None = None  # as of ``seen_at``
     seen_at: float = 0.0
-    waits: tuple[float, ...] = ()
-    """(received at, wait p50 in seconds (GPU when timed)) of the last ``WAIT_HISTORY`` windows with
-    collectives, flattened, oldest first: ``(received_0, p50_0, received_1, p50_1, ...)``."""
+    waits: list[float] = field(default_factory=lambda: [NEVER, 0.0] * WAIT_HISTORY)
+    """A ring of (received at, wait p50 in seconds (GPU when timed)) of the last ``WAIT_HISTORY`` windows
+    with collectives, flattened ``[received_0, p50_0, received_1, p50_1, ...]``, in no order; a slot
+    never written is received at ``NEVER``."""
+    waits_taken: int = 0
 
 
 @dataclass(slots=True)
@@ -185,15 +191,17 @@ class RankState:
     node: str
     alive: bool = True
     seen_at: float = 0.0
-    records: tuple[int, ...] = ()
-    """Records its ring took in each of the last ``RECORDS_HISTORY`` windows, oldest first."""
+    records: list[int] = field(default_factory=lambda: [0] * RECORDS_HISTORY)
+    """A ring of the records its trace ring took in each of the last ``RECORDS_HISTORY`` windows, in no order."""
     step_time_s: float | None = None
     wait_s: float | None = None
     """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
-    scheduling: tuple[tuple[float, float, float, int], ...] = ()
-    """(received at, window seconds, run-queue delay seconds, involuntary switches) of the last
-    ``HOST_WINDOWS`` windows that had them, oldest first."""
+    scheduling: list[float] = field(default_factory=lambda: [NEVER, 0.0, 0.0, 0] * HOST_WINDOWS)
+    """A ring of (received at, window seconds, run-queue delay seconds, involuntary switches) of its
+    last ``HOST_WINDOWS`` windows, flattened, in no order (a window without them leaves its slot as was)."""
+    windows: int = 0
+    """Windows taken from it: the slot of the next in its rings."""
 
 
 @dataclass(slots=True)
@@ -203,8 +211,10 @@ class PodState:
     replica_index: int
     seen_at: float = 0.0
     ranks: set[int] = field(default_factory=set)
-    cpu_pressure: tuple[tuple[float, float], ...] = ()
-    """(received at, the node's CPU pressure share) of the last ``HOST_WINDOWS`` summaries that had it."""
+    cpu_pressure: list[float] = field(default_factory=lambda: [NEVER, 0.0] * HOST_WINDOWS)
+    """A ring of (received at, the node's CPU pressure share) of the last ``HOST_WINDOWS`` summaries that
+    had it, flattened, in no order."""
+    pressures_taken: int = 0
     latest_start_ns: int = 0
     """Start of the newest window taken from this pod: an older one not seen before is a replay."""
 
@@ -273,7 +283,9 @@ class JobState:
             return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
-            pod.cpu_pressure = (*pod.cpu_pressure[1 - HOST_WINDOWS :], (now, summary.cpu_pressure))
+            slot = pod.pressures_taken % HOST_WINDOWS * 2
+            pod.cpu_pressure[slot], pod.cpu_pressure[slot + 1] = now, summary.cpu_pressure
+            pod.pressures_taken += 1
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
@@ -289,9 +301,11 @@ class JobState:
                 self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
-            rank.records = (*rank.records[1 - RECORDS_HISTORY :], records)
+            rank.records[rank.windows % RECORDS_HISTORY] = records
             if scheduling is not None and window_s > 0:
-                rank.scheduling = (*rank.scheduling[1 - HOST_WINDOWS :], (now, window_s, *scheduling))
+                slot = rank.windows % HOST_WINDOWS * 4
+                rank.scheduling[slot : slot + 4] = now, window_s, *scheduling
+            rank.windows += 1
             if step_time_s:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
@@ -313,7 +327,9 @@ class JobState:
                     state.last_entered = last_entered
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.waits = (*state.waits[_WAITS_KEPT:], now, wait)
+                    slot = state.waits_taken % WAIT_HISTORY * 2
+                    state.waits[slot], state.waits[slot + 1] = now, wait
+                    state.waits_taken += 1
                     waits.append(wait)
             if waits:
                 waits.sort()
@@ -350,7 +366,8 @@ class JobState:
         are left out."""
         ranks = {}
         for rank in self.ranks.values():
-            recent = [entry for entry in rank.scheduling if now - entry[0] <= max_age_s]
+            ring = rank.scheduling
+            recent = [ring[slot : slot + 4] for slot in range(0, len(ring), 4) if now - ring[slot] <= max_age_s]
             seconds = sum(entry[1] for entry in recent)
             if seconds > 0:
                 ranks[rank.rank] = RankHostLoad(
@@ -362,7 +379,8 @@ class JobState:
                 )
         per_node: dict[str, list[float]] = {}
         for pod in self.pods.values():
-            values = [value for received, value in pod.cpu_pressure if now - received <= max_age_s]
+            ring = pod.cpu_pressure
+            values = [ring[slot + 1] for slot in range(0, len(ring), 2) if now - ring[slot] <= max_age_s]
             if values and pod.node:
                 per_node.setdefault(pod.node, []).append(sum(values) / len(values))
         return HostLoads(ranks, {node: round(max(values), 4) for node, values in per_node.items()})
