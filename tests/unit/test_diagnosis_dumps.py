@@ -34,7 +34,7 @@ def job(entered: dict[int, int] | None = None, in_flight: dict[int, float] | Non
         tp_comm.in_flight, tp_comm.oldest_in_flight_s = (1, in_flight[rank]) if rank in in_flight else (0, None)
         comms = {f"tp-{dp}": tp_comm, f"dp-{tp}": CommState(PODS, last_entered=seq, last_completed=seq - 1)}
         state.ranks[rank] = RankState(rank, pod_of(rank), f"node-{rank // PER_POD}", comms=comms)
-        state.ranks[rank].records.append(2000)
+        state.ranks[rank].records = (2000,)
     return state
 
 

@@ -17,10 +17,10 @@ from typing import Any
 from rankwatch.analysis.cause import starved
 from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import Finding, FindingKind
-from rankwatch.operator.diagnosis.ingest.job_state import CommState, JobState
+from rankwatch.operator.diagnosis.ingest.job_state import WAIT_HISTORY, CommState, JobState
 
-WAIT_WINDOWS = 3
-"""Windows of wait quantiles a rank's score is taken over (median of their p50s)."""
+WAIT_WINDOWS = WAIT_HISTORY
+"""Windows of wait quantiles a rank's score is taken over (median of their p50s): what the job state keeps."""
 WAIT_RATIO = 0.3
 """A rank whose wait is at most this fraction of its peers' median waits out of line..."""
 WAIT_MARGIN_S = 100e-6
@@ -128,17 +128,17 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Finding | No
 
 
 def _recent_wait(comm: CommState, since: float) -> float | None:
-    """The median of the rank's last (at most ``WAIT_WINDOWS``) wait p50s received since ``since``, None
-    with fewer than two (run for every rank and communicator of every job each window: kept cheap)."""
-    waits = []
-    for received, p50, _ in reversed(comm.waits):
-        if received >= since:
-            waits.append(p50)
-            if len(waits) == WAIT_WINDOWS:
-                break
-    if len(waits) < 2:
+    """The median of the rank's last (at most ``WAIT_WINDOWS``, all the state keeps) wait p50s received
+    since ``since``, None with fewer than two (run for every rank and communicator of every job each
+    window: kept cheap)."""
+    waits = comm.waits
+    recent = [waits[i + 1] for i in range(0, len(waits), 2) if waits[i] >= since]
+    if len(recent) == 3:
+        first, second, third = recent
+        return max(min(first, second), min(max(first, second), third))  # the middle one, without a sort
+    if len(recent) < 2:
         return None
-    return statistics.median(waits)
+    return statistics.median(recent)
 
 
 def peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, CommState]]:
@@ -180,7 +180,14 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         if any(value is None for value in waits.values()):
             continue
         values: dict[int, float] = waits  # type: ignore[assignment]
+        ordered = sorted(values.values())
+        # Leaving one member out moves the median by one place at most: no peers' median exceeds this,
+        # so a rank waiting more than WAIT_RATIO of it is in line (most ranks of most groups: one sort
+        # per group instead of one per member).
+        highest_median = ordered[(len(ordered) - 1) // 2 + 1]
         for rank, value in values.items():
+            if value > WAIT_RATIO * highest_median:
+                continue
             others = [other for peer, other in values.items() if peer != rank]
             median = statistics.median(others)  # leave-one-out: the suspect does not shift its own yardstick
             # A straggler's peers wait for it in every collective, so its own wait is a small fraction of

@@ -6,6 +6,17 @@ by the summaries themselves (``oldest_in_flight_s``), so a hang that began befor
 still seen. Per job the cost is one small record per (rank, communicator) and a short window
 history: a 16k-rank job is tens of thousands of small objects, not a trace.
 
+Each history keeps what its reader uses and no more: a rank's waits on a communicator for the
+detector's score (:data:`WAIT_HISTORY`), its record counts for sizing a dump (:data:`RECORDS_HISTORY`),
+its scheduling figures for a cause (:data:`HOST_WINDOWS`), and the (pod, window) keys that tell a
+redelivery (:data:`DEDUPE_WINDOWS` per pod). The per-rank and per-communicator histories are rings: a
+list of fixed length made with the state, its slots overwritten in place, every reader indifferent to
+their order (it filters by age or takes a maximum). So a job's state is as large after its first
+window as it will ever be (``tests/unit/test_job_state_retention``), and a summary folded into it makes
+no new container objects: a deque costs ~600 bytes even when empty, and a tuple replaced per window
+would be a young object that lives, thousands per summary, that the garbage collector's young
+generation keeps walking without counting (its threshold counts allocations net of deallocations).
+
 Every per-job and per-rank structure is bounded (:class:`StateLimits`, derived from the job's spec by
 the collector): what does not fit is dropped and counted in ``rankwatch_collector_dropped_total``, so a
 sidecar (or whoever holds a job's token) cannot grow the operator's memory without limit.
@@ -22,11 +33,21 @@ from typing import Any, NamedTuple
 from rankwatch.analysis.cause import HostLoads, RankHostLoad
 from rankwatch.protocol import CommWindow, StallReport, WindowSummary
 
-HISTORY_WINDOWS = 12
-"""Wait quantiles kept per (rank, communicator): enough for a robust score over the last minute."""
+WAIT_HISTORY = 3
+"""Windows of wait p50s kept per (rank, communicator): the detector scores a rank on the median of its
+last three (until 2026-11-29 twelve were kept, nine never read: a third of the operator's memory at
+64,000 ranks)."""
+NEVER = float("-inf")
+"""The time of a ring slot not written yet: older than any age a reader asks for."""
+RECORDS_HISTORY = 12
+"""Windows of record counts kept per rank: a dump is sized on the busiest window of the last minute."""
 STEP_HISTORY = 240
 """Job step-time points kept (one per pod summary): the baseline for "step time up"."""
-DEDUPE_KEYS = 20_000
+DEDUPE_WINDOWS = 4
+"""(pod, window) keys remembered per pod of the job's limits: a sidecar sends its windows in order and
+resends one only while its answer is missing, so a redelivery is of one of its newest windows; an
+older one is refused as replayed anyway (until 2026-11-29: 20,000 keys per job whatever its size,
+~300 bytes each, filled after 10 minutes at 160 pods a job)."""
 STALL_REPORTS_KEPT = 64
 HOST_WINDOWS = 6
 """Windows of scheduling figures a cause is decided on (the straggler's recent past, not its whole life)."""
@@ -156,8 +177,11 @@ class CommState:
     in_flight: int = 0
     oldest_in_flight_s: float | None = None  # as of ``seen_at``
     seen_at: float = 0.0
-    waits: deque[tuple[float, float, int]] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
-    """(received at, wait p50 in seconds (GPU when timed), collective calls in the window) per window with calls."""
+    waits: list[float] = field(default_factory=lambda: [NEVER, 0.0] * WAIT_HISTORY)
+    """A ring of (received at, wait p50 in seconds (GPU when timed)) of the last ``WAIT_HISTORY`` windows
+    with collectives, flattened ``[received_0, p50_0, received_1, p50_1, ...]``, in no order; a slot
+    never written is received at ``NEVER``."""
+    waits_taken: int = 0
 
 
 @dataclass(slots=True)
@@ -167,13 +191,17 @@ class RankState:
     node: str
     alive: bool = True
     seen_at: float = 0.0
-    records: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY_WINDOWS))
+    records: list[int] = field(default_factory=lambda: [0] * RECORDS_HISTORY)
+    """A ring of the records its trace ring took in each of the last ``RECORDS_HISTORY`` windows, in no order."""
     step_time_s: float | None = None
     wait_s: float | None = None
     """Median over its communicators of the p50 wait in its last window with collectives (for /metrics)."""
     comms: dict[str, CommState] = field(default_factory=dict)
-    scheduling: deque[tuple[float, float, float, int]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
-    """(received at, window seconds, run-queue delay seconds, involuntary switches) per window that had them."""
+    scheduling: list[float] = field(default_factory=lambda: [NEVER, 0.0, 0.0, 0] * HOST_WINDOWS)
+    """A ring of (received at, window seconds, run-queue delay seconds, involuntary switches) of its
+    last ``HOST_WINDOWS`` windows, flattened, in no order (a window without them leaves its slot as was)."""
+    windows: int = 0
+    """Windows taken from it: the slot of the next in its rings."""
 
 
 @dataclass(slots=True)
@@ -183,8 +211,10 @@ class PodState:
     replica_index: int
     seen_at: float = 0.0
     ranks: set[int] = field(default_factory=set)
-    cpu_pressure: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HOST_WINDOWS))
-    """(received at, the node's CPU pressure share) per summary that had it."""
+    cpu_pressure: list[float] = field(default_factory=lambda: [NEVER, 0.0] * HOST_WINDOWS)
+    """A ring of (received at, the node's CPU pressure share) of the last ``HOST_WINDOWS`` summaries that
+    had it, flattened, in no order."""
+    pressures_taken: int = 0
     latest_start_ns: int = 0
     """Start of the newest window taken from this pod: an older one not seen before is a replay."""
 
@@ -218,11 +248,12 @@ class JobState:
     derived it: emptied whenever a rank or a rank's communicator is added or replaced."""
 
     def duplicate(self, key: tuple[str, int, int]) -> bool:
-        """True if this (pod, start_ns, window) was taken before; remembers it otherwise."""
+        """True if this (pod, start_ns, window) was taken among the job's last ``DEDUPE_WINDOWS`` windows
+        per pod (of its limits); remembers it otherwise."""
         if key in self._seen:
             return True
         self._seen[key] = None
-        if len(self._seen) > DEDUPE_KEYS:
+        if len(self._seen) > DEDUPE_WINDOWS * self.limits.pods:
             self._seen.popitem(last=False)
         return False
 
@@ -252,10 +283,13 @@ class JobState:
             return
         pod.seen_at, pod.node = now, summary.node or pod.node
         if summary.cpu_pressure is not None:
-            pod.cpu_pressure.append((now, summary.cpu_pressure))
+            slot = pod.pressures_taken % HOST_WINDOWS * 2
+            pod.cpu_pressure[slot], pod.cpu_pressure[slot + 1] = now, summary.cpu_pressure
+            pod.pressures_taken += 1
         window_s = max(0.0, (summary.end_ns - summary.start_ns) / 1e9)
         pod.latest_start_ns = max(pod.latest_start_ns, summary.start_ns)
         steps = []
+        progressed = False
         for global_rank, alive, records, step_time_s, scheduling, comms in summary.ranks:
             if global_rank < 0:
                 continue  # a ring without RANK cannot be placed in the job
@@ -267,35 +301,42 @@ class JobState:
                 self.derived.clear()
             pod.ranks.add(global_rank)
             rank.alive, rank.seen_at = alive, now
-            rank.records.append(records)
+            rank.records[rank.windows % RECORDS_HISTORY] = records
             if scheduling is not None and window_s > 0:
-                rank.scheduling.append((now, window_s, *scheduling))
+                slot = rank.windows % HOST_WINDOWS * 4
+                rank.scheduling[slot : slot + 4] = now, window_s, *scheduling
+            rank.windows += 1
             if step_time_s:
                 rank.step_time_s = step_time_s
                 steps.append(step_time_s)
             waits = []
-            for comm_id, size, last_entered, last_completed, in_flight, oldest, collectives, wait in comms:
-                state = rank.comms.get(comm_id)
+            states = rank.comms
+            for comm_id, size, last_entered, last_completed, in_flight, oldest, _collectives, wait in comms:
+                state = states.get(comm_id)
                 if state is None:
-                    if len(rank.comms) >= self.limits.comms_per_rank:
+                    if len(states) >= self.limits.comms_per_rank:
                         self._drop("comm")
                         continue
-                    state = rank.comms[comm_id] = CommState(size, advanced_at=now)
+                    state = states[comm_id] = CommState(size, advanced_at=now)
                     self.derived.clear()
-                newer = state.last_completed is None or (last_completed or 0) > state.last_completed
-                if last_completed is not None and newer:
+                completed, entered = state.last_completed, state.last_entered
+                if last_completed is not None and (completed is None or last_completed > completed):
                     state.last_completed, state.advanced_at = last_completed, now
-                    self.progress_at = now
-                if last_entered is not None:
-                    state.last_entered = max(last_entered, state.last_entered or last_entered)
+                    progressed = True
+                if last_entered is not None and (entered is None or last_entered > entered):
+                    state.last_entered = last_entered
                 state.in_flight, state.oldest_in_flight_s, state.seen_at = in_flight, oldest, now
                 if wait is not None:
-                    state.waits.append((now, wait, collectives))
+                    slot = state.waits_taken % WAIT_HISTORY * 2
+                    state.waits[slot], state.waits[slot + 1] = now, wait
+                    state.waits_taken += 1
                     waits.append(wait)
             if waits:
                 waits.sort()
                 middle = len(waits) // 2
                 rank.wait_s = waits[middle] if len(waits) % 2 else (waits[middle - 1] + waits[middle]) / 2
+        if progressed:
+            self.progress_at = now
         if steps:
             steps.sort()
             self.step_times.append((now, steps[len(steps) // 2]))
@@ -325,7 +366,8 @@ class JobState:
         are left out."""
         ranks = {}
         for rank in self.ranks.values():
-            recent = [entry for entry in rank.scheduling if now - entry[0] <= max_age_s]
+            ring = rank.scheduling
+            recent = [ring[slot : slot + 4] for slot in range(0, len(ring), 4) if now - ring[slot] <= max_age_s]
             seconds = sum(entry[1] for entry in recent)
             if seconds > 0:
                 ranks[rank.rank] = RankHostLoad(
@@ -337,7 +379,8 @@ class JobState:
                 )
         per_node: dict[str, list[float]] = {}
         for pod in self.pods.values():
-            values = [value for received, value in pod.cpu_pressure if now - received <= max_age_s]
+            ring = pod.cpu_pressure
+            values = [ring[slot + 1] for slot in range(0, len(ring), 2) if now - ring[slot] <= max_age_s]
             if values and pod.node:
                 per_node.setdefault(pod.node, []).append(sum(values) / len(values))
         return HostLoads(ranks, {node: round(max(values), 4) for node, values in per_node.items()})
