@@ -150,7 +150,9 @@ class Scene:
         self.eventually(lambda: self.feishu.pages("TrainingJobHang"), 30, what="the page")
         # a duplicate would come from another diagnosis: the operator judges the job twice more, runs none
         runs = detector_runs(self.metrics, self.namespace, self.name)
+        self.note(f"the detector's runs: {runs}")
         judge(self.metrics, self.namespace, {self.name: runs + 2}, lambda: None, self.eventually)
+        self.note("judged twice more, no diagnosis running")
         unschedulable, _, marks = node_marks(self.api, self.node)
         assert unschedulable and marks.get("rankwatch.io/cordon-job") == f"{self.namespace}/{self.name}", marks
         core = kubernetes.client.CoreV1Api(self.api)
