@@ -266,6 +266,8 @@ class Monitor:
 
         with self.metrics.detector_seconds.time():
             suspicions = detect(state, job.thresholds, job.layout, now)
+        if self.job_metrics is not None:
+            self.job_metrics.judged(job.namespace, job.name)
         kinds = {s.kind for s in suspicions}
         for kind in kinds - set(job.suspected_since):
             self.metrics.suspicions.labels(kind.value).inc()

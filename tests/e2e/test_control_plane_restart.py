@@ -34,10 +34,11 @@ import yaml
 from api_relay import ApiRelay
 from local_feishu import BOT_TOKEN, SIGNING_SECRET, Feishu
 from trainingjobs import (
-    WINDOW,
     create_job,
+    detector_runs,
     diagnosed,
     events,
+    judge,
     node_marks,
     node_of_pod,
     standin_job,
@@ -83,6 +84,8 @@ class Scene:
     restarted: threading.Thread | None = None
     """The restart an action started (the test waits for it)."""
     began: float = 0.0
+    metrics: str = ""
+    """The operator's /metrics."""
 
     def note(self, text: str) -> None:
         """A line of the test's timeline, in seconds since the job was created."""
@@ -145,7 +148,11 @@ class Scene:
         recovered_s = time.monotonic() - since
         assert written["remediation"] == f"cordoned and tainted {self.node}", written["remediation"]
         self.eventually(lambda: self.feishu.pages("TrainingJobHang"), 30, what="the page")
-        time.sleep(3 * WINDOW)  # time enough for a duplicate to show
+        # a duplicate would come from another diagnosis: the operator judges the job twice more, runs none
+        runs = detector_runs(self.metrics, self.namespace, self.name)
+        self.note(f"the detector's runs: {runs}")
+        judge(self.metrics, self.namespace, {self.name: runs + 2}, lambda: None, self.eventually)
+        self.note("judged twice more, no diagnosis running")
         unschedulable, _, marks = node_marks(self.api, self.node)
         assert unschedulable and marks.get("rankwatch.io/cordon-job") == f"{self.namespace}/{self.name}", marks
         core = kubernetes.client.CoreV1Api(self.api)
@@ -217,6 +224,7 @@ def scene(
     operator = processes.operator(str(relay.kubeconfig(tmp_path / "operator-kubeconfig")), namespace, log, port)
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
     scene = Scene(api, cluster, relay, feishu, namespace, operator, log, eventually)
+    scene.metrics = f"http://127.0.0.1:{port}/metrics"
     try:
         yield scene
     finally:

@@ -13,26 +13,38 @@ from typing import Any
 import kubernetes
 import pytest
 from trainingjobs import (
+    ARMED_RUNS,
     JOB_API,
     SENSITIVITY,
     STANDIN_DEVICE,
     WINDOW,
     condition,
     create_job,
+    detector_runs,
     diagnosed,
     events,
     get_job,
+    judge,
     node_marks,
     node_of_pod,
+    operator_metric,
     report,
     standin_job,
     stored_diagnosis,
     wait_running,
 )
 
+from rankwatch.operator.diagnosis.monitor import NO_FINDING_RETRY_S
+
 pytestmark = pytest.mark.e2e
 
-HEALTHY_SECONDS = 120  # "minutes" of a healthy job with jitter: no finding
+HEALTHY_RUNS = ARMED_RUNS + int(NO_FINDING_RETRY_S / WINDOW) + 5
+"""Detector runs a healthy job with jitter is judged over with no finding: every check armed, then a whole
+retry period after a diagnosis that found nothing (a suspicion the analysis turned down is looked at
+again), and a few more (about a minute of windows)."""
+UNLOCALISABLE_RUNS = 1 + 30 // WINDOW
+"""Detector runs a job whose fault host call times cannot localise is judged over without a wrong rank
+named: the 30 s after its telemetry flowed that these tests watched before, counted in runs."""
 DIAGNOSIS_KINDS = ("Hang", "StuckInCollective", "Straggler", "SlowLink", "FailSlow", "CollectiveMismatch")
 
 
@@ -148,7 +160,9 @@ def test_without_gpu_timing_the_rank_that_never_called_is_still_named(api, names
     assert diagnosis["nodes"] == [node_of_pod(api, namespace, "hang-untimed-worker-0")]
 
 
-def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(api, namespace, pod_runner, eventually):
+def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(
+    api, namespace, pod_runner, eventually, collector_url
+):
     """Host call times of a run-ahead job cannot tell the slow GPU: the expected answer is "not
     localisable" (no finding naming anyone else), never a wrong node."""
     faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
@@ -159,11 +173,12 @@ def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(api, names
         60,
         what="telemetry flowing",
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def nobody_else_named() -> None:
         diagnosis = stored_diagnosis(get_job(api, namespace, "slow-untimed"))
         assert set(diagnosis.get("ranks") or []) <= {5}, diagnosis
-        time.sleep(2)
+
+    judge(f"{collector_url}/metrics", namespace, {"slow-untimed": UNLOCALISABLE_RUNS}, nobody_else_named, eventually)
 
 
 def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespace, pod_runner, eventually):
@@ -256,7 +271,9 @@ def test_slow_pipeline_link_between_nodes_is_named_with_both_ends(
           f"{diagnosis['summary']}; {done}", file=sys.__stdout__)  # fmt: skip
 
 
-def test_without_gpu_timing_a_slow_link_names_nobody(api, namespace, pod_runner, eventually, uncordon_afterwards):
+def test_without_gpu_timing_a_slow_link_names_nobody(
+    api, namespace, pod_runner, eventually, uncordon_afterwards, collector_url
+):
     """Host call times of a run-ahead job: every send and receive returns at once, so the slow transfers
     are in nobody's call times; only the step time is longer. The expected answer is "not localisable"
     (the analysis says so when asked: "a slowdown is not localisable from call times; enable GPU timing"):
@@ -273,21 +290,23 @@ def test_without_gpu_timing_a_slow_link_names_nobody(api, namespace, pod_runner,
         what="telemetry flowing",
     )
     assert job["status"].get("stepTime"), job["status"]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        job = get_job(api, namespace, "link-untimed")
-        diagnosis = stored_diagnosis(job)
+
+    def nobody_named() -> None:
+        diagnosis = stored_diagnosis(get_job(api, namespace, "link-untimed"))
         assert not diagnosis.get("nodes"), f"a slow link named from host times: {diagnosis}"
         assert not marked_nodes(api), "a node cordoned on host call times"
-        time.sleep(2)
+
+    judge(f"{collector_url}/metrics", namespace, {"link-untimed": UNLOCALISABLE_RUNS}, nobody_named, eventually)
+    job = get_job(api, namespace, "link-untimed")
     assert job["status"]["health"] == "Healthy", job["status"]
     print(f"slow link without GPU timing: Healthy, step time {job['status']['stepTime']}, nobody named",
           file=sys.__stdout__)  # fmt: skip
 
 
-def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eventually):
-    """Two healthy jobs side by side for the same minutes, one GPU-timed (the default) and one with host
-    call times only: neither gets a finding, a Degraded or Hung condition, or a diagnosis Event."""
+def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eventually, collector_url):
+    """Two healthy jobs side by side, one GPU-timed (the default) and one with host call times only, each
+    judged HEALTHY_RUNS times by the detector: neither gets a finding, a Degraded or Hung condition, or a
+    diagnosis Event."""
     names = ("calm", "calm-untimed")
     create_job(api, namespace, standin_job("calm"))
     create_job(api, namespace, standin_job("calm-untimed", gpu_timing=False))
@@ -304,14 +323,15 @@ def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eve
             what=f"telemetry flowing from {name}",
         )
         assert job["status"]["health"] == "Healthy" and job["status"].get("stepTime")
-    deadline = time.monotonic() + HEALTHY_SECONDS
-    while time.monotonic() < deadline:
+
+    def nothing_found() -> None:
         for name in names:
             job = get_job(api, namespace, name)
             assert condition(job, "Degraded")["status"] == "False", job
             assert condition(job, "Hung")["status"] == "False", job
             assert "diagnosis" not in job["status"], job
-        time.sleep(2)
+
+    judge(f"{collector_url}/metrics", namespace, dict.fromkeys(names, HEALTHY_RUNS), nothing_found, eventually)
     for name in names:
         assert not [e for e in events(api, namespace, name) if e.reason in DIAGNOSIS_KINDS], name
 
@@ -387,7 +407,16 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
         eventually(lambda: warnings("Hang") == 1, 20, what="one Hang Event")
 
         operator = restart(operator)  # C: the job is still hung; it must not say so again
-        time.sleep(4 * WINDOW + SENSITIVITY)
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        # C has seen the hang itself (its own counter, from its start), judged the job twice more since and
+        # runs no diagnosis: were it to say so again, it would have by now
+        eventually(
+            lambda: operator_metric(metrics, "rankwatch_detector_suspicions_total", kind="hang") >= 1,
+            4 * WINDOW + SENSITIVITY + 60,
+            what="C suspecting the hang",
+        )
+        runs = detector_runs(metrics, namespace, "flaky")
+        judge(metrics, namespace, {"flaky": runs + 2}, lambda: None, eventually)
         job = get_job(api, namespace, "flaky")
         assert condition(job, "Hung")["status"] == "True"
         assert (warnings("Straggler"), warnings("Hang")) == (int(gpu_timing), 1), [

@@ -19,7 +19,7 @@ import yaml
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
 from local_feishu import Feishu
 from operator_pods import Replicas, http, metric, refuses, start_pod_runner, tear_down_release
-from trainingjobs import JOB_API, diagnosis_in, standin_job
+from trainingjobs import JOB_API, detector_runs, diagnosis_in, judge, standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -152,7 +152,9 @@ def test_the_standby_takes_over_diagnoses_in_flight_and_repeats_nothing(installe
         assert diagnosis["time"] >= killed_time, "written by the new leader: the old one died before it could"
         (node,) = diagnosis["nodes"]
         eventually(lambda a=alertname: feishu.pages(a), 30, what=f"the {alertname} page")
-        time.sleep(8)  # room for anything that would be repeated
+        # anything repeated would come from another diagnosis: the leader judges the job twice more, runs none
+        metrics = f"http://127.0.0.1:{replicas.pods()[leader]['ports']['metrics']}/metrics"
+        judge(metrics, jobs, {job: detector_runs(metrics, jobs, job) + 2}, lambda: None, eventually)
         warnings = [
             e
             for e in core.list_namespaced_event(jobs).items

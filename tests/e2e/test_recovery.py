@@ -15,12 +15,15 @@ import time
 import kubernetes
 import pytest
 from trainingjobs import (
+    ARMED_RUNS,
     SENSITIVITY,
     condition,
     create_job,
+    detector_runs,
     diagnosis_in,
     events,
     get_job,
+    judge,
     report,
     standin_job,
     stored_diagnosis,
@@ -111,7 +114,7 @@ def wall(text: str) -> float:
 
 
 def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
-    api, kubectl, namespace, pod_runner, eventually, safeguards, s3, s3_secret, tmp_path
+    api, kubectl, namespace, pod_runner, eventually, safeguards, s3, s3_secret, tmp_path, collector_url
 ):
     manifest = recovering_job("hang", {"maxRestarts": 2, "backoffSeconds": 0}, hang_faults(True), archive=s3_secret)
     create_job(api, namespace, manifest)
@@ -166,16 +169,21 @@ def test_hung_rank_restarts_the_job_on_other_nodes_with_its_evidence_archived(
         '"evidence-bucket"', ""
     ) and s3.secret_key not in json.dumps(status)
 
-    # the new attempt is healthy: telemetry flows, nothing is found for a while
+    # the new attempt is healthy: telemetry flows, nothing is found while the detector judges it armed
     eventually(
         lambda: condition(get_job(api, namespace, "hang"), "Hung").get("reason") == "TelemetryHealthy",
         60,
         what="attempt 1's telemetry",
     )
-    time.sleep(3 * SENSITIVITY)
-    job = get_job(api, namespace, "hang")
-    assert job["status"]["restarts"] == 1 and job["status"]["phase"] == "Running"
-    assert condition(job, "Hung")["status"] == "False" and stored_diagnosis(job)["active"] is False
+
+    def still_healthy() -> None:
+        job = get_job(api, namespace, "hang")
+        assert job["status"]["restarts"] == 1 and job["status"]["phase"] == "Running"
+        assert condition(job, "Hung")["status"] == "False" and stored_diagnosis(job)["active"] is False
+
+    metrics = f"{collector_url}/metrics"
+    runs = detector_runs(metrics, namespace, "hang")
+    judge(metrics, namespace, {"hang": runs + ARMED_RUNS}, still_healthy, eventually)
 
     # the archive holds every rank's trace, and `rankwatch analyze` on it names the same culprit
     from rankwatch.analysis.archive import download, s3_client

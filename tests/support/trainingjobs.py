@@ -6,15 +6,22 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
+from prometheus_client.parser import text_string_to_metric_families
 
 from rankwatch.model.diagnosis_status import STATUS_KEY
 
 JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 SENSITIVITY = 10
 WINDOW = 2
+ARMED_RUNS = SENSITIVITY // WINDOW + 5
+"""Detector runs over a job after which every check has judged its full evidence a few times: a
+sensitivity's history for a hang, three windows of waits for an outlier, a step-time baseline of six
+points and three current ones (two pods: two points a window)."""
 STANDIN_DEVICE = os.environ.get("RANKWATCH_E2E_STANDIN_DEVICE", "async")
 """The stand-in GPU model of the jobs: ``async`` (NCCL calls return at once, the collectives run on the
 device's streams, as on a real GPU); ``sync`` only for comparison."""
@@ -157,3 +164,45 @@ def small_job(name: str, replicas: int = 2, annotations: dict | None = None, gpu
             },
         },
     }
+
+
+def operator_metric(metrics_url: str, sample: str, **labels: str) -> float:
+    """The sum of an operator's samples named ``sample`` whose labels include ``labels`` (0 when none, or
+    while nothing answers at ``metrics_url``)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        value
+        for family in text_string_to_metric_families(text)
+        for name, sample_labels, value, *_ in family.samples
+        if name == sample and labels.items() <= sample_labels.items()
+    )
+
+
+def detector_runs(metrics_url: str, namespace: str, name: str) -> int:
+    """How many times the operator's detector has judged the job's summaries."""
+    return int(operator_metric(metrics_url, "rankwatch_job_detector_runs_total", namespace=namespace, trainingjob=name))
+
+
+def diagnoses_in_progress(metrics_url: str) -> int:
+    return int(operator_metric(metrics_url, "rankwatch_diagnoses_running")
+               + operator_metric(metrics_url, "rankwatch_diagnoses_waiting"))  # fmt: skip
+
+
+def judge(metrics_url: str, namespace: str, runs: dict[str, int], check: Callable[[], None], eventually) -> None:
+    """Run ``check`` (which asserts that nothing was found) until the operator's detector has judged each
+    job at least ``runs[job]`` times and no diagnosis is queued or running (so a suspicion raised meanwhile
+    was seen through), then once more: "nothing found" rests on that much evidence, however busy the
+    machine, instead of on a fixed wait."""
+
+    def judged() -> bool:
+        check()
+        enough = all(detector_runs(metrics_url, namespace, job) >= count for job, count in runs.items())
+        return enough and diagnoses_in_progress(metrics_url) == 0
+
+    patience = 3 * WINDOW * max(runs.values()) + 60  # only how long a broken operator is waited for
+    eventually(judged, patience, interval=1, what=f"the detector's runs over {runs} in {namespace}")
+    check()

@@ -107,6 +107,20 @@ def test_detections_start_at_zero_and_count_per_job_and_kind():
     assert counts[labels(trainingjob="gpt", kind="straggler")] == 0
 
 
+def test_detector_runs_count_per_job_from_zero():
+    metrics = metrics_with(JobStore())
+    metrics.observe("team-a", "llama", running_status())
+    metrics.observe("team-a", "gpt", running_status())
+    assert scrape(metrics)["rankwatch_job_detector_runs_total"][labels(trainingjob="llama")] == 0
+    for _ in range(3):
+        metrics.judged("team-a", "llama")
+    metrics.judged("team-a", "gpt")
+    runs = scrape(metrics)["rankwatch_job_detector_runs_total"]
+    assert (runs[labels(trainingjob="llama")], runs[labels(trainingjob="gpt")]) == (3, 1)
+    metrics.forget("team-a", "llama")
+    assert set(scrape(metrics)["rankwatch_job_detector_runs_total"]) == {labels(trainingjob="gpt")}
+
+
 def test_step_wait_and_last_summary_from_the_collectors_state():
     store = JobStore()
     metrics = metrics_with(store)

@@ -8,6 +8,8 @@ The chart's rules and dashboard read these (``helm/rankwatch/rules``, ``helm/ran
   condition is True. From the job's status as the last watch event carried it.
 - ``rankwatch_detections_total{…,kind}``: diagnoses written onto the job, by finding kind; every kind
   starts at 0 when the job is first seen, so ``increase()`` sees the first detection.
+- ``rankwatch_job_detector_runs_total{…}``: runs of the detector over the job's window summaries (one
+  per window while its telemetry flows): how much evidence a job without a finding was judged on.
 - ``rankwatch_job_step_seconds{…}``: median of the job's recent step times (sidecar summaries).
 - ``rankwatch_rank_wait_seconds{…,rank}``: a rank's wait in NCCL collectives in its last window with
   collectives (the median over its communicators of the window's p50, kept by the job state).
@@ -65,6 +67,7 @@ class JobView:
     suspects: tuple[int, ...] = ()
     pods: frozenset[str] | None = None  # the job's pods now; None until the pod index told us
     detections: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DETECTION_KINDS, 0))
+    detector_runs: int = 0
 
 
 class JobMetrics(Collector):
@@ -107,6 +110,10 @@ class JobMetrics(Collector):
         view = self.jobs.setdefault((namespace, name), JobView())
         view.detections[kind] = view.detections.get(kind, 0) + 1
 
+    def judged(self, namespace: str, name: str) -> None:
+        """The detector ran over the job's summaries once more."""
+        self.jobs.setdefault((namespace, name), JobView()).detector_runs += 1
+
     def forget(self, namespace: str, name: str) -> None:
         self.jobs.pop((namespace, name), None)
 
@@ -137,6 +144,11 @@ class JobMetrics(Collector):
         detections = CounterMetricFamily(
             "rankwatch_detections", "Diagnoses written onto the job, by finding kind", labels=[*JOB_LABELS, "kind"]
         )
+        runs = CounterMetricFamily(
+            "rankwatch_job_detector_runs",
+            "Runs of the detector over the job's window summaries (one per window while its telemetry flows)",
+            labels=JOB_LABELS,
+        )
         step = GaugeMetricFamily(
             "rankwatch_job_step_seconds", "Median of the TrainingJob's recent step times", labels=JOB_LABELS
         )
@@ -162,6 +174,7 @@ class JobMetrics(Collector):
                 condition.add_metric([*job, type_], float(view.conditions.get(type_, False)))
             for kind, count in view.detections.items():
                 detections.add_metric([*job, kind], count)
+            runs.add_metric(job, view.detector_runs)
             state = self.store.peek(namespace, name)
             if state is None:
                 continue
@@ -173,7 +186,7 @@ class JobMetrics(Collector):
             for pod in state.pods.values():
                 if pod.seen_at and (view.pods is None or pod.name in view.pods):
                     last_summary.add_metric([*job, pod.name], pod.seen_at + offset)
-        yield from (phase, health, condition, detections, step, wait, last_summary)
+        yield from (phase, health, condition, detections, runs, step, wait, last_summary)
 
     def _rank_waits(self, state: JobState, suspects: tuple[int, ...]) -> list[tuple[int, float]]:
         waits = {rank: r.wait_s for rank, r in state.ranks.items() if r.wait_s is not None}
