@@ -19,8 +19,6 @@ from rankwatch.analysis.topology import Layout
 from rankwatch.model.finding import Finding, FindingKind
 from rankwatch.operator.diagnosis.ingest.job_state import WAIT_HISTORY, CommState, JobState
 
-WAIT_WINDOWS = WAIT_HISTORY
-"""Windows of wait quantiles a rank's score is taken over (median of their p50s): what the job state keeps."""
 WAIT_RATIO = 0.3
 """A rank whose wait is at most this fraction of its peers' median waits out of line..."""
 WAIT_MARGIN_S = 100e-6
@@ -33,7 +31,7 @@ HELD_BACK_RATIO = 3.0
 """A starved rank's group waits at least three times as long as the job's other groups of its kind."""
 STEP_MIN_BASELINE = 6
 STEP_CURRENT_WINDOWS = 3
-EVIDENCE_WINDOWS = max(WAIT_WINDOWS, STEP_CURRENT_WINDOWS) + 0.5
+EVIDENCE_WINDOWS = max(WAIT_HISTORY, STEP_CURRENT_WINDOWS) + 0.5
 """How far back the slowness checks (waits, host loads, step time) look, in windows: a job whose newest
 summary is older than this gives them nothing to read."""
 
@@ -128,7 +126,7 @@ def stalled(state: JobState, thresholds: Thresholds, now: float) -> Finding | No
 
 
 def _recent_wait(comm: CommState, since: float) -> float | None:
-    """The median of the rank's last (at most ``WAIT_WINDOWS``, all the state keeps) wait p50s received
+    """The median of the rank's last (at most ``WAIT_HISTORY``, all the state keeps) wait p50s received
     since ``since``, None with fewer than two (run for every rank and communicator of every job each
     window: kept cheap)."""
     waits = comm.waits
@@ -173,7 +171,7 @@ def _peer_groups(state: JobState, layout: Layout | None) -> dict[str, dict[int, 
 
 def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds, now: float) -> Finding | None:
     """The ranks that wait far less than their peers (a straggler arrives last and waits least)."""
-    since = now - (WAIT_WINDOWS + 0.5) * thresholds.window_s
+    since = now - (WAIT_HISTORY + 0.5) * thresholds.window_s
     flagged: dict[int, dict[str, Any]] = {}
     for comm_id, members in peer_groups(state, layout).items():
         waits = {rank: _recent_wait(comm, since) for rank, comm in members.items()}
@@ -209,7 +207,7 @@ def wait_outliers(state: JobState, layout: Layout | None, thresholds: Thresholds
         "wait_outlier",
         lambda first, info: (
             f"rank {first} waits {info['wait_s'] * 1e3:.2f} ms in communicator {info['communicator']} vs its "
-            f"peers' median {info['peers_median_s'] * 1e3:.2f} ms over the last {WAIT_WINDOWS} windows"
+            f"peers' median {info['peers_median_s'] * 1e3:.2f} ms over the last {WAIT_HISTORY} windows"
         ),
     )
 
@@ -235,7 +233,7 @@ def host_starved(state: JobState, layout: Layout | None, thresholds: Thresholds,
     groups of the same kind: its starved host holds the group back. Where the traces' waits cannot
     single it out (a rank whose collectives progress on its starved host is late inside them too),
     this is the evidence."""
-    max_age = (WAIT_WINDOWS + 0.5) * thresholds.window_s
+    max_age = (WAIT_HISTORY + 0.5) * thresholds.window_s
     loads = state.host_loads(now, max_age)
     if len(loads.ranks) < 3:
         return None
