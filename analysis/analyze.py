@@ -111,8 +111,9 @@ def analyze_trace(
     # a hang found from call times alone (Megatrace: no completion recorded) is where the logs end, and
     # says nothing of the lateness before it: those are scored too
     weak_hang = not trace.has_returns and not trace.pending_known
-    arrivals = arrival_times(trace)
+    arrivals = trace  # what the straggler analysis compares: arrival_times, when it runs
     if test_type in ("slow", "parallel") or (test_type == "all" and (not findings or weak_hang)):
+        arrivals = arrival_times(trace)
         links: list[Finding] = []
         since = recent_since(trace)
         if since is not None:
