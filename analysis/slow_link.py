@@ -68,7 +68,7 @@ def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
     n = len(keys)
     index_bits = max(n.bit_length(), 1)
     if index_bits > 32:
-        return _by_send(*_match_by_argsort(keys.copy(), sends))
+        return _by_send(*_match_by_argsort(keys, sends))
     low = np.uint64((1 << index_bits) - 1)
     packed = keys * np.uint64(0x9E3779B97F4A7C15)  # one-to-one, and the sequence (low bits) into the high ones
     packed &= ~low
@@ -93,7 +93,7 @@ def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
         few, few_keys = few[by_key], few_keys[by_key]
         equal = few_keys[1:] == few_keys[:-1]
         if (equal[1:] & equal[:-1]).any():  # a key three times: matched as it always was
-            return _by_send(*_match_by_argsort(keys.copy(), sends))
+            return _by_send(*_match_by_argsort(keys, sends))
         twin = np.flatnonzero(equal)
         first, second = np.r_[first, few[twin]], np.r_[second, few[twin + 1]]
     is_send = first < sends
@@ -105,16 +105,19 @@ def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _match_by_argsort(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_match` by an argsort of the whole keys (sorted in place): where a key comes three times
-    or more, which two of them pair is this sort's."""
-    order = np.argsort(keys)
-    keys[...] = keys[order]
-    pair = np.flatnonzero(keys[1:] == keys[:-1])
-    first, second = order[pair], order[pair + 1]
-    is_send = first < sends
-    first, second = np.where(is_send, first, second), np.where(is_send, second, first)
-    valid = (first < sends) & (second >= sends)
-    return first[valid], second[valid] - sends
+    """:func:`_match` by a stable argsort of the whole keys: where a key comes three times or more, its
+    k-th send meets its k-th receive, and no send or receive is used twice (an unstable sort's order of
+    equal keys changes with numpy's version)."""
+    order = np.argsort(keys, kind="stable")  # equal keys in trace order: their sends before their receives
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    del sorted_keys
+    run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(keys)]))
+    run_sends = np.add.reduceat((order < sends).astype(np.int64), starts)
+    nth_receive = np.arange(len(keys)) - starts[run] - run_sends[run]  # negative for the run's sends
+    paired = (nth_receive >= 0) & (nth_receive < run_sends[run])
+    send_index = order[starts[run[paired]] + nth_receive[paired]]
+    return send_index, order[paired] - sends
 
 
 def _by_send(send_index: np.ndarray, recv_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

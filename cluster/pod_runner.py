@@ -104,13 +104,19 @@ class RunningPod:
     files: list[Any] = field(default_factory=list)
 
     def kill(self) -> None:
+        self.signal_kill()
         for process in (self.trainer, self.sidecar):
-            if process is not None and process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+            if process is not None:
                 process.wait()
         for handle in self.files:
             handle.close()
+
+    def signal_kill(self) -> None:
+        """SIGKILL to the pod's process groups (its ranks too), without waiting: safe in a signal handler."""
+        for process in (self.trainer, self.sidecar):
+            if process is not None and process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
 
 
 class PodRunner:
@@ -148,6 +154,8 @@ class PodRunner:
                     self.log(f"pod runner: API server unreachable ({type(error).__name__}); retrying")
                 stop.wait(POLL_S)
         finally:
+            for pod in self.pods.values():  # every pod signalled before any is waited for
+                pod.signal_kill()
             for pod in self.pods.values():
                 pod.kill()
             if self.also is not None:
@@ -336,8 +344,18 @@ def run_pods(
 
     api = api_client()
     stop = threading.Event()
+    runner: PodRunner | None = None
+
+    def stopping(*_: object) -> None:
+        """The pods die at once, even while the loop waits for a slow API server: whoever stops the runner
+        may kill it soon after, and a pod's processes live in sessions of their own (they would outlive it)."""
+        stop.set()
+        if runner is not None:
+            for pod in list(runner.pods.values()):
+                pod.signal_kill()
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, stopping)
     work_dir.mkdir(parents=True, exist_ok=True)
     services = ServicePodRunner(work_dir, namespaces, api, log=log) if collector_service else None
     if services is not None and collector_service is not None:
@@ -347,5 +365,6 @@ def run_pods(
         raise ValueError("give a collector URL or a collector Service")
     where = ", ".join(namespaces) or "all namespaces"
     log(f"pod runner: TrainingJob pods in {where}; collector {collector_url}; files in {work_dir}")
-    PodRunner(collector_url, work_dir, namespaces, api_client=api, log=log, also=services).run(stop)
+    runner = PodRunner(collector_url, work_dir, namespaces, api_client=api, log=log, also=services)
+    runner.run(stop)
     return 0

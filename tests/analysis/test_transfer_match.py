@@ -46,3 +46,4 @@ def test_a_key_three_times_still_pairs_equal_keys_once_each():
     assert len(send_index) >= len(plain) - 1
     assert np.array_equal(keys[send_index], keys[len(plain) + 1 + recv_index])
     assert len(set(send_index.tolist())) == len(send_index) and len(set(recv_index.tolist())) == len(recv_index)
+    assert 0 in send_index and len(plain) not in send_index, "the first send of the key meets its one receive"
