@@ -25,23 +25,23 @@ from trainingjobs import (
     events,
     get_job,
     judge,
+    judge_quiet,
     node_marks,
     node_of_pod,
     operator_metric,
     report,
     standin_job,
     stored_diagnosis,
+    turned_down,
     wait_running,
 )
 
-from rankwatch.operator.diagnosis.monitor import NO_FINDING_RETRY_S
-
 pytestmark = pytest.mark.e2e
 
-HEALTHY_RUNS = ARMED_RUNS + int(NO_FINDING_RETRY_S / WINDOW) + 5
-"""Detector runs a healthy job with jitter is judged over with no finding: every check armed, then a whole
-retry period after a diagnosis that found nothing (a suspicion the analysis turned down is looked at
-again), and a few more (about a minute of windows)."""
+HEALTHY_RUNS = ARMED_RUNS + 5
+"""Detector runs a healthy job with jitter is judged over with no finding once its telemetry flows: every
+check armed, and a few more; a whole retry period more after each diagnosis that found nothing (a suspicion
+the analysis turned down is looked at again: ``judge_quiet``)."""
 UNLOCALISABLE_RUNS = 1 + 30 // WINDOW
 """Detector runs a job whose fault host call times cannot localise is judged over without a wrong rank
 named: the 30 s after its telemetry flowed that these tests watched before, counted in runs."""
@@ -305,9 +305,11 @@ def test_without_gpu_timing_a_slow_link_names_nobody(
 
 def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eventually, collector_url):
     """Two healthy jobs side by side, one GPU-timed (the default) and one with host call times only, each
-    judged HEALTHY_RUNS times by the detector: neither gets a finding, a Degraded or Hung condition, or a
-    diagnosis Event."""
+    judged HEALTHY_RUNS times by the detector (and a retry period more after a suspicion turned down): neither
+    gets a finding, a Degraded or Hung condition, or a diagnosis Event."""
     names = ("calm", "calm-untimed")
+    metrics = f"{collector_url}/metrics"
+    seen = turned_down(metrics)
     create_job(api, namespace, standin_job("calm"))
     create_job(api, namespace, standin_job("calm-untimed", gpu_timing=False))
     for name in names:
@@ -331,7 +333,7 @@ def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eve
             assert condition(job, "Hung")["status"] == "False", job
             assert "diagnosis" not in job["status"], job
 
-    judge(f"{collector_url}/metrics", namespace, dict.fromkeys(names, HEALTHY_RUNS), nothing_found, eventually)
+    judge_quiet(metrics, namespace, names, nothing_found, eventually, HEALTHY_RUNS, seen)
     for name in names:
         assert not [e for e in events(api, namespace, name) if e.reason in DIAGNOSIS_KINDS], name
 
