@@ -224,15 +224,23 @@ def judge_quiet(
     runs: int,
     seen: int | None = None,
 ) -> None:
-    """``judge`` the jobs ``names`` over ``runs`` more detector runs each; then, while a diagnosis found nothing
-    meanwhile (since ``seen`` of them, a ``turned_down`` taken before the jobs started), over a retry period's
-    runs more (and two): the second look at a suspicion the analysis turned down is judged too. Without a
-    suspicion turned down there is nothing to look at again, and no retry period to wait for."""
+    """``judge`` the jobs ``names`` over ``runs`` more detector runs each, and over a retry period's runs (and
+    two) after each diagnosis that found nothing (since ``seen`` of them, a ``turned_down`` taken before the
+    jobs started): the second look at a suspicion the analysis turned down is judged too. Without a suspicion
+    turned down there is nothing to look at again, and no retry period to wait for."""
     retry_runs = int(NO_FINDING_RETRY_S / WINDOW) + 2
     seen = turned_down(metrics_url) if seen is None else seen
-    more = runs
-    while more:
-        judge(metrics_url, namespace, {n: detector_runs(metrics_url, namespace, n) + more for n in names}, check,
-              eventually)  # fmt: skip
-        now = turned_down(metrics_url)
-        more, seen = (retry_runs if now > seen else 0), now
+    target = {name: detector_runs(metrics_url, namespace, name) + runs for name in names}
+
+    def judged() -> bool:
+        nonlocal seen
+        check()
+        done = {name: detector_runs(metrics_url, namespace, name) for name in names}
+        if (now := turned_down(metrics_url)) > seen:
+            seen = now
+            target.update({name: max(target[name], done[name] + retry_runs) for name in names})
+        return all(done[name] >= target[name] for name in names) and diagnoses_in_progress(metrics_url) == 0
+
+    patience = 3 * WINDOW * (runs + 3 * retry_runs) + 60  # only how long a broken operator is waited for
+    eventually(judged, patience, interval=1, what=f"the detector's runs over {names} in {namespace}")
+    check()
