@@ -43,12 +43,14 @@ def runs_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def healthy_run(torch_python: Path, runs_dir: Path) -> Path:
-    return run_job(torch_python, runs_dir / "healthy", "--steps", "6")
+    """Pickle dumps; the same run's JSON dumps (taken right after) in ``healthy-json`` beside it."""
+    return run_job(torch_python, runs_dir / "healthy", "--steps", "6", "--json-out", str(runs_dir / "healthy-json"))
 
 
 @pytest.fixture(scope="session")
-def healthy_json_run(torch_python: Path, runs_dir: Path) -> Path:
-    return run_job(torch_python, runs_dir / "healthy-json", "--steps", "4", "--json")
+def healthy_json_run(healthy_run: Path, runs_dir: Path) -> Path:
+    """The healthy run's flight recorders dumped as JSON (``_dump_fr_trace_json``), with their journals."""
+    return runs_dir / "healthy-json"
 
 
 @pytest.fixture(scope="session")
@@ -58,16 +60,21 @@ def slow_run(torch_python: Path, runs_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stopped_run(torch_python: Path, runs_dir: Path) -> Path:
-    stop = ("--stop-rank", str(STOPPED_RANK), "--stop-step", "2", "--timeout-s", "8")
-    return run_job(torch_python, runs_dir / "stopped", "--steps", "4", *stop)
-
-
-@pytest.fixture(scope="session")
 def stopped_all_dump_run(torch_python: Path, runs_dir: Path) -> Path:
     """The stopped rank dumps too, after its peers timed out: what NCCL's dump-on-timeout gives."""
     stop = ("--stop-rank", str(STOPPED_RANK), "--stop-step", "2", "--timeout-s", "8", "--stop-dumps")
     return run_job(torch_python, runs_dir / "stopped-all-dump", "--steps", "4", *stop)
+
+
+@pytest.fixture(scope="session")
+def stopped_run(stopped_all_dump_run: Path, runs_dir: Path) -> Path:
+    """The stopped rank writes nothing: the run above without its dump and journal. It wrote them only
+    once every peer had timed out and dumped (megatron_job.stop waits for their dumps), so the rest is
+    what a run without ``--stop-dumps`` leaves (the peers' files as written, modification times too)."""
+    its_own = {f"nccl_trace_rank_{STOPPED_RANK}", f"rank_{STOPPED_RANK}.json"}
+    return Path(
+        shutil.copytree(stopped_all_dump_run, runs_dir / "stopped", ignore=lambda _, names: its_own & set(names))
+    )
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,8 @@ is ignored so that the other ranks still time out and dump.
 
 Each surviving rank writes its flight-recorder dump to ``<out>/nccl_trace_rank_<R>`` (pickle from
 ``_dump_fr_trace``, or JSON from ``_dump_fr_trace_json`` with ``--json``) and ``<out>/journal/rank_<R>.json``
-(its groups and sends/receives, which gloo's recorder leaves out).
+(its groups and sends/receives, which gloo's recorder leaves out); ``--json-out DIR``: the same recorder
+again as JSON into DIR (one run in both formats).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--link-ms", type=float, default=0.0)
     parser.add_argument("--timeout-s", type=float, default=20.0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json-out", default="", help="also dump as JSON, with the journal, into this directory")
     return parser.parse_args()
 
 
@@ -227,19 +229,28 @@ def mismatched_call(args: argparse.Namespace, activation: torch.Tensor, group: d
 
 
 def dump(args: argparse.Namespace, rank: int, journal: Journal) -> None:
+    """The flight recorder into ``--out`` (JSON with ``--json``, else pickle), then as JSON into ``--json-out``
+    too when given (the same run in both formats)."""
     recorder = torch._C._distributed_c10d
     if args.json:
         text = recorder._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
         data = text.encode() if isinstance(text, str) else text
     else:
         data = recorder._dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False)
-    journal_path = Path(args.out) / "journal" / f"rank_{rank}.json"
-    journal_path.parent.mkdir(exist_ok=True)
+    _write_dump(Path(args.out), rank, journal, data)
+    if args.json_out:
+        text = recorder._dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+        _write_dump(Path(args.json_out), rank, journal, text.encode() if isinstance(text, str) else text)
+
+
+def _write_dump(out: Path, rank: int, journal: Journal, data: bytes) -> None:
+    journal_path = out / "journal" / f"rank_{rank}.json"
+    journal_path.parent.mkdir(parents=True, exist_ok=True)
     journal_path.write_text(json.dumps({"groups": journal.groups, "p2p": journal.p2p}))
-    partial = Path(args.out) / ".partial" / f"nccl_trace_rank_{rank}"
+    partial = out / ".partial" / f"nccl_trace_rank_{rank}"
     partial.parent.mkdir(exist_ok=True)
     partial.write_bytes(data)
-    partial.rename(Path(args.out) / partial.name)  # whole dumps only: the stopped rank counts them
+    partial.rename(out / partial.name)  # whole dumps only: the stopped rank counts them
 
 
 def train(args: argparse.Namespace, layout: Layout, rank: int, journal: Journal) -> None:

@@ -14,6 +14,7 @@ import kubernetes
 from prometheus_client.parser import text_string_to_metric_families
 
 from rankwatch.model.diagnosis_status import STATUS_KEY
+from rankwatch.operator.diagnosis.monitor import NO_FINDING_RETRY_S
 
 JOB_API = ("rankwatch.io", "v1alpha1", "trainingjobs")
 SENSITIVITY = 10
@@ -205,4 +206,41 @@ def judge(metrics_url: str, namespace: str, runs: dict[str, int], check: Callabl
 
     patience = 3 * WINDOW * max(runs.values()) + 60  # only how long a broken operator is waited for
     eventually(judged, patience, interval=1, what=f"the detector's runs over {runs} in {namespace}")
+    check()
+
+
+def turned_down(metrics_url: str) -> int:
+    """Diagnoses the operator ran that found nothing: a suspicion turned down is looked at again
+    NO_FINDING_RETRY_S later (a hang of a job whose sidecars answered, two windows later)."""
+    return int(operator_metric(metrics_url, "rankwatch_diagnoses_total", outcome="no_finding"))
+
+
+def judge_quiet(
+    metrics_url: str,
+    namespace: str,
+    names: tuple[str, ...],
+    check: Callable[[], None],
+    eventually,
+    runs: int,
+    seen: int | None = None,
+) -> None:
+    """``judge`` the jobs ``names`` over ``runs`` more detector runs each, and over a retry period's runs (and
+    two) after each diagnosis that found nothing (since ``seen`` of them, a ``turned_down`` taken before the
+    jobs started): the second look at a suspicion the analysis turned down is judged too. Without a suspicion
+    turned down there is nothing to look at again, and no retry period to wait for."""
+    retry_runs = int(NO_FINDING_RETRY_S / WINDOW) + 2
+    seen = turned_down(metrics_url) if seen is None else seen
+    target = {name: detector_runs(metrics_url, namespace, name) + runs for name in names}
+
+    def judged() -> bool:
+        nonlocal seen
+        check()
+        done = {name: detector_runs(metrics_url, namespace, name) for name in names}
+        if (now := turned_down(metrics_url)) > seen:
+            seen = now
+            target.update({name: max(target[name], done[name] + retry_runs) for name in names})
+        return all(done[name] >= target[name] for name in names) and diagnoses_in_progress(metrics_url) == 0
+
+    patience = 3 * WINDOW * (runs + 3 * retry_runs) + 60  # only how long a broken operator is waited for
+    eventually(judged, patience, interval=1, what=f"the detector's runs over {names} in {namespace}")
     check()

@@ -7,7 +7,9 @@ imports for type checking (never executed) are left out."""
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
+from collections.abc import Mapping, Set
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
@@ -52,7 +54,7 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return {module for module in found if module in known and module != name}
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def cycles(graph: Mapping[str, Set[str]]) -> list[list[str]]:
     """Strongly connected groups of more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -84,9 +86,11 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return groups
 
 
-def graph() -> dict[str, set[str]]:
+@functools.cache
+def graph() -> dict[str, frozenset[str]]:
+    """Read once per session (every module parsed twice over took seconds a test): the tests only read it."""
     known = modules()
-    return {name: imports_of(name, path, known) for name, path in known.items()}
+    return {name: frozenset(imports_of(name, path, known)) for name, path in known.items()}
 
 
 def test_no_module_imports_one_that_imports_it_back():
