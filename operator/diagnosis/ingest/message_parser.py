@@ -64,7 +64,7 @@ def parse_body(raw: bytes, content_encoding: str | None, kind: str) -> Parsed:
         return Refusal(status, str(error))
     try:
         if kind == "summary":
-            return SummaryDigest.of(protocol.parse_summary(body))
+            return SummaryDigest.of(protocol.checked_summary(body))
         return protocol.parse_stall(body)
     except protocol.ProtocolError as error:
         return Refusal(422, str(error))
