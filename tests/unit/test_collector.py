@@ -432,7 +432,7 @@ async def test_a_parsing_worker_killed_answers_503_and_new_workers_take_over():
     url = f"http://127.0.0.1:{server.port}"
     try:
         assert (await post(url, SUMMARIES, protocol.encode(summary(window=1))))[0] == 202
-        (worker,) = server.parser._pool._processes.values()  # the real worker process
+        (worker,) = server.parser.processes()  # the real worker process
         worker.kill()
         worker.join(10)
         status, answer = await post(url, SUMMARIES, protocol.encode(summary(window=2)))
@@ -457,7 +457,7 @@ async def test_without_parsing_workers_the_loop_checks_the_bodies():
         assert status == 422 and "NaN" in answer["error"]
         bomb = gzip.compress(b" " * (protocol.MAX_DECODED_BYTES + 10))
         assert (await post(url, SUMMARIES, bomb))[0] == 413
-        assert server.parser._pool is None, "no process started"
+        assert server.parser.processes() == [], "no process started"
     finally:
         await server.stop()
 
