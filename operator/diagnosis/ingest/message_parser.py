@@ -18,9 +18,9 @@ is bounded by that budget. Workers are spawned (never a fork of the operator's t
 
 Each worker is one process and one socket to it, read and written by the event loop itself (length-
 prefixed pickles): no executor, so no feeder and result threads taking the GIL from the loop and no
-future crossing threads per batch (until 2026-11-29 a ProcessPoolExecutor: its two threads were ~17%
-of the operator process's CPU at 64,000 ranks). A worker that dies loses only the batch it held
-(answered 503, the sidecar retries); another is started in its place.
+future crossing threads per batch (until 2026-11-29 a ProcessPoolExecutor: its two threads took 7-15% of
+the loop process's CPU at 64,000 ranks). A worker that dies loses only the batch it held (answered 503,
+the sidecar retries); another is started in its place.
 """
 
 from __future__ import annotations
