@@ -88,8 +88,9 @@ def document(**changes) -> bytes:
     ],
 )
 def test_bad_summaries_are_refused_naming_the_field(body, message):
-    with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        protocol.parse_summary(body)
+    for parse in (protocol.parse_summary, protocol.checked_summary):
+        with pytest.raises(ProtocolError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            parse(body)
 
 
 def test_a_schema_1_summary_without_the_host_figures_still_parses():
@@ -128,9 +129,10 @@ def nested(change) -> bytes:
 )
 def test_the_fast_parser_refuses_what_the_checks_refuse_and_names_it(body, message):
     """Summaries are checked by msgspec first (in C); whatever it refuses, deep inside too, is refused with
-    the field named, as before."""
-    with pytest.raises(ProtocolError, match=message):
-        protocol.parse_summary(body)
+    the field named, as before; by the collector's check without the dataclasses (``checked_summary``) too."""
+    for parse in (protocol.parse_summary, protocol.checked_summary):
+        with pytest.raises(ProtocolError, match=message):
+            parse(body)
 
 
 def test_the_fast_parser_builds_the_same_messages_as_the_checks():
@@ -146,6 +148,40 @@ def test_the_fast_parser_builds_the_same_messages_as_the_checks():
         dataclasses.replace(parsed.ranks[0], step_time_s=0.1, last_call_ns=summary().ranks[0].last_call_ns)
         == (summary().ranks[0])
     )
+
+
+def fields_of(value: object) -> object:
+    """Every field of a message, read by attribute as a reader does (dataclass or checked mirror alike)."""
+    if isinstance(value, list):
+        return [fields_of(item) for item in value]
+    if isinstance(value, dict):
+        return {key: fields_of(item) for key, item in value.items()}
+    if hasattr(value, "__dataclass_fields__") or hasattr(value, "__struct_fields__"):
+        names = getattr(value, "__struct_fields__", None) or [field.name for field in dataclasses.fields(value)]
+        return {name: fields_of(getattr(value, name)) for name in names}
+    return value
+
+
+def test_the_checked_summary_reads_as_the_parsed_one():
+    """Without its dataclasses (the collector's path), a summary reads the same, field by field: GPU times,
+    host figures, defaults of schema 1, ints made floats, an integer beyond 64 bits (the slow path's)."""
+    gpu = dataclasses.replace(summary().ranks[0].comms[0], gpu=Quantiles(10, 0.5, 0.6, 0.7, 0.8), wait=None)
+    schema_1 = dataclasses.asdict(dataclasses.replace(summary(), schema=1))
+    del schema_1["cpu_pressure"], schema_1["ranks"][0]["scheduling"]
+    schema_1["ranks"][0]["step_time_s"] = 1
+    huge = dataclasses.asdict(summary())
+    huge["ranks"][0]["last_call_ns"] = 2**70
+    bodies = [
+        json.dumps(dataclasses.asdict(summary())).encode(),
+        json.dumps(dataclasses.asdict(dataclasses.replace(summary(), ranks=[
+            dataclasses.replace(summary().ranks[0], comms=[gpu, summary().ranks[0].comms[0]])]))).encode(),
+        json.dumps(schema_1).encode(),
+        json.dumps(huge).encode(),
+    ]  # fmt: skip
+    for body in bodies:
+        parsed, checked = protocol.parse_summary(body), protocol.checked_summary(body)
+        assert fields_of(checked) == fields_of(parsed)
+    assert not dataclasses.is_dataclass(protocol.checked_summary(bodies[0])), "no dataclass built on the fast path"
 
 
 def test_nested_field_errors_name_the_path():

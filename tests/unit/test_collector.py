@@ -16,13 +16,16 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from rankwatch import protocol
 from rankwatch.operator import event_loop
 from rankwatch.operator.config import CollectorSettings
 from rankwatch.operator.diagnosis.ingest.collector import Collector, RateLimiter, TokenUnavailable
-from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits
-from rankwatch.protocol import CommWindow, Quantiles, RankWindow, StallReport, WindowSummary
+from rankwatch.operator.diagnosis.ingest.job_state import JobStore, StateLimits, SummaryDigest
+from rankwatch.operator.diagnosis.ingest.message_parser import parse_body
+from rankwatch.operator.diagnosis.metrics import DiagnosisMetrics
+from rankwatch.protocol import CommWindow, Quantiles, RankScheduling, RankWindow, StallReport, WindowSummary
 
 TOKEN = "job-token-0123456789"
 
@@ -429,7 +432,7 @@ async def test_a_parsing_worker_killed_answers_503_and_new_workers_take_over():
     url = f"http://127.0.0.1:{server.port}"
     try:
         assert (await post(url, SUMMARIES, protocol.encode(summary(window=1))))[0] == 202
-        (worker,) = server.parser._pool._processes.values()  # the real worker process
+        (worker,) = server.parser.processes()  # the real worker process
         worker.kill()
         worker.join(10)
         status, answer = await post(url, SUMMARIES, protocol.encode(summary(window=2)))
@@ -454,7 +457,7 @@ async def test_without_parsing_workers_the_loop_checks_the_bodies():
         assert status == 422 and "NaN" in answer["error"]
         bomb = gzip.compress(b" " * (protocol.MAX_DECODED_BYTES + 10))
         assert (await post(url, SUMMARIES, bomb))[0] == 413
-        assert server.parser._pool is None, "no process started"
+        assert server.parser.processes() == [], "no process started"
     finally:
         await server.stop()
 
@@ -489,3 +492,57 @@ def test_parsing_workers_end_with_a_killed_collector_process():
         time.sleep(0.1)
     alive = [pid for pid in workers if Path(f"/proc/{pid}").exists()]
     assert not alive, f"parsing workers {alive} outlived the collector"
+
+
+def test_a_body_checked_in_a_worker_digests_as_its_summary():
+    """The parsing worker digests the checked document without building the summary's dataclasses: the
+    digest is the summary's own, GPU waits, host figures and a communicator without collectives too."""
+    base = summary()
+    gpu = replace(base.ranks[0].comms[0], gpu=Quantiles(10, 0.5, 0.6, 0.7, 0.8))
+    sends = replace(base.ranks[0].comms[0], comm_id="00000000000000cd", calls={"Send": 3}, wait=None)
+    rank = replace(base.ranks[0], comms=[gpu, sends], scheduling=RankScheduling(1.0, 0.25, 7))
+    message = replace(base, ranks=[rank, replace(rank, global_rank=1, scheduling=None)], cpu_pressure=0.3)
+    digest = parse_body(protocol.encode(message), protocol.CONTENT_ENCODING, "summary")
+    assert digest == SummaryDigest.of(message)
+    assert digest.ranks[0][5][0][7] == 0.5 and digest.ranks[0][5][1][6:] == (0, None)
+
+
+async def test_every_answer_is_counted_by_kind_and_result():
+    """Each message is counted once under the result its answer means (the counters are looked up once
+    per result and reused): taken, redelivered, refused, and a bug's 500."""
+    metrics = DiagnosisMetrics(CollectorRegistry())
+    broken = False
+
+    def jobs(namespace: str, name: str) -> StateLimits | None:
+        if broken:
+            raise RuntimeError("a bug")
+        return followed(namespace, name)
+
+    server = Collector(JobStore(), Tokens(), CollectorSettings(host="127.0.0.1", port=0), jobs=jobs, metrics=metrics)
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        statuses = [
+            (await post(url, SUMMARIES, protocol.encode(summary(window=2))))[0],
+            (await post(url, SUMMARIES, protocol.encode(summary(window=2))))[0],
+            (await post(url, SUMMARIES, protocol.encode(summary(window=3))))[0],
+            (await post(url, SUMMARIES, protocol.encode(replace(summary(window=1), start_ns=1))))[0],
+            (await post(url, SUMMARIES, protocol.encode(summary(window=4)), token="guess"))[0],
+            (await post(url, SUMMARIES, b"{}", gzip_it=False))[0],
+            (await post(url, protocol.stalls_path("team-a", "llama"), protocol.encode(stall())))[0],
+        ]
+        broken = True
+        statuses.append((await post(url, SUMMARIES, protocol.encode(summary(window=5))))[0])
+    finally:
+        await server.stop()
+    assert statuses == [202, 208, 202, 409, 401, 422, 202, 500]
+    counted = {
+        (sample.labels["kind"], sample.labels["result"]): sample.value
+        for sample in metrics.collector_messages.collect()[0].samples
+        if sample.name.endswith("_total")
+    }
+    assert counted == {
+        ("summary", "accepted"): 2, ("summary", "duplicate"): 1, ("summary", "replayed"): 1,
+        ("summary", "unauthorized"): 1, ("summary", "invalid"): 1, ("stall", "accepted"): 1, ("summary", "error"): 1,
+    }  # fmt: skip
+    assert metrics.collector_rank_windows._value.get() == 2, "one rank window per summary taken"

@@ -130,6 +130,10 @@ def _recent_wait(comm: CommState, since: float) -> float | None:
     since ``since``, None with fewer than two (run for every rank and communicator of every job each
     window: kept cheap)."""
     waits = comm.waits
+    if len(waits) == 6:  # WAIT_HISTORY 3, every window recent (the common case): no list made
+        first_at, first, second_at, second, third_at, third = waits
+        if first_at >= since and second_at >= since and third_at >= since:
+            return max(min(first, second), min(max(first, second), third))
     recent = [waits[i + 1] for i in range(0, len(waits), 2) if waits[i] >= since]
     if len(recent) == 3:
         first, second, third = recent
