@@ -399,8 +399,10 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
         faults = {
             "RANKWATCH_STANDIN_FAULT_RANK": "5",
             "RANKWATCH_STANDIN_SLOWDOWN": "0.3",
-            # after A's straggler finding; without GPU timing only after A has seen the telemetry flow
-            "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "9000" if gpu_timing else "4000",
+            # after A's straggler finding (three windows of waits and a diagnosis: ~25 s; call 9000 came
+            # 27 s after the pods started in a whole run, once before it); without GPU timing only after A
+            # has seen the telemetry flow
+            "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "16000" if gpu_timing else "4000",
         }
         create_job(api, namespace, standin_job("flaky", faults, gpu_timing=gpu_timing))
         wait_running(api, namespace, "flaky", eventually)
