@@ -92,7 +92,7 @@ def _match(keys: np.ndarray, sends: int) -> tuple[np.ndarray, np.ndarray]:
         by_key = np.argsort(few_keys, kind="stable")
         few, few_keys = few[by_key], few_keys[by_key]
         equal = few_keys[1:] == few_keys[:-1]
-        if (equal[1:] & equal[:-1]).any():  # a key three times: matched as it always was
+        if (equal[1:] & equal[:-1]).any():  # a key three times: its sends and receives paired in order
             return _by_send(*_match_by_argsort(keys, sends))
         twin = np.flatnonzero(equal)
         first, second = np.r_[first, few[twin]], np.r_[second, few[twin + 1]]
