@@ -165,6 +165,28 @@ class StepExcess:
     peers: dict[int, set[int]]
     longer_steps: np.ndarray  # steps in which the rank computed longer than its peers' median ...
     compared_steps: np.ndarray  # ... of the steps all of them had with the usual gaps (a sign test)
+    step_compute: _StepCompute | None = field(default=None, repr=False)
+
+    def paired_lateness(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Ranks ``a`` and ``b``'s lateness in each step (its compute minus the median of its stage
+        peers'), over the steps of one communicator holding both and their peers (the world's
+        once-a-step AllReduce), so that ranks of different stages compare step by step; NaN where a
+        step had another number of gaps. None without such a communicator or steps enough."""
+        if self.step_compute is None:
+            return None
+        timed = set(self.step_compute.timed)
+        group = sorted((self.peers.get(a, {a}) | self.peers.get(b, {b}) | {a, b}) & timed)
+        compute = self.step_compute.of(group)
+        if compute is None:
+            return None
+        per_step = dict(zip(group, (c.per_step for c in compute), strict=True))
+
+        def lateness(rank: int) -> np.ndarray | None:
+            peers = [per_step[r] for r in sorted(self.peers.get(rank, {rank}) - {rank}) if r in per_step]
+            return per_step[rank] - np.median(np.stack(peers), axis=0) if rank in per_step and peers else None
+
+        late_a, late_b = lateness(a), lateness(b)
+        return None if late_a is None or late_b is None else (late_a, late_b)
 
 
 def step_excess(trace: Trace, min_stage: int = 3) -> StepExcess | None:
@@ -208,7 +230,7 @@ def step_excess(trace: Trace, min_stage: int = 3) -> StepExcess | None:
     # many ranks reach further into the noise's tail: the floor keeps the chance of one false rank ~0.2%
     tail = max(NOISE_FACTOR, NormalDist().inv_cdf(1 - 0.002 / len(ranks)))
     floor = max(MIN_EXCESS, tail * noise)
-    return StepExcess(ranks, excess, steps, total, reference, floor, peers, longer, compared)
+    return StepExcess(ranks, excess, steps, total, reference, floor, peers, longer, compared, step_compute)
 
 
 def detect_compute_stragglers(trace: Trace, explained: frozenset[int] = frozenset()) -> list[Finding]:

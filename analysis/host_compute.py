@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rankwatch.analysis.compute_gaps import NOISE_FACTOR, StepExcess, step_excess
+from rankwatch.analysis.compute_gaps import MIN_STEPS, NOISE_FACTOR, StepExcess, step_excess
 from rankwatch.analysis.findings import Finding
 from rankwatch.analysis.instances import group_instances
 from rankwatch.analysis.job_noise import FALSE_RANK_CHANCE, sign_tail, student_tail
@@ -168,7 +168,7 @@ def _judge(
         why = "not in enough steps" if not consistent else "less than a co-tenant on its CPU causes"
         return [], [f"call times{when}: {numbers(out[0])} ({why}); {bar()}: a slowdown is not localisable"]
     root = max(named, key=lambda i: measured.total_ms[i] - measured.reference_ms[i])
-    unexplained = [i for i in out if i != root and not _passed_on(trace, measured, root, i, stand)]
+    unexplained = [i for i in out if i != root and not _passed_on(trace, measured, root, i, stand, significance)]
     if unexplained:
         shown = "; ".join(numbers(i) for i in [root, *unexplained][:4])
         return [], [
@@ -179,11 +179,16 @@ def _judge(
     return [_finding(trace, measured, root, stand, significance, passed, when)], []
 
 
-def _passed_on(trace: Trace, measured: StepExcess, root: int, other: int, stand: _Standing) -> bool:
+def _passed_on(
+    trace: Trace, measured: StepExcess, root: int, other: int, stand: _Standing, significance: float = 0.0
+) -> bool:
     """Whether ``other``'s excess can be ``root``'s lateness passed on: waiting in sends/receives that
     gloo's recorder leaves out. Only ranks of another pipeline stage wait for a rank in their gaps (its
     stage peers meet it inside recorded collectives), only those in its own pipeline when the layout is
-    known, and never for longer than it is late itself, by more than the job's spread."""
+    known, and never for longer than it is late itself: by more than the job's spread in all, or in
+    more steps than chance allows (at ``significance``, a sign test step by step: what a rank waits
+    for is part of what the late rank adds in that same step, and on a busy machine the job's spread
+    hides a difference that every step shows)."""
     root_rank, rank = measured.ranks[root], measured.ranks[other]
     if rank in measured.peers.get(root_rank, {root_rank}):
         return False
@@ -194,7 +199,17 @@ def _passed_on(trace: Trace, measured: StepExcess, root: int, other: int, stand:
     root_late = measured.total_ms[root] - measured.reference_ms[root]
     late = measured.total_ms[other] - measured.reference_ms[other]
     margin = stand.tail * stand.spread * measured.reference_ms[other]
-    return late + margin <= root_late
+    if late + margin <= root_late:
+        return True
+    if late >= root_late or not significance:
+        return False
+    paired = measured.paired_lateness(root_rank, rank)
+    if paired is None:
+        return False
+    root_steps, steps = paired
+    both = ~np.isnan(root_steps) & ~np.isnan(steps)
+    later = int((root_steps[both] > steps[both]).sum())
+    return bool(both.sum() >= MIN_STEPS and sign_tail(np.array([later]), np.array([both.sum()]))[0] <= significance)
 
 
 def _finding(

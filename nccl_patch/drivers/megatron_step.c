@@ -16,7 +16,8 @@
  * .item() on the last pipeline stage, and with --p2p-sync torch.cuda.synchronize() after each
  * pipeline exchange (Megatron's batch_p2p_sync). On an asynchronous stand-in device the host runs
  * ahead of its GPU between those points; on a synchronous one every call returns when done.
- * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops the host before its N-th NCCL call, and
+ * RANKWATCH_STANDIN_HANG_BEFORE_CALL=N stops the host before its N-th NCCL call (_HANG_WHEN_FILE=PATH
+ * before its first call once PATH exists), and
  * RANKWATCH_STANDIN_MISMATCH_AT_CALL=N makes its first AllReduce from its N-th call on (of a group with
  * peers) another collective
  * (RANKWATCH_STANDIN_MISMATCH); the other faults act in the stand-in device and NCCL (faults.h).
@@ -73,8 +74,9 @@ static int rank = -1;
 static uint64_t calls; /* NCCL calls made so far */
 
 static void before_call(void) {
-  uint64_t hang_at = rw_faults_get()->hang_before_call;
-  if (++calls == hang_at) {
+  const rw_faults* faults = rw_faults_get();
+  ++calls;
+  if (calls == faults->hang_before_call || (faults->hang_when_file && access(faults->hang_when_file, F_OK) == 0)) {
     fprintf(stderr, "rank %d: injected hang before NCCL call %llu\n", rank, (unsigned long long)calls);
     rw_hang_forever();
   }

@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static rw_faults faults = {0.0, 0, -1, 0, 0, 0, 0, 0, 0, RW_MISMATCH_OP};
+static rw_faults faults = {0.0, 0, -1, 0, 0, NULL, 0, 0, 0, 0, RW_MISMATCH_OP};
 static pthread_once_t faults_once = PTHREAD_ONCE_INIT;
 
 static int parse_u64(const char* name, uint64_t* out) {
@@ -40,6 +40,8 @@ static void load(void) {
   if (parse_u64("RANKWATCH_STANDIN_LINK_PEER", &value)) faults.link_peer = (int)value;
   if (parse_u64("RANKWATCH_STANDIN_LINK_LATENCY_US", &value)) faults.link_latency_ns = (int64_t)value * 1000;
   parse_u64("RANKWATCH_STANDIN_HANG_BEFORE_CALL", &faults.hang_before_call);
+  const char* cue = getenv("RANKWATCH_STANDIN_HANG_WHEN_FILE");
+  if (cue && *cue) faults.hang_when_file = cue;
   parse_u64("RANKWATCH_STANDIN_STUCK_IN_CALL", &faults.stuck_in_call);
   parse_u64("RANKWATCH_STANDIN_NEVER_ENDS_CALL", &faults.never_ends_call);
   parse_u64("RANKWATCH_STANDIN_DEVICE_STOP_AT_KERNEL", &faults.device_stop_at_kernel);

@@ -8,6 +8,8 @@
  *   RANKWATCH_STANDIN_LINK_PEER=R           with RANKWATCH_STANDIN_LINK_LATENCY_US=U: every send to
  *                                           and receive from global rank R is U microseconds late
  *   RANKWATCH_STANDIN_HANG_BEFORE_CALL=N    the driver stops before its N-th NCCL call (never calls)
+ *   RANKWATCH_STANDIN_HANG_WHEN_FILE=PATH   ... before its first NCCL call once PATH exists (a hang on cue:
+ *                                           a test makes it after what must come first, at any pace)
  *   RANKWATCH_STANDIN_STUCK_IN_CALL=N       the N-th NCCL operation never completes: synchronous device,
  *                                           the call itself never returns; asynchronous device, the call
  *                                           returns and the operation's GPU work never starts (its stream
@@ -39,6 +41,7 @@ typedef struct rw_faults {
   int link_peer;
   int64_t link_latency_ns;
   uint64_t hang_before_call;
+  const char* hang_when_file; /* NULL: no cue */
   uint64_t stuck_in_call;
   uint64_t never_ends_call;
   uint64_t device_stop_at_kernel;

@@ -378,9 +378,9 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
     api, kubeconfig, unwatched_namespace, processes, eventually, tmp_path, gpu_timing
 ):
     """Operator A diagnoses a straggler and is killed; B re-learns the job from the next summaries,
-    reports nothing twice, and diagnoses the hang that follows; C after it adds nothing. With host call
-    times only the straggler is named on nobody (A only sees the telemetry flow): B's hang is the
-    job's first finding."""
+    reports nothing twice, and diagnoses the hang that follows (on cue, once B judges the job); C after
+    it adds nothing. With host call times only the straggler is named on nobody (A only sees the
+    telemetry flow): B's hang is the job's first finding."""
     namespace = unwatched_namespace
     port = processes.free_port()
     log = tmp_path / "operator.log"
@@ -396,18 +396,16 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
         return sum(e.reason == reason for e in events(api, namespace, "flaky"))
 
     try:
+        cue = tmp_path / "hang"  # rank 5 hangs once it exists: after A's finding, however slow the machine
         faults = {
             "RANKWATCH_STANDIN_FAULT_RANK": "5",
             "RANKWATCH_STANDIN_SLOWDOWN": "0.3",
-            # after A's straggler finding (three windows of waits and a diagnosis: ~25 s; call 9000 came
-            # 27 s after the pods started in a whole run, once before it); without GPU timing only after A
-            # has seen the telemetry flow
-            "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "16000" if gpu_timing else "4000",
+            "RANKWATCH_STANDIN_HANG_WHEN_FILE": str(cue),
         }
         create_job(api, namespace, standin_job("flaky", faults, gpu_timing=gpu_timing))
         wait_running(api, namespace, "flaky", eventually)
         if gpu_timing:
-            eventually(lambda: diagnosed(api, namespace, "flaky", "Degraded"), 60, interval=1, what="Degraded (A)")
+            eventually(lambda: diagnosed(api, namespace, "flaky", "Degraded"), 120, interval=1, what="Degraded (A)")
             eventually(lambda: warnings("Straggler") == 1, 20, what="one Straggler Event")
         else:
             eventually(
@@ -417,6 +415,9 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
             )
 
         operator = restart(operator)  # B
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        eventually(lambda: detector_runs(metrics, namespace, "flaky") >= 1, 60, what="B judging the job")
+        cue.touch()
         job = eventually(lambda: diagnosed(api, namespace, "flaky", "Hung"), 120, interval=1, what="Hung (B)")
         assert stored_diagnosis(job)["kind"] == "Hang" and stored_diagnosis(job)["ranks"] == [5]
         if gpu_timing:
@@ -425,7 +426,6 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
         eventually(lambda: warnings("Hang") == 1, 20, what="one Hang Event")
 
         operator = restart(operator)  # C: the job is still hung; it must not say so again
-        metrics = f"http://127.0.0.1:{port}/metrics"
         # C has seen the hang itself (its own counter, from its start), judged the job twice more since and
         # runs no diagnosis: were it to say so again, it would have by now
         eventually(
