@@ -9,7 +9,17 @@ import sys
 import time
 
 import pytest
-from trainingjobs import create_job, diagnosed, events, get_job, report, standin_job, stored_diagnosis, wait_running
+from trainingjobs import (
+    STRAGGLER,
+    create_job,
+    diagnosed,
+    events,
+    get_job,
+    report,
+    standin_job,
+    stored_diagnosis,
+    wait_running,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +41,7 @@ def diagnosis_with_cause(api, kubectl, namespace: str, name: str, eventually) ->
 
 
 def test_a_straggler_from_slower_compute_has_cause_compute(api, kubectl, namespace, pod_runner, eventually):
-    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    faults = STRAGGLER
     create_job(api, namespace, standin_job("slow-compute", faults))
     wait_running(api, namespace, "slow-compute", eventually)
     diagnosis, warning = diagnosis_with_cause(api, kubectl, namespace, "slow-compute", eventually)

@@ -149,9 +149,8 @@ class Scene:
         assert written["remediation"] == f"cordoned and tainted {self.node}", written["remediation"]
         self.eventually(lambda: self.feishu.pages("TrainingJobHang"), 30, what="the page")
         # a duplicate would come from another diagnosis: the operator judges the job twice more, runs none
-        runs = detector_runs(self.metrics, self.namespace, self.name)
-        self.note(f"the detector's runs: {runs}")
-        judge(self.metrics, self.namespace, {self.name: runs + 2}, lambda: None, self.eventually)
+        self.note(f"the detector's runs: {detector_runs(self.metrics, self.namespace, self.name)}")
+        judge(self.metrics, self.namespace, (self.name,), lambda: None, self.eventually, 2)
         self.note("judged twice more, no diagnosis running")
         unschedulable, _, marks = node_marks(self.api, self.node)
         assert unschedulable and marks.get("rankwatch.io/cordon-job") == f"{self.namespace}/{self.name}", marks

@@ -17,6 +17,7 @@ from trainingjobs import (
     JOB_API,
     SENSITIVITY,
     STANDIN_DEVICE,
+    STRAGGLER,
     WINDOW,
     condition,
     create_job,
@@ -25,7 +26,6 @@ from trainingjobs import (
     events,
     get_job,
     judge,
-    judge_quiet,
     node_marks,
     node_of_pod,
     operator_metric,
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.e2e
 HEALTHY_RUNS = ARMED_RUNS + 5
 """Detector runs a healthy job with jitter is judged over with no finding once its telemetry flows: every
 check armed, and a few more; a whole retry period more after each diagnosis that found nothing (a suspicion
-the analysis turned down is looked at again: ``judge_quiet``)."""
+the analysis turned down is looked at again: ``judge``)."""
 UNLOCALISABLE_RUNS = ARMED_RUNS
 """Detector runs a job whose fault host call times cannot localise is judged over without a wrong rank
 named once its telemetry flows: every check armed (and a retry period more after a suspicion turned down)."""
@@ -65,7 +65,7 @@ def test_straggler_on_one_node_is_diagnosed_with_rank_node_and_event(
     api, kubectl, kubeconfig, namespace, pod_runner, eventually, uncordon_afterwards, dry_run
 ):
     name = "slow-dry" if dry_run else "slow"
-    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    faults = STRAGGLER
     create_job(api, namespace, standin_job(name, faults, remediation={"cordon": True, "dryRun": dry_run}))
     started = wait_running(api, namespace, name, eventually)
     job = eventually(lambda: diagnosed(api, namespace, name, "Degraded"), 90, interval=1, what="Degraded=True")
@@ -190,7 +190,7 @@ def test_without_gpu_timing_a_straggler_is_not_pinned_on_a_wrong_rank(
         assert set(diagnosis.get("ranks") or []) <= {5}, diagnosis
 
     metrics = f"{collector_url}/metrics"
-    judge_quiet(metrics, namespace, ("slow-untimed",), nobody_else_named, eventually, UNLOCALISABLE_RUNS, seen)
+    judge(metrics, namespace, ("slow-untimed",), nobody_else_named, eventually, UNLOCALISABLE_RUNS, seen)
 
 
 def test_rank_stuck_inside_a_collective_is_told_from_ranks_waiting(api, namespace, pod_runner, eventually):
@@ -310,7 +310,7 @@ def test_without_gpu_timing_a_slow_link_names_nobody(
         assert not marked_nodes(api), "a node cordoned on host call times"
 
     metrics = f"{collector_url}/metrics"
-    judge_quiet(metrics, namespace, ("link-untimed",), nobody_named, eventually, UNLOCALISABLE_RUNS, seen)
+    judge(metrics, namespace, ("link-untimed",), nobody_named, eventually, UNLOCALISABLE_RUNS, seen)
     job = get_job(api, namespace, "link-untimed")
     assert job["status"]["health"] == "Healthy", job["status"]
     print(f"slow link without GPU timing: Healthy, step time {job['status']['stepTime']}, nobody named",
@@ -347,7 +347,7 @@ def test_healthy_job_with_jitter_gets_no_finding(api, namespace, pod_runner, eve
             assert condition(job, "Hung")["status"] == "False", job
             assert "diagnosis" not in job["status"], job
 
-    judge_quiet(metrics, namespace, names, nothing_found, eventually, HEALTHY_RUNS, seen)
+    judge(metrics, namespace, names, nothing_found, eventually, HEALTHY_RUNS, seen)
     for name in names:
         assert not [e for e in events(api, namespace, name) if e.reason in DIAGNOSIS_KINDS], name
 
@@ -362,7 +362,7 @@ def test_operator_on_uvloop_diagnoses_a_straggler(
     operator = processes.operator(kubeconfig, namespace, log, port, {"RANKWATCH_EVENT_LOOP": "uvloop"})
     runner = processes.pod_runner(kubeconfig, f"http://127.0.0.1:{port}", namespace, tmp_path / "pods")
     try:
-        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+        faults = STRAGGLER
         create_job(api, namespace, standin_job("on-uvloop", faults))
         wait_running(api, namespace, "on-uvloop", eventually)
         job = eventually(lambda: diagnosed(api, namespace, "on-uvloop", "Degraded"), 90, interval=1, what="Degraded")
@@ -397,11 +397,7 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
 
     try:
         cue = tmp_path / "hang"  # rank 5 hangs once it exists: after A's finding, however slow the machine
-        faults = {
-            "RANKWATCH_STANDIN_FAULT_RANK": "5",
-            "RANKWATCH_STANDIN_SLOWDOWN": "0.3",
-            "RANKWATCH_STANDIN_HANG_WHEN_FILE": str(cue),
-        }
+        faults = {**STRAGGLER, "RANKWATCH_STANDIN_HANG_WHEN_FILE": str(cue)}
         create_job(api, namespace, standin_job("flaky", faults, gpu_timing=gpu_timing))
         wait_running(api, namespace, "flaky", eventually)
         if gpu_timing:
@@ -433,8 +429,7 @@ def test_operator_restarted_mid_run_still_detects_and_posts_no_duplicates(
             4 * WINDOW + SENSITIVITY + 60,
             what="C suspecting the hang",
         )
-        runs = detector_runs(metrics, namespace, "flaky")
-        judge(metrics, namespace, {"flaky": runs + 2}, lambda: None, eventually)
+        judge(metrics, namespace, ("flaky",), lambda: None, eventually, 2)
         job = get_job(api, namespace, "flaky")
         assert condition(job, "Hung")["status"] == "True"
         assert (warnings("Straggler"), warnings("Hang")) == (int(gpu_timing), 1), [

@@ -19,7 +19,7 @@ import yaml
 from alerting_support import BOT_TOKEN, SIGNING_SECRET
 from local_feishu import Feishu
 from operator_pods import Replicas, http, metric, refuses, start_pod_runner, tear_down_release
-from trainingjobs import JOB_API, detector_runs, diagnosis_in, judge, standin_job
+from trainingjobs import JOB_API, STRAGGLER, diagnosis_in, judge, standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -129,7 +129,7 @@ def test_the_standby_takes_over_diagnoses_in_flight_and_repeats_nothing(installe
 
     timings = []
     for job, faults, reason, alertname in (
-        ("slow", {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}, "Straggler",
+        ("slow", STRAGGLER, "Straggler",
          "TrainingJobStraggler"),
         ("hang", {"RANKWATCH_STANDIN_FAULT_RANK": "2", "RANKWATCH_STANDIN_HANG_BEFORE_CALL": "300"}, "Hang",
          "TrainingJobHang"),
@@ -154,7 +154,7 @@ def test_the_standby_takes_over_diagnoses_in_flight_and_repeats_nothing(installe
         eventually(lambda a=alertname: feishu.pages(a), 30, what=f"the {alertname} page")
         # anything repeated would come from another diagnosis: the leader judges the job twice more, runs none
         metrics = f"http://127.0.0.1:{replicas.pods()[leader]['ports']['metrics']}/metrics"
-        judge(metrics, jobs, {job: detector_runs(metrics, jobs, job) + 2}, lambda: None, eventually)
+        judge(metrics, jobs, (job,), lambda: None, eventually, 2)
         warnings = [
             e
             for e in core.list_namespaced_event(jobs).items

@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 import yaml
 from operator_pods import Replicas, http, metric, start_pod_runner, tear_down_release
-from trainingjobs import JOB_API, diagnosis_in, standin_job
+from trainingjobs import JOB_API, STRAGGLER, diagnosis_in, standin_job
 
 pytestmark = pytest.mark.e2e
 
@@ -98,7 +98,7 @@ def installed_without_secrets(helm, api, crd, kubeconfig, tmp_path) -> Iterator[
 def diagnoses_a_straggler(replicas: Replicas, jobs: str, api, eventually) -> dict:
     """A job with one slow rank gets its straggler diagnosis and cordon from the installed operator."""
     objects = kubernetes.client.CustomObjectsApi(api)
-    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    faults = STRAGGLER
     objects.create_namespaced_custom_object(
         *JOB_API[:2], jobs, JOB_API[2], standin_job("slow", faults, remediation={"cordon": True})
     )

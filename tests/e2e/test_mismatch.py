@@ -18,7 +18,6 @@ from trainingjobs import (
     SENSITIVITY,
     WINDOW,
     create_job,
-    detector_runs,
     diagnosed,
     events,
     judge,
@@ -127,7 +126,7 @@ def test_a_rank_calling_another_collective_is_a_mismatch_that_pages_and_cordons_
         # it wrote; once it has (a second finding) and judged the job twice more with no diagnosis running,
         # anything it were to say twice it would have said.
         eventually(lambda: findings(metrics) >= 2, 4 * WINDOW + SENSITIVITY + 60, what="a second look at the job")
-        judge(metrics, namespace, {name: detector_runs(metrics, namespace, name) + 2}, lambda: None, eventually)
+        judge(metrics, namespace, (name,), lambda: None, eventually, 2)
         said = [e.reason for e in events(api, namespace, name) if e.reason in ("CollectiveMismatch", "CordonSkipped")]
         assert sorted(said) == ["CollectiveMismatch", "CordonSkipped"], said
         assert feishu.pages("TrainingJobCollectiveMismatch") == pages

@@ -34,7 +34,7 @@ import yaml
 from fake_feishu import FakeFeishu
 from monitoring_stack import RULES, Exporter, Prometheus, get, start_monitoring
 from prometheus_client.parser import text_string_to_metric_families
-from trainingjobs import create_job, diagnosed, standin_job  # 2 pods x 4 ranks on the stand-in NCCL
+from trainingjobs import STRAGGLER, create_job, diagnosed, standin_job  # 2 pods x 4 ranks on the stand-in NCCL
 
 pytestmark = pytest.mark.e2e
 
@@ -278,7 +278,7 @@ def test_straggler_p1_carries_namespace_and_job_and_every_panel_has_data(
     api, namespace, pod_runner, eventually, prometheus, feishu, receiver, collector_url
 ):
     started = time.time()
-    faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+    faults = STRAGGLER
     create_job(api, namespace, standin_job("slow", faults))
     eventually(lambda: diagnosed(api, namespace, "slow", "Degraded"), 120, interval=1, what="Degraded=True")
 

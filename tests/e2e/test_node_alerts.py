@@ -10,7 +10,7 @@ import time
 import kubernetes
 import pytest
 from monitoring_stack import Exporter, Prometheus, start_monitoring
-from trainingjobs import create_job, diagnosed, events, report, standin_job, stored_diagnosis
+from trainingjobs import STRAGGLER, create_job, diagnosed, events, report, standin_job, stored_diagnosis
 
 pytestmark = pytest.mark.e2e
 
@@ -57,7 +57,7 @@ def test_a_stragglers_diagnosis_carries_the_throttle_alert_firing_on_its_node(
         assert throttled >= set(nodes)
 
         started = time.monotonic()
-        faults = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
+        faults = STRAGGLER
         create_job(api, namespace, standin_job("throttled", faults))
         job = eventually(lambda: diagnosed(api, namespace, "throttled", "Degraded"), 120, interval=1, what="Degraded")
         print(f"diagnosed {time.monotonic() - started:.1f} s after the job was created")

@@ -15,7 +15,6 @@ from other_kinds import (
     HANG_IN_FIRST_ATTEMPT,
     JOBSET_API,
     PATIENCE_S,
-    STRAGGLER,
     VOLCANO_API,
     assert_hang_handled,
     assert_straggler_handled,
@@ -36,6 +35,7 @@ from other_kinds import (
     volcano_pod,
     wait_for_webhook,
 )
+from trainingjobs import STRAGGLER
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,6 @@ from other_kinds import (
     GROUP_ANNOTATIONS,
     HANG_IN_FIRST_ATTEMPT,
     PATIENCE_S,
-    STRAGGLER,
     assert_no_refused_call,
     assert_straggler_handled,
     describe_cli,
@@ -27,6 +26,7 @@ from other_kinds import (
     start_operator,
     stop,
 )
+from trainingjobs import STRAGGLER
 
 pytestmark = pytest.mark.e2e
 

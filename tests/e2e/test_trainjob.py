@@ -14,7 +14,6 @@ from other_kinds import (
     GROUP_ANNOTATIONS,
     HANG_IN_FIRST_ATTEMPT,
     PATIENCE_S,
-    STRAGGLER,
     assert_hang_handled,
     assert_no_refused_call,
     assert_straggler_handled,
@@ -28,6 +27,7 @@ from other_kinds import (
     start_operator,
     stop,
 )
+from trainingjobs import STRAGGLER
 
 pytestmark = pytest.mark.e2e
 

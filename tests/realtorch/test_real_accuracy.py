@@ -28,7 +28,10 @@ def findings_of(directory: Path, layout: Layout) -> dict:
 
 SLOW_CELLS = {
     # name: (world, tp, pp, slow rank, slowdown %, extra job arguments, flight-recorder ring)
-    "tp2-pp2-30pct-json-wrapped": (8, 2, 2, 6, 30, ("--json", "--compute-ms", "4"), 150),
+    # compute well above a call's host overhead (~2 ms for 8 Python ranks on two shared cores), as a GPU
+    # step's is: at 4 ms the overhead and the pipeline's slack left 8-17% of the 30%, and 1 run in 4 fell
+    # under the co-tenant bar (2 in 4 beside two CPU-bound processes; at 10 ms 8 of 8 named, 14-23%)
+    "tp2-pp2-30pct-json-wrapped": (8, 2, 2, 6, 30, ("--json", "--compute-ms", "10"), 150),
     "tp1-pp1-50pct-pickle": (8, 1, 1, 5, 50, ("--compute-ms", "3"), 2000),
     # no TP peer waits with the pipeline stage after it: that rank waits in receives gloo does not record
     "tp1-pp2-200pct-json": (8, 1, 2, 1, 200, ("--json", "--compute-ms", "2"), 2000),

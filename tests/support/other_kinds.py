@@ -436,9 +436,6 @@ def watching(webhook, chart_rbac_kubeconfig, kubeconfig, processes, api, kubectl
     return watch
 
 
-STRAGGLER = {"RANKWATCH_STANDIN_FAULT_RANK": "5", "RANKWATCH_STANDIN_SLOWDOWN": "0.3"}
-
-
 JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 
 
