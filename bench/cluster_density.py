@@ -181,16 +181,22 @@ def pod_resources(gpus_per_pod: int, ranks_per_pod: int) -> dict[str, Any]:
 
 
 def install_crd(cluster: LocalCluster, patience_s: float = 60.0) -> None:
-    """Apply the TrainingJob CRD and wait until it is Established. Until the API server has looked at a
-    new CRD it has no ``status.conditions``, and ``kubectl wait`` then fails at once instead of waiting
-    (seen on a fresh cluster): so wait for the conditions first, as tests/e2e/conftest.py does."""
+    """Apply the TrainingJob CRD and wait until it is Established. Polled here, not with ``kubectl
+    wait``: until the API server has looked at a new CRD it has no ``status.conditions``, and ``kubectl
+    wait`` then fails at once instead of waiting (seen on a fresh cluster, even after a read had shown
+    the conditions)."""
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
     deadline = time.monotonic() + patience_s
-    while not kubectl(cluster, "get", f"crd/{CRD_NAME}", "-o", "jsonpath={.status.conditions}").strip():
+
+    def established() -> bool:
+        crd = json.loads(kubectl(cluster, "get", f"crd/{CRD_NAME}", "-o", "json"))
+        conditions = crd.get("status", {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+    while not established():
         if time.monotonic() > deadline:
-            raise SystemExit(f"crd/{CRD_NAME} has no status conditions after {patience_s:.0f} s")
+            raise SystemExit(f"crd/{CRD_NAME} is not Established after {patience_s:.0f} s")
         time.sleep(1)
-    kubectl(cluster, "wait", "--for=condition=Established", f"--timeout={patience_s:.0f}s", f"crd/{CRD_NAME}")
 
 
 def training_job(
