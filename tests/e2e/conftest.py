@@ -38,6 +38,7 @@ from other_kinds import (  # noqa: F401
     watching,
     webhook,
 )
+from trainingjobs import crd_established
 
 from rankwatch.cluster.operator_process import start_operator
 
@@ -112,16 +113,10 @@ def api(kubeconfig: str) -> kubernetes.client.ApiClient:
 
 
 @pytest.fixture(scope="session")
-def crd(kubectl: Callable[..., Any]) -> None:
+def crd(kubectl: Callable[..., Any], api: kubernetes.client.ApiClient) -> None:
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-    # Until the API server has looked at a new CRD (its full pod template schema takes a moment) the
-    # CRD has no status.conditions, and `kubectl wait` fails at once instead of waiting.
-    _eventually(
-        lambda: kubectl("get", "crd/trainingjobs.rankwatch.io", "-o", "jsonpath={.status.conditions}").stdout.strip(),
-        60,
-        what="the CRD's status",
-    )
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingjobs.rankwatch.io")
+    # its full pod template schema takes the API server a moment
+    _eventually(lambda: crd_established(api, "trainingjobs.rankwatch.io"), 60, what="the CRD Established")
 
 
 @pytest.fixture(scope="session")

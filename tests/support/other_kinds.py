@@ -19,6 +19,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
+from trainingjobs import crd_established
 
 from rankwatch.cluster import pki
 
@@ -493,13 +494,7 @@ def volcano_crd(kubectl, api, eventually):
     from rankwatch.cluster.jobset import volcano_job_crd
 
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(volcano_job_crd()))
-    extensions = kubernetes.client.ApiextensionsV1Api(api)
-
-    def established() -> bool:
-        conditions = extensions.read_custom_resource_definition("jobs.batch.volcano.sh").status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conditions)
-
-    eventually(established, PATIENCE_S, what="Volcano's Job CRD established")
+    eventually(lambda: crd_established(api, "jobs.batch.volcano.sh"), PATIENCE_S, what="Volcano's Job CRD established")
 
 
 def volcano_job(name: str, faults: dict[str, str]) -> dict[str, Any]:

@@ -188,6 +188,13 @@ def operator_metric(metrics_url: str, sample: str, **labels: str) -> float:
     )
 
 
+def crd_established(api, name: str) -> bool:
+    """Whether the CRD ``name`` is Established. Polled instead of ``kubectl wait``, which fails at once
+    while the API server has not yet given a new CRD its status conditions."""
+    crd = kubernetes.client.ApiextensionsV1Api(api).read_custom_resource_definition(name)
+    return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+
 def detector_runs(metrics_url: str, namespace: str, name: str) -> int:
     """How many times the operator's detector has judged the job's summaries."""
     return int(operator_metric(metrics_url, "rankwatch_job_detector_runs_total", namespace=namespace, trainingjob=name))
